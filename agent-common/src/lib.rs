@@ -1,0 +1,204 @@
+//! Types shared by the BPF program (`agent-ebpf`) and the daemon (`agent`).
+//!
+//! Everything here is `#[repr(C)]` and plain data: the BPF side writes these
+//! records into the ring buffer and maps, the daemon reads them back
+//! byte-for-byte. Change a layout here and both sides change with it; the
+//! committed BPF object must then be rebuilt (`cargo xtask build-ebpf`).
+#![no_std]
+
+/// Most frames `bpf_get_stack` returns per stack (the kernel's
+/// `sysctl_perf_event_max_stack` default is 127).
+pub const MAX_STACK_DEPTH: usize = 127;
+
+/// Length of `task_struct::comm`.
+pub const COMM_LEN: usize = 16;
+
+/// Granularity of the user stack copy. A read that crosses the end of the
+/// stack mapping fails as a whole, so the copy proceeds in chunks and keeps
+/// every chunk read before the first failure.
+pub const STACK_COPY_CHUNK: usize = 512;
+
+/// Upper bound of the user stack copy carried by one sample.
+pub const MAX_STACK_COPY: usize = 16 * 1024;
+
+/// Most PIDs the in-kernel PID filter holds.
+pub const MAX_PID_FILTER: u32 = 1024;
+
+/// Names of the maps and programs in the BPF object.
+pub mod names {
+    pub const EVENTS: &str = "EVENTS";
+    pub const COUNTERS: &str = "COUNTERS";
+    pub const PID_FILTER: &str = "PID_FILTER";
+    pub const SCRATCH: &str = "SCRATCH";
+    pub const CONFIG: &str = "CONFIG";
+    pub const PROG_SAMPLE: &str = "sample_cpu";
+    pub const PROG_EXEC: &str = "process_exec";
+    pub const PROG_EXIT: &str = "process_exit";
+}
+
+/// First field of every ring buffer record.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecordKind {
+    Sample = 1,
+    Exec = 2,
+    Exit = 3,
+}
+
+impl RecordKind {
+    pub fn from_u32(value: u32) -> Option<Self> {
+        match value {
+            1 => Some(Self::Sample),
+            2 => Some(Self::Exec),
+            3 => Some(Self::Exit),
+            _ => None,
+        }
+    }
+}
+
+/// Bits of [`SampleRecord::flags`].
+pub mod sample_flags {
+    /// `bpf_get_stack` failed for the kernel stack.
+    pub const KERNEL_STACK_FAILED: u32 = 1 << 0;
+    /// `bpf_get_stack` failed for the user stack.
+    pub const USER_STACK_FAILED: u32 = 1 << 1;
+    /// `user_regs` holds the task's user registers.
+    pub const USER_REGS_VALID: u32 = 1 << 2;
+    /// The sample interrupted user mode (otherwise kernel mode).
+    pub const USER_MODE: u32 = 1 << 3;
+}
+
+/// The x86_64 user registers a DWARF unwinder starts from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UserRegs {
+    pub ip: u64,
+    pub sp: u64,
+    pub bp: u64,
+}
+
+/// One CPU sample. It is followed in the ring buffer by `stack_copy_len`
+/// bytes copied from the user stack, starting at `user_regs.sp`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct SampleRecord {
+    /// [`RecordKind::Sample`].
+    pub kind: u32,
+    pub cpu: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    /// `bpf_ktime_get_ns`, CLOCK_MONOTONIC.
+    pub timestamp_ns: u64,
+    pub cgroup_id: u64,
+    /// The thread's name.
+    pub comm: [u8; COMM_LEN],
+    /// [`sample_flags`].
+    pub flags: u32,
+    pub kernel_frames: u32,
+    pub user_frames: u32,
+    pub stack_copy_len: u32,
+    pub user_regs: UserRegs,
+    pub kernel_stack: [u64; MAX_STACK_DEPTH],
+    pub user_stack: [u64; MAX_STACK_DEPTH],
+}
+
+/// A process event (exec or exit of a whole process).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ProcessRecord {
+    /// [`RecordKind::Exec`] or [`RecordKind::Exit`].
+    pub kind: u32,
+    pub tgid: u32,
+    pub timestamp_ns: u64,
+    pub comm: [u8; COMM_LEN],
+}
+
+/// Per-CPU scratch space where a sample is assembled before it is copied
+/// into the ring buffer with its exact length.
+#[repr(C)]
+pub struct SampleScratch {
+    pub record: SampleRecord,
+    pub stack: [u8; MAX_STACK_COPY],
+}
+
+/// Indexes of the per-CPU `COUNTERS` array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Times the perf event program ran.
+    SamplesSeen = 0,
+    /// Samples written to the ring buffer.
+    SamplesWritten = 1,
+    /// Samples lost because the ring buffer was full.
+    SamplesLostRingFull = 2,
+    /// Samples of the idle task, not recorded.
+    IdleSkipped = 3,
+    /// Samples of processes outside the PID filter.
+    Filtered = 4,
+    /// `bpf_get_stack` failures on the kernel stack.
+    KernelStackFailed = 5,
+    /// `bpf_get_stack` failures on the user stack.
+    UserStackFailed = 6,
+    /// Reading the task's saved user registers failed.
+    UserRegsFailed = 7,
+    /// The stack copy stopped short of what was asked (end of the mapping
+    /// or an unmapped page).
+    StackCopyShort = 8,
+    /// Exec/exit events lost because the ring buffer was full.
+    ProcessEventsLost = 9,
+    /// The scratch buffer was unavailable (cannot happen on a sane kernel).
+    ScratchUnavailable = 10,
+}
+
+impl Counter {
+    pub const COUNT: u32 = 11;
+    pub const ALL: [Counter; Self::COUNT as usize] = [
+        Self::SamplesSeen,
+        Self::SamplesWritten,
+        Self::SamplesLostRingFull,
+        Self::IdleSkipped,
+        Self::Filtered,
+        Self::KernelStackFailed,
+        Self::UserStackFailed,
+        Self::UserRegsFailed,
+        Self::StackCopyShort,
+        Self::ProcessEventsLost,
+        Self::ScratchUnavailable,
+    ];
+}
+
+/// Settings the daemon writes into the BPF object's read-only data before
+/// loading it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BpfConfig {
+    /// Non-zero: only processes whose tgid is in `PID_FILTER` are sampled.
+    pub filter_pids: u32,
+    /// Bytes of user stack to copy per sample, a multiple of
+    /// [`STACK_COPY_CHUNK`], at most [`MAX_STACK_COPY`].
+    pub stack_copy_bytes: u32,
+    /// Wake the reader once this many bytes are waiting in the ring buffer;
+    /// below that the daemon drains on its own timer.
+    pub wakeup_bytes: u64,
+}
+
+impl BpfConfig {
+    pub const DEFAULT: Self = Self {
+        filter_pids: 0,
+        stack_copy_bytes: 0,
+        wakeup_bytes: 0,
+    };
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain `#[repr(C)]` integers, no padding, valid for any bytes.
+    unsafe impl aya::Pod for super::BpfConfig {}
+}
+
+// Layout checks: the daemon decodes records by these sizes.
+const _: () = assert!(core::mem::size_of::<UserRegs>() == 24);
+const _: () = assert!(core::mem::size_of::<SampleRecord>() == 88 + 2 * 8 * MAX_STACK_DEPTH);
+const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 32);
+const _: () = assert!(core::mem::size_of::<BpfConfig>() == 16);
+const _: () = assert!(MAX_STACK_COPY.is_multiple_of(STACK_COPY_CHUNK));

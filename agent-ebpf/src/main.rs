@@ -1,0 +1,292 @@
+//! firn's BPF programs.
+//!
+//! `sample_cpu` runs on every tick of the software `cpu-clock` perf event,
+//! one event per online CPU. It records who was running (tgid, tid, comm,
+//! cgroup), the kernel and user stacks (frame-pointer walks done by the
+//! kernel), the user registers and a copy of the top of the user stack, so
+//! the daemon can repair or replace the frame-pointer walk with CFI.
+//!
+//! `process_exec` / `process_exit` tell the daemon when a process image
+//! changes or goes away, in the same ring buffer and therefore in order with
+//! the samples.
+#![no_std]
+#![no_main]
+
+use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
+
+use agent_common::{
+    BpfConfig, COMM_LEN, Counter, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH, ProcessRecord,
+    RecordKind, STACK_COPY_CHUNK, SampleRecord, SampleScratch, UserRegs, sample_flags,
+};
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{
+        BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, pt_regs,
+    },
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
+        generated::{
+            bpf_get_current_cgroup_id, bpf_get_current_task_btf, bpf_get_smp_processor_id,
+            bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_user, bpf_task_pt_regs,
+        },
+    },
+    macros::{map, perf_event, raw_tracepoint},
+    maps::{HashMap, PerCpuArray, RingBuf},
+    programs::{PerfEventContext, RawTracePointContext},
+};
+
+/// Written by the daemon before load (`EbpfLoader::override_global`).
+#[unsafe(no_mangle)]
+static CONFIG: BpfConfig = BpfConfig::DEFAULT;
+
+/// Samples and process events. The daemon sets the real size at load time.
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
+
+#[map]
+static SCRATCH: PerCpuArray<SampleScratch> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
+
+/// tgids to sample when `CONFIG.filter_pids` is set.
+#[map]
+static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 0);
+
+const STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
+const RECORD_BYTES: usize = size_of::<SampleRecord>();
+
+#[inline(always)]
+fn config() -> BpfConfig {
+    // The loader rewrites the read-only data; a plain read would be
+    // constant-folded to the compile-time default.
+    unsafe { core::ptr::read_volatile(&CONFIG) }
+}
+
+#[inline(always)]
+fn count(counter: Counter) {
+    if let Some(value) = COUNTERS.get_ptr_mut(counter as u32) {
+        unsafe { *value += 1 };
+    }
+}
+
+#[inline(always)]
+fn wanted(config: &BpfConfig, tgid: u32) -> bool {
+    config.filter_pids == 0 || unsafe { PID_FILTER.get(&tgid) }.is_some()
+}
+
+#[perf_event]
+pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
+    count(Counter::SamplesSeen);
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let tgid = (pid_tgid >> 32) as u32;
+    let tid = pid_tgid as u32;
+    if tgid == 0 {
+        count(Counter::IdleSkipped);
+        return 0;
+    }
+    let config = config();
+    if !wanted(&config, tgid) {
+        count(Counter::Filtered);
+        return 0;
+    }
+    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+        count(Counter::ScratchUnavailable);
+        return 0;
+    };
+    unsafe { record_sample(&ctx, &config, scratch, tgid, tid) };
+    0
+}
+
+#[inline(always)]
+unsafe fn record_sample(
+    ctx: &PerfEventContext,
+    config: &BpfConfig,
+    scratch: *mut SampleScratch,
+    tgid: u32,
+    tid: u32,
+) {
+    let record = unsafe { addr_of_mut!((*scratch).record) };
+    let record = unsafe { &mut *record };
+    record.kind = RecordKind::Sample as u32;
+    record.cpu = unsafe { bpf_get_smp_processor_id() };
+    record.tgid = tgid;
+    record.tid = tid;
+    record.timestamp_ns = unsafe { bpf_ktime_get_ns() };
+    record.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+    record.comm = bpf_get_current_comm().unwrap_or([0; COMM_LEN]);
+    record.flags = 0;
+    record.kernel_frames = 0;
+    record.user_frames = 0;
+    record.stack_copy_len = 0;
+    record.user_regs = UserRegs::default();
+
+    let raw_ctx = ctx.as_ptr();
+    let kernel = unsafe {
+        bpf_get_stack(
+            raw_ctx,
+            record.kernel_stack.as_mut_ptr().cast(),
+            STACK_BYTES,
+            0,
+        )
+    };
+    if kernel >= 0 {
+        record.kernel_frames = (kernel as u32) / 8;
+    } else {
+        record.flags |= sample_flags::KERNEL_STACK_FAILED;
+        count(Counter::KernelStackFailed);
+    }
+    let user = unsafe {
+        bpf_get_stack(
+            raw_ctx,
+            record.user_stack.as_mut_ptr().cast(),
+            STACK_BYTES,
+            BPF_F_USER_STACK as u64,
+        )
+    };
+    if user >= 0 {
+        record.user_frames = (user as u32) / 8;
+    } else {
+        record.flags |= sample_flags::USER_STACK_FAILED;
+        count(Counter::UserStackFailed);
+    }
+
+    // Kernel threads have no user side; nothing more to capture.
+    let mut copied = 0usize;
+    if record.user_frames > 0 {
+        if let Some(regs) = unsafe { user_regs(ctx, record) } {
+            record.user_regs = regs;
+            record.flags |= sample_flags::USER_REGS_VALID;
+            copied = unsafe { copy_user_stack(scratch, regs.sp, config.stack_copy_bytes) };
+            record.stack_copy_len = copied as u32;
+        } else {
+            count(Counter::UserRegsFailed);
+        }
+    }
+
+    let mut len = RECORD_BYTES + copied;
+    if len > size_of::<SampleScratch>() {
+        len = size_of::<SampleScratch>();
+    }
+    let bytes = unsafe { core::slice::from_raw_parts(scratch as *const u8, len) };
+    match EVENTS.output::<[u8]>(bytes, wakeup_flag(config)) {
+        Ok(()) => count(Counter::SamplesWritten),
+        Err(_) => count(Counter::SamplesLostRingFull),
+    }
+}
+
+/// The task's user registers: the interrupted registers when the sample hit
+/// user mode, else those saved on kernel entry.
+#[inline(always)]
+unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option<UserRegs> {
+    let regs = unsafe { &(*ctx.ctx).regs };
+    let cs = unsafe { core::ptr::read_volatile(&regs.cs) };
+    if cs & 3 == 3 {
+        record.flags |= sample_flags::USER_MODE;
+        return Some(UserRegs {
+            ip: unsafe { core::ptr::read_volatile(&regs.rip) },
+            sp: unsafe { core::ptr::read_volatile(&regs.rsp) },
+            bp: unsafe { core::ptr::read_volatile(&regs.rbp) },
+        });
+    }
+    let task = unsafe { bpf_get_current_task_btf() };
+    if task.is_null() {
+        return None;
+    }
+    let saved = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
+    if saved.is_null() {
+        return None;
+    }
+    let saved: pt_regs = unsafe { bpf_probe_read_kernel(saved) }.ok()?;
+    Some(UserRegs {
+        ip: saved.rip,
+        sp: saved.rsp,
+        bp: saved.rbp,
+    })
+}
+
+/// Copies up to `wanted` bytes of user stack from `sp` up, chunk by chunk,
+/// stopping at the first chunk that cannot be read (the end of the stack
+/// mapping). Returns the number of bytes copied.
+#[inline(always)]
+unsafe fn copy_user_stack(scratch: *mut SampleScratch, sp: u64, wanted: u32) -> usize {
+    let wanted = wanted as usize;
+    let stack = unsafe { addr_of_mut!((*scratch).stack) } as *mut u8;
+    let mut copied = 0usize;
+    for chunk in 0..(MAX_STACK_COPY / STACK_COPY_CHUNK) {
+        let offset = chunk * STACK_COPY_CHUNK;
+        if offset >= wanted {
+            break;
+        }
+        let ret = unsafe {
+            bpf_probe_read_user(
+                stack.add(offset) as *mut c_void,
+                STACK_COPY_CHUNK as u32,
+                (sp + offset as u64) as *const c_void,
+            )
+        };
+        if ret != 0 {
+            count(Counter::StackCopyShort);
+            break;
+        }
+        copied = offset + STACK_COPY_CHUNK;
+    }
+    copied
+}
+
+/// Wake the reader only once enough has accumulated; it also drains on a
+/// timer, so a quiet ring never waits long.
+#[inline(always)]
+fn wakeup_flag(config: &BpfConfig) -> u64 {
+    if EVENTS.query(BPF_RB_AVAIL_DATA as u64) >= config.wakeup_bytes {
+        BPF_RB_FORCE_WAKEUP as u64
+    } else {
+        BPF_RB_NO_WAKEUP as u64
+    }
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_exec")]
+pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
+    process_event(RecordKind::Exec);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    // sched_process_exit fires per thread; the process ends with its leader.
+    if (pid_tgid >> 32) as u32 == pid_tgid as u32 {
+        process_event(RecordKind::Exit);
+    }
+    0
+}
+
+#[inline(always)]
+fn process_event(kind: RecordKind) {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let config = config();
+    if !wanted(&config, tgid) {
+        return;
+    }
+    let Some(mut entry) = EVENTS.reserve::<ProcessRecord>(0) else {
+        count(Counter::ProcessEventsLost);
+        return;
+    };
+    entry.write(ProcessRecord {
+        kind: kind as u32,
+        tgid,
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+    });
+    entry.submit(wakeup_flag(&config));
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

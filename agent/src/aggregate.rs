@@ -1,0 +1,185 @@
+//! The aggregator stage: counts identical stacks of one process image and
+//! thread over one profile's interval, up to a bounded number of distinct
+//! stacks.
+
+use std::{
+    collections::HashMap,
+    hash::{Hash, Hasher},
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use crate::{process::ProcessImage, stats::Stats};
+
+/// A sample after unwinding: the plain value between the unwinder and the
+/// aggregator.
+#[derive(Clone, Debug)]
+pub struct UnwoundSample {
+    /// The process image the sample was taken under.
+    pub image: Arc<ProcessImage>,
+    pub tid: u32,
+    /// Kernel frames, innermost first.
+    pub kernel: Vec<u64>,
+    /// User frames, innermost first; the first is the interrupted
+    /// instruction, the rest are return addresses.
+    pub user: Vec<u64>,
+}
+
+/// A process image compared by identity: two images of one pid (before and
+/// after an exec) are different keys.
+#[derive(Clone, Debug)]
+pub struct ImageRef(pub Arc<ProcessImage>);
+
+impl PartialEq for ImageRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ImageRef {}
+
+impl Hash for ImageRef {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.0).hash(state);
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StackKey {
+    pub image: ImageRef,
+    pub tid: u32,
+    pub kernel: Box<[u64]>,
+    pub user: Box<[u64]>,
+}
+
+/// Everything sampled during one interval.
+#[derive(Debug)]
+pub struct AggregatedProfile {
+    pub start: SystemTime,
+    pub duration: Duration,
+    /// Samples aggregated (not counting dropped ones).
+    pub samples: u64,
+    /// Samples dropped because the stack limit was reached.
+    pub dropped: u64,
+    pub stacks: Vec<(StackKey, u64)>,
+}
+
+pub struct Aggregator {
+    stacks: HashMap<StackKey, u64>,
+    max_stacks: usize,
+    samples: u64,
+    dropped: u64,
+    start_wall: SystemTime,
+    start: Instant,
+    stats: Arc<Stats>,
+}
+
+impl Aggregator {
+    pub fn new(max_stacks: usize, stats: Arc<Stats>) -> Self {
+        Self {
+            stacks: HashMap::new(),
+            max_stacks,
+            samples: 0,
+            dropped: 0,
+            start_wall: SystemTime::now(),
+            start: Instant::now(),
+            stats,
+        }
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    pub fn add(&mut self, sample: UnwoundSample) {
+        let key = StackKey {
+            image: ImageRef(sample.image),
+            tid: sample.tid,
+            kernel: sample.kernel.into_boxed_slice(),
+            user: sample.user.into_boxed_slice(),
+        };
+        if let Some(count) = self.stacks.get_mut(&key) {
+            *count += 1;
+        } else if self.stacks.len() < self.max_stacks {
+            self.stacks.insert(key, 1);
+        } else {
+            self.dropped += 1;
+            Stats::inc(&self.stats.samples_dropped_stack_limit);
+            return;
+        }
+        self.samples += 1;
+    }
+
+    /// Hands over the interval so far and starts the next one.
+    pub fn take(&mut self) -> AggregatedProfile {
+        let now = Instant::now();
+        let profile = AggregatedProfile {
+            start: self.start_wall,
+            duration: now.duration_since(self.start),
+            samples: self.samples,
+            dropped: self.dropped,
+            stacks: self.stacks.drain().collect(),
+        };
+        self.samples = 0;
+        self.dropped = 0;
+        self.start = now;
+        self.start_wall = SystemTime::now();
+        profile
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image(tgid: u32) -> Arc<ProcessImage> {
+        Arc::new(ProcessImage::new(tgid, "p".into(), Vec::new()))
+    }
+
+    fn sample(image: &Arc<ProcessImage>, user: &[u64]) -> UnwoundSample {
+        UnwoundSample {
+            image: image.clone(),
+            tid: image.tgid,
+            kernel: Vec::new(),
+            user: user.to_vec(),
+        }
+    }
+
+    #[test]
+    fn identical_stacks_are_counted_together() {
+        let mut aggregator = Aggregator::new(10, Arc::new(Stats::default()));
+        let one = image(1);
+        aggregator.add(sample(&one, &[1, 2, 3]));
+        aggregator.add(sample(&one, &[1, 2, 3]));
+        aggregator.add(sample(&one, &[1, 2]));
+        let profile = aggregator.take();
+        assert_eq!(profile.samples, 3);
+        let mut counts: Vec<u64> = profile.stacks.iter().map(|(_, c)| *c).collect();
+        counts.sort_unstable();
+        assert_eq!(counts, vec![1, 2]);
+        assert_eq!(aggregator.take().samples, 0, "take resets");
+    }
+
+    #[test]
+    fn images_of_one_pid_across_exec_stay_apart() {
+        let mut aggregator = Aggregator::new(10, Arc::new(Stats::default()));
+        let (before, after) = (image(7), image(7));
+        aggregator.add(sample(&before, &[1]));
+        aggregator.add(sample(&after, &[1]));
+        assert_eq!(aggregator.take().stacks.len(), 2);
+    }
+
+    #[test]
+    fn the_stack_limit_drops_and_counts() {
+        let stats = Arc::new(Stats::default());
+        let mut aggregator = Aggregator::new(2, stats.clone());
+        let one = image(1);
+        for leaf in 0..5 {
+            aggregator.add(sample(&one, &[leaf]));
+        }
+        aggregator.add(sample(&one, &[0]));
+        let profile = aggregator.take();
+        assert_eq!((profile.samples, profile.dropped), (3, 3));
+        assert_eq!(stats.snapshot().samples_dropped_stack_limit, 3);
+    }
+}

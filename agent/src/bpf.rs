@@ -1,0 +1,369 @@
+//! Loading and attaching firn's BPF programs, and reading their counters.
+
+use std::{io, os::fd::OwnedFd};
+
+use agent_common::{BpfConfig, Counter, MAX_PID_FILTER, names};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    programs::{
+        PerfEvent, RawTracePoint,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+use tracing::{debug, warn};
+
+use crate::{config::SamplingConfig, privileges};
+
+/// The BPF object built from `agent-ebpf/` (see `cargo xtask build-ebpf`).
+static OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/firn.bpf.o");
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error(
+        "firn needs {capabilities} to {action} (run it as root, or grant the capabilities, \
+         e.g. `setcap cap_bpf,cap_perfmon,cap_sys_ptrace,cap_dac_read_search+ep firn`)"
+    )]
+    MissingPrivilege {
+        capabilities: &'static str,
+        action: &'static str,
+        #[source]
+        source: Option<io::Error>,
+    },
+    #[error("could not load firn's BPF object")]
+    Load {
+        #[source]
+        source: aya::EbpfError,
+    },
+    #[error("BPF {kind} `{name}` is missing from firn's BPF object")]
+    Missing {
+        kind: &'static str,
+        name: &'static str,
+    },
+    #[error("the kernel rejected BPF program `{name}`")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("could not attach the sampler to CPU {cpu}")]
+    AttachCpu {
+        cpu: u32,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+    #[error("BPF map `{name}`")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+    #[error("could not list the online CPUs ({what})")]
+    OnlineCpus {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("--pid accepts at most {MAX_PID_FILTER} processes, got {count}")]
+    TooManyPids { count: usize },
+}
+
+const CAPABILITIES: &str = "CAP_BPF and CAP_PERFMON";
+
+/// The loaded and attached programs. Dropping it detaches everything.
+pub struct BpfSampler {
+    ebpf: Ebpf,
+    counters: PerCpuArray<MapData, u64>,
+    cpus: Vec<u32>,
+    ring_buffer_bytes: u32,
+    /// Keeps the kernel's BPF run-time statistics on while held.
+    stats: Option<OwnedFd>,
+}
+
+/// Totals of the BPF-side counters over all CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BpfCounters {
+    pub values: [u64; Counter::COUNT as usize],
+}
+
+impl BpfCounters {
+    pub fn get(&self, counter: Counter) -> u64 {
+        self.values[counter as usize]
+    }
+
+    /// What happened since `earlier`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        let mut values = self.values;
+        for (value, old) in values.iter_mut().zip(earlier.values) {
+            *value = value.saturating_sub(old);
+        }
+        Self { values }
+    }
+}
+
+/// Run time of the sampling program, from the kernel's BPF statistics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgramRunTime {
+    pub run_time_ns: u64,
+    pub run_count: u64,
+}
+
+impl BpfSampler {
+    pub fn load(config: &SamplingConfig) -> Result<Self, BpfError> {
+        if !privileges::can_use_bpf() {
+            return Err(BpfError::MissingPrivilege {
+                capabilities: CAPABILITIES,
+                action: "load its BPF program and open perf events",
+                source: None,
+            });
+        }
+        if config.pids.len() > MAX_PID_FILTER as usize {
+            return Err(BpfError::TooManyPids {
+                count: config.pids.len(),
+            });
+        }
+        privileges::raise_memlock_limit();
+
+        let cpus = aya::util::online_cpus()
+            .map_err(|(what, source)| BpfError::OnlineCpus { what, source })?;
+        let ring_buffer_bytes = config
+            .ring_buffer_bytes
+            .unwrap_or_else(|| default_ring_buffer_bytes(cpus.len()));
+        let bpf_config = BpfConfig {
+            filter_pids: u32::from(!config.pids.is_empty()),
+            stack_copy_bytes: config.leaf_stack_copy_bytes,
+            // Wake the reader at an eighth full; it drains on a timer too.
+            wakeup_bytes: u64::from(ring_buffer_bytes / 8),
+        };
+        let mut ebpf = EbpfLoader::new()
+            .override_global(names::CONFIG, &bpf_config, true)
+            .map_max_entries(names::EVENTS, ring_buffer_bytes)
+            .load(OBJECT)
+            .map_err(|source| match source {
+                aya::EbpfError::MapError(aya::maps::MapError::CreateError {
+                    ref io_error, ..
+                }) if privileges::is_permission_error(io_error) => BpfError::MissingPrivilege {
+                    capabilities: CAPABILITIES,
+                    action: "create BPF maps",
+                    source: Some(io::Error::from_raw_os_error(
+                        io_error.raw_os_error().unwrap_or(libc::EPERM),
+                    )),
+                },
+                source => BpfError::Load { source },
+            })?;
+
+        if !config.pids.is_empty() {
+            let mut filter: BpfHashMap<_, u32, u8> =
+                BpfHashMap::try_from(ebpf.map_mut(names::PID_FILTER).ok_or(BpfError::Missing {
+                    kind: "map",
+                    name: names::PID_FILTER,
+                })?)
+                .map_err(|source| BpfError::Map {
+                    name: names::PID_FILTER,
+                    source,
+                })?;
+            for &pid in &config.pids {
+                filter.insert(pid, 1, 0).map_err(|source| BpfError::Map {
+                    name: names::PID_FILTER,
+                    source,
+                })?;
+            }
+        }
+
+        let counters =
+            PerCpuArray::try_from(ebpf.take_map(names::COUNTERS).ok_or(BpfError::Missing {
+                kind: "map",
+                name: names::COUNTERS,
+            })?)
+            .map_err(|source| BpfError::Map {
+                name: names::COUNTERS,
+                source,
+            })?;
+
+        let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+            Ok(fd) => Some(fd),
+            Err(error) => {
+                debug!(%error, "BPF run-time statistics unavailable");
+                None
+            }
+        };
+
+        let mut sampler = Self {
+            ebpf,
+            counters,
+            cpus,
+            ring_buffer_bytes,
+            stats,
+        };
+        // Process events first, so no exec is missed between the first
+        // sample and the hooks being in place.
+        sampler.attach_process_events()?;
+        sampler.attach_sampler(config.frequency_hz)?;
+        Ok(sampler)
+    }
+
+    fn attach_process_events(&mut self) -> Result<(), BpfError> {
+        for (name, tracepoint) in [
+            (names::PROG_EXEC, "sched_process_exec"),
+            (names::PROG_EXIT, "sched_process_exit"),
+        ] {
+            let program: &mut RawTracePoint = self
+                .ebpf
+                .program_mut(name)
+                .ok_or(BpfError::Missing {
+                    kind: "program",
+                    name,
+                })?
+                .try_into()
+                .map_err(|source| BpfError::Program { name, source })?;
+            program
+                .load()
+                .map_err(|source| program_error(name, source))?;
+            program
+                .attach(tracepoint)
+                .map_err(|source| program_error(name, source))?;
+        }
+        Ok(())
+    }
+
+    fn attach_sampler(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
+        let name = names::PROG_SAMPLE;
+        let program: &mut PerfEvent = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(BpfError::Missing {
+                kind: "program",
+                name,
+            })?
+            .try_into()
+            .map_err(|source| BpfError::Program { name, source })?;
+        program
+            .load()
+            .map_err(|source| program_error(name, source))?;
+        for &cpu in &self.cpus {
+            program
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Frequency(frequency_hz),
+                    false,
+                )
+                .map_err(|source| {
+                    if is_permission_denied(&source) {
+                        BpfError::MissingPrivilege {
+                            capabilities: "CAP_PERFMON",
+                            action: "open perf events on every CPU",
+                            source: None,
+                        }
+                    } else {
+                        BpfError::AttachCpu { cpu, source }
+                    }
+                })?;
+        }
+        debug!(cpus = self.cpus.len(), frequency_hz, "sampler attached");
+        Ok(())
+    }
+
+    /// Takes the ring buffer out, for the reader task to own.
+    pub fn take_ring_buffer(&mut self) -> Result<RingBuf<MapData>, BpfError> {
+        let map = self.ebpf.take_map(names::EVENTS).ok_or(BpfError::Missing {
+            kind: "map",
+            name: names::EVENTS,
+        })?;
+        RingBuf::try_from(map).map_err(|source| BpfError::Map {
+            name: names::EVENTS,
+            source,
+        })
+    }
+
+    pub fn cpus(&self) -> &[u32] {
+        &self.cpus
+    }
+
+    pub fn ring_buffer_bytes(&self) -> u32 {
+        self.ring_buffer_bytes
+    }
+
+    pub fn counters(&self) -> BpfCounters {
+        let mut totals = BpfCounters::default();
+        for counter in Counter::ALL {
+            match self.counters.get(&(counter as u32), 0) {
+                Ok(per_cpu) => {
+                    totals.values[counter as usize] = per_cpu.iter().copied().sum();
+                }
+                Err(error) => warn!(?counter, %error, "could not read a BPF counter"),
+            }
+        }
+        totals
+    }
+
+    /// Total run time of the sampling program since it was loaded, when the
+    /// kernel keeps statistics.
+    pub fn sampler_run_time(&self) -> Option<ProgramRunTime> {
+        self.stats.as_ref()?;
+        let program: &PerfEvent = self.ebpf.program(names::PROG_SAMPLE)?.try_into().ok()?;
+        let info = program.info().ok()?;
+        Some(ProgramRunTime {
+            run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+            run_count: info.run_count(),
+        })
+    }
+}
+
+fn default_ring_buffer_bytes(cpus: usize) -> u32 {
+    let wanted = (cpus.max(1) as u64) << 20;
+    let bytes = wanted.clamp(4 << 20, 256 << 20).next_power_of_two();
+    u32::try_from(bytes).unwrap_or(256 << 20)
+}
+
+fn is_permission_denied(error: &aya::programs::ProgramError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = source {
+        if let Some(io) = current.downcast_ref::<io::Error>()
+            && privileges::is_permission_error(io)
+        {
+            return true;
+        }
+        source = current.source();
+    }
+    false
+}
+
+fn program_error(name: &'static str, source: aya::programs::ProgramError) -> BpfError {
+    if is_permission_denied(&source) {
+        BpfError::MissingPrivilege {
+            capabilities: CAPABILITIES,
+            action: "load its BPF programs",
+            source: None,
+        }
+    } else {
+        BpfError::Program { name, source }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ring_buffer_scales_with_cpus_within_bounds() {
+        assert_eq!(default_ring_buffer_bytes(1), 4 << 20);
+        assert_eq!(default_ring_buffer_bytes(2), 4 << 20);
+        assert_eq!(default_ring_buffer_bytes(6), 8 << 20);
+        assert_eq!(default_ring_buffer_bytes(64), 64 << 20);
+        assert_eq!(default_ring_buffer_bytes(4096), 256 << 20);
+    }
+
+    #[test]
+    fn counter_deltas_saturate() {
+        let mut earlier = BpfCounters::default();
+        let mut later = BpfCounters::default();
+        earlier.values[0] = 10;
+        later.values[0] = 25;
+        later.values[1] = 3;
+        let delta = later.since(&earlier);
+        assert_eq!(delta.get(Counter::SamplesSeen), 15);
+        assert_eq!(delta.get(Counter::SamplesWritten), 3);
+        assert_eq!(earlier.since(&later).get(Counter::SamplesSeen), 0);
+    }
+}

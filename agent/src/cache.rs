@@ -1,0 +1,89 @@
+//! A least-recently-used cache bounded by the bytes its values use.
+
+use std::{hash::Hash, num::NonZeroUsize};
+
+use lru::LruCache;
+
+pub struct ByteBoundedCache<K: Hash + Eq, V> {
+    entries: LruCache<K, (V, usize)>,
+    bytes: usize,
+    max_bytes: usize,
+}
+
+impl<K: Hash + Eq + Clone, V> ByteBoundedCache<K, V> {
+    pub fn new(max_bytes: usize) -> Self {
+        Self {
+            // The byte bound is the real limit; the entry count only keeps
+            // tiny values from piling up without end.
+            entries: LruCache::new(NonZeroUsize::new(65_536).unwrap_or(NonZeroUsize::MIN)),
+            bytes: 0,
+            max_bytes,
+        }
+    }
+
+    pub fn get(&mut self, key: &K) -> Option<&V> {
+        self.entries.get(key).map(|(value, _)| value)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Inserts and evicts least recently used entries until the cache fits;
+    /// returns how many were evicted. An entry larger than the whole budget
+    /// is still kept (alone), so a huge object is usable once.
+    pub fn insert(&mut self, key: K, value: V, bytes: usize) -> usize {
+        let mut evicted = 0;
+        // `push` hands back the old value of the same key, or the entry the
+        // count limit pushed out; only the latter is an eviction.
+        if let Some((old_key, (_, old_bytes))) = self.entries.push(key.clone(), (value, bytes)) {
+            self.bytes = self.bytes.saturating_sub(old_bytes);
+            evicted += usize::from(old_key != key);
+        }
+        self.bytes += bytes;
+        while self.bytes > self.max_bytes && self.entries.len() > 1 {
+            match self.entries.pop_lru() {
+                Some((_, (_, freed))) => {
+                    self.bytes = self.bytes.saturating_sub(freed);
+                    evicted += 1;
+                }
+                None => break,
+            }
+        }
+        evicted
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_least_recently_used_beyond_the_byte_budget() {
+        let mut cache = ByteBoundedCache::new(100);
+        assert_eq!(cache.insert("a", 1, 40), 0);
+        assert_eq!(cache.insert("b", 2, 40), 0);
+        assert_eq!(cache.get(&"a"), Some(&1));
+        assert_eq!(cache.insert("c", 3, 40), 1, "b was least recently used");
+        assert_eq!(cache.get(&"b"), None);
+        assert_eq!(cache.bytes(), 80);
+        assert_eq!(cache.len(), 2);
+    }
+
+    #[test]
+    fn an_oversized_entry_is_kept_alone() {
+        let mut cache = ByteBoundedCache::new(10);
+        cache.insert("small", 1, 5);
+        assert_eq!(cache.insert("huge", 2, 500), 1);
+        assert_eq!(cache.get(&"huge"), Some(&2));
+        assert_eq!(cache.len(), 1);
+    }
+}

@@ -1,0 +1,92 @@
+//! `firn record`: one recording, one profile, optionally a flame graph.
+
+use std::{path::Path, sync::Arc, time::Instant};
+
+use anyhow::{Context, Result};
+use firn::{
+    config::RecordConfig,
+    output::write_flamegraph,
+    pprof::{build_profile, encode_gzip},
+    session::{Session, shutdown_signal},
+    stats::Stats,
+    symbolize::Symbolizer,
+};
+use tracing::{info, warn};
+
+use super::{lost_samples, period_ns, unknown_frames};
+
+pub async fn run(config: &RecordConfig) -> Result<()> {
+    let stats = Arc::new(Stats::default());
+    let mut session = Session::start(&config.sampling, &config.limits, stats.clone())?;
+    info!(
+        cpus = session.cpus(),
+        frequency_hz = config.sampling.frequency_hz,
+        duration = %humantime::format_duration(config.duration),
+        pids = ?config.sampling.pids,
+        "recording"
+    );
+    let started = Instant::now();
+    let interrupted = session
+        .collect_until(async {
+            tokio::select! {
+                () = tokio::time::sleep(config.duration) => None,
+                signal = shutdown_signal() => signal.ok(),
+            }
+        })
+        .await
+        .context("reading the ring buffer failed")?;
+    if let Some(signal) = interrupted {
+        info!(signal, elapsed = ?started.elapsed(), "stopping early");
+    }
+    let aggregated = session.take_profile();
+    let bpf = session.bpf_counters();
+    let run_time = session.sampler_run_time();
+    drop(session);
+
+    let mut symbolizer = Symbolizer::new(
+        Path::new("/proc/kallsyms"),
+        config.limits.symbol_cache_bytes,
+        stats.clone(),
+    );
+    let (profile, summary) = build_profile(
+        &aggregated,
+        period_ns(config.sampling.frequency_hz),
+        &mut symbolizer,
+        &stats,
+    );
+    let bytes = encode_gzip(&profile);
+    std::fs::write(&config.output, &bytes)
+        .with_context(|| format!("could not write {}", config.output.display()))?;
+    if let Some(path) = &config.flamegraph {
+        write_flamegraph(&profile, "firn record", path)
+            .with_context(|| format!("could not write the flame graph {}", path.display()))?;
+    }
+
+    let snapshot = stats.snapshot();
+    let lost = lost_samples(&bpf);
+    if lost > 0 {
+        warn!(
+            lost,
+            "samples were lost (ring buffer full); consider --ring-buffer-size"
+        );
+    }
+    if aggregated.dropped > 0 {
+        warn!(
+            dropped = aggregated.dropped,
+            "samples dropped at the --max-stacks-per-profile limit"
+        );
+    }
+    info!(
+        output = %config.output.display(),
+        bytes = bytes.len(),
+        samples = summary.samples,
+        stacks = aggregated.stacks.len(),
+        locations = summary.locations,
+        lost,
+        unknown_frames = unknown_frames(&snapshot),
+        leaf_frames_repaired = snapshot.leaf_frames_repaired,
+        bpf_mean_ns = run_time.map(|r| r.run_time_ns / r.run_count.max(1)),
+        "profile written"
+    );
+    Ok(())
+}

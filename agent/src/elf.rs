@@ -1,0 +1,299 @@
+//! Reading what firn needs from ELF files: build id, load segments, function
+//! symbols. Pure functions over bytes (no I/O), so they are tested on
+//! checked-in fixtures and corrupt inputs without root.
+
+use std::fmt;
+
+use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    #[error("not a parsable ELF file")]
+    Parse {
+        #[source]
+        source: object::Error,
+    },
+    #[error("not an ELF file (format {format:?})")]
+    NotElf { format: object::BinaryFormat },
+}
+
+/// The GNU build id of an object, as bytes.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct BuildId(Box<[u8]>);
+
+impl BuildId {
+    pub fn new(bytes: &[u8]) -> Self {
+        Self(bytes.into())
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Debug for BuildId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// A PT_LOAD program header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadSegment {
+    pub file_offset: u64,
+    pub file_size: u64,
+    pub vaddr: u64,
+}
+
+/// What the process table keeps about an object.
+#[derive(Clone, Debug, Default)]
+pub struct ElfLayout {
+    pub build_id: Option<BuildId>,
+    pub segments: Vec<LoadSegment>,
+}
+
+impl ElfLayout {
+    /// The link-time virtual address of a byte at `file_offset`.
+    pub fn vaddr_for_file_offset(&self, file_offset: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|s| file_offset >= s.file_offset && file_offset - s.file_offset < s.file_size)
+            .map(|s| s.vaddr + (file_offset - s.file_offset))
+    }
+}
+
+fn parse(data: &[u8]) -> Result<object::File<'_>, ElfError> {
+    let file = object::File::parse(data).map_err(|source| ElfError::Parse { source })?;
+    if file.format() != object::BinaryFormat::Elf {
+        return Err(ElfError::NotElf {
+            format: file.format(),
+        });
+    }
+    Ok(file)
+}
+
+pub fn read_layout(data: &[u8]) -> Result<ElfLayout, ElfError> {
+    let file = parse(data)?;
+    let build_id = file.build_id().ok().flatten().map(BuildId::new);
+    let segments = file
+        .segments()
+        .map(|segment| {
+            let (file_offset, file_size) = segment.file_range();
+            LoadSegment {
+                file_offset,
+                file_size,
+                vaddr: segment.address(),
+            }
+        })
+        .collect();
+    Ok(ElfLayout { build_id, segments })
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SymbolEntry {
+    address: u64,
+    size: u64,
+    name_start: u32,
+    name_len: u32,
+}
+
+/// Function symbols of one object, sorted by address, names in one arena.
+#[derive(Debug, Default)]
+pub struct SymbolTable {
+    entries: Vec<SymbolEntry>,
+    names: String,
+}
+
+/// A symbol that covers an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SymbolHit<'a> {
+    pub name: &'a str,
+    pub address: u64,
+}
+
+impl SymbolTable {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Approximate heap bytes, for cache accounting.
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<SymbolEntry>() + self.names.capacity()
+    }
+
+    /// The function containing `vaddr`: the closest symbol at or below it,
+    /// when its size covers the address (size 0: up to the next symbol).
+    pub fn lookup(&self, vaddr: u64) -> Option<SymbolHit<'_>> {
+        let index = self.entries.partition_point(|e| e.address <= vaddr);
+        let entry = self.entries.get(index.checked_sub(1)?)?;
+        let covered = if entry.size > 0 {
+            vaddr - entry.address < entry.size
+        } else {
+            true
+        };
+        covered.then(|| SymbolHit {
+            name: &self.names
+                [entry.name_start as usize..(entry.name_start + entry.name_len) as usize],
+            address: entry.address,
+        })
+    }
+}
+
+/// Ordering key among names at one address: lower is preferred.
+type Preference = (u8, usize, usize);
+
+/// Which of several names at one address to show: global before weak
+/// before local, then fewer leading underscores, then the shorter name
+/// (`write` rather than `__libc_write`).
+fn preference(name: &str, global: bool, weak: bool) -> Preference {
+    let binding = if global && !weak {
+        0
+    } else if weak {
+        1
+    } else {
+        2
+    };
+    let underscores = name.bytes().take_while(|&b| b == b'_').count();
+    (binding, underscores, name.len())
+}
+
+/// Function symbols from `.symtab` and `.dynsym`.
+pub fn read_symbols(data: &[u8]) -> Result<SymbolTable, ElfError> {
+    let file = parse(data)?;
+    let mut candidates: Vec<(u64, u64, Preference, &str)> = Vec::new();
+    for symbol in file.symbols().chain(file.dynamic_symbols()) {
+        if symbol.kind() != SymbolKind::Text || !symbol.is_definition() || symbol.address() == 0 {
+            continue;
+        }
+        let Ok(name) = symbol.name() else { continue };
+        if name.is_empty() {
+            continue;
+        }
+        let rank = preference(name, symbol.is_global(), symbol.is_weak());
+        candidates.push((symbol.address(), symbol.size(), rank, name));
+    }
+    candidates.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.2.cmp(&b.2)));
+    candidates.dedup_by_key(|c| c.0);
+
+    let mut table = SymbolTable {
+        entries: Vec::with_capacity(candidates.len()),
+        names: String::with_capacity(candidates.iter().map(|c| c.3.len()).sum()),
+    };
+    for (address, size, _, name) in candidates {
+        let (Ok(name_start), Ok(name_len)) =
+            (u32::try_from(table.names.len()), u32::try_from(name.len()))
+        else {
+            break;
+        };
+        table.names.push_str(name);
+        table.entries.push(SymbolEntry {
+            address,
+            size,
+            name_start,
+            name_len,
+        });
+    }
+    Ok(table)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// `tests/workloads/chain.c` built with `gcc -O1 -g -fno-omit-frame-pointer`
+    /// (see fixtures/README.md).
+    pub(crate) const CHAIN: &[u8] = include_bytes!("../fixtures/chain");
+    /// The same, stripped of `.symtab` and DWARF.
+    pub(crate) const CHAIN_STRIPPED: &[u8] = include_bytes!("../fixtures/chain.stripped");
+
+    fn address_of(table: &SymbolTable, wanted: &str) -> u64 {
+        table
+            .entries
+            .iter()
+            .find(|e| {
+                &table.names[e.name_start as usize..(e.name_start + e.name_len) as usize] == wanted
+            })
+            .map(|e| e.address)
+            .unwrap_or_else(|| panic!("{wanted} not in the symbol table"))
+    }
+
+    #[test]
+    fn layout_has_build_id_and_text_segment() {
+        let layout = read_layout(CHAIN).expect("fixture parses");
+        let build_id = layout.build_id.as_ref().expect("gcc writes a build id");
+        assert_eq!(build_id.as_bytes().len(), 20);
+        let text = read_symbols(CHAIN).expect("symbols");
+        let main = address_of(&text, "main");
+        // A PIE's text is mapped at its vaddr's file offset.
+        let segment = layout
+            .segments
+            .iter()
+            .find(|s| main >= s.vaddr && main - s.vaddr < s.file_size)
+            .expect("main is inside a load segment");
+        let offset = main - segment.vaddr + segment.file_offset;
+        assert_eq!(layout.vaddr_for_file_offset(offset), Some(main));
+        assert_eq!(layout.vaddr_for_file_offset(u64::MAX), None);
+    }
+
+    #[test]
+    fn symbols_cover_their_functions() {
+        let table = read_symbols(CHAIN).expect("symbols");
+        for name in ["main", "level_one", "level_two", "level_three", "burn_leaf"] {
+            let start = address_of(&table, name);
+            assert_eq!(table.lookup(start).map(|h| h.name), Some(name));
+            assert_eq!(table.lookup(start + 1).map(|h| h.name), Some(name));
+        }
+        assert_eq!(table.lookup(0), None);
+    }
+
+    #[test]
+    fn stripped_binary_keeps_only_dynamic_symbols() {
+        let table = read_symbols(CHAIN_STRIPPED).expect("symbols");
+        assert!(
+            table.entries.iter().all(|e| {
+                &table.names[e.name_start as usize..(e.name_start + e.name_len) as usize]
+                    != "level_two"
+            }),
+            "a local function survived stripping"
+        );
+        let layout = read_layout(CHAIN_STRIPPED).expect("layout");
+        assert_eq!(
+            layout.build_id,
+            read_layout(CHAIN).expect("layout").build_id,
+            "stripping keeps the build id"
+        );
+    }
+
+    #[test]
+    fn corrupt_input_is_an_error() {
+        assert!(read_layout(b"").is_err());
+        assert!(read_layout(b"\x7fELF garbage").is_err());
+        assert!(read_symbols(&CHAIN[..64]).is_err());
+        // Every truncation either parses or fails; none panics.
+        for len in (0..CHAIN.len()).step_by(97) {
+            let _ = read_layout(&CHAIN[..len]);
+            let _ = read_symbols(&CHAIN[..len]);
+        }
+        let mut flipped = CHAIN.to_vec();
+        for index in (64..flipped.len()).step_by(61) {
+            flipped[index] ^= 0xa5;
+        }
+        let _ = read_layout(&flipped);
+        let _ = read_symbols(&flipped);
+    }
+
+    #[test]
+    fn aliases_prefer_the_plain_global_name() {
+        assert!(preference("write", true, false) < preference("__libc_write", true, false));
+        assert!(preference("write", true, true) > preference("__write", true, false));
+        assert!(preference("a", false, false) > preference("zzz", true, true));
+    }
+}

@@ -1,0 +1,22 @@
+//! firn: a whole-system sampling profiler for Linux.
+//!
+//! The stages, in the order data flows through them: [`bpf`] (load and
+//! attach) -> [`sampler`] (ring buffer records) -> [`process`] (maps,
+//! objects, exec/exit) -> [`unwind`] -> [`aggregate`] -> [`symbolize`] ->
+//! [`pprof`] -> [`output`]. [`session`] drives them.
+
+pub mod aggregate;
+pub mod bpf;
+pub mod cache;
+pub mod cli;
+pub mod config;
+pub mod elf;
+pub mod output;
+pub mod pprof;
+pub mod privileges;
+pub mod process;
+pub mod sampler;
+pub mod session;
+pub mod stats;
+pub mod symbolize;
+pub mod unwind;

@@ -1,0 +1,346 @@
+//! ELF objects behind mappings: opened once per (device, inode), with their
+//! build id and load segments, kept open so they stay readable after the
+//! process that mapped them exits.
+
+use std::{
+    fs::File,
+    io,
+    num::NonZeroUsize,
+    ops::Deref,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use lru::LruCache;
+use tracing::debug;
+
+use super::maps::{MappingKind, MappingSpec};
+use crate::{
+    elf::{self, BuildId, ElfLayout},
+    stats::Stats,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ObjectKey {
+    File {
+        dev: u64,
+        inode: u64,
+    },
+    /// The vDSO image, the same for every 64-bit process on this kernel.
+    Vdso,
+}
+
+enum ObjectSource {
+    File(File),
+    Memory(Arc<[u8]>),
+}
+
+/// An ELF object some process has mapped.
+pub struct ObjectFile {
+    pub key: ObjectKey,
+    /// The path as the process that mapped it sees it.
+    pub path: String,
+    pub layout: ElfLayout,
+    source: ObjectSource,
+}
+
+impl std::fmt::Debug for ObjectFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectFile")
+            .field("key", &self.key)
+            .field("path", &self.path)
+            .field("build_id", &self.layout.build_id)
+            .finish()
+    }
+}
+
+/// The bytes of an object, memory-mapped or in memory.
+pub enum ObjectData {
+    Mapped(memmap2::Mmap),
+    Memory(Arc<[u8]>),
+}
+
+impl Deref for ObjectData {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Mapped(map) => map,
+            Self::Memory(bytes) => bytes,
+        }
+    }
+}
+
+impl ObjectFile {
+    pub fn build_id(&self) -> Option<&BuildId> {
+        self.layout.build_id.as_ref()
+    }
+
+    /// The object's bytes, for the symbolizer and unwinder to parse.
+    pub fn data(&self) -> io::Result<ObjectData> {
+        match &self.source {
+            // SAFETY: the mapping is read-only; a file truncated underneath
+            // could fault, which is why the registry opens the exact file a
+            // process maps (such files are not truncated in place by sane
+            // package managers, which replace them instead).
+            ObjectSource::File(file) => unsafe { memmap2::Mmap::map(file) }.map(ObjectData::Mapped),
+            ObjectSource::Memory(bytes) => Ok(ObjectData::Memory(bytes.clone())),
+        }
+    }
+
+    fn from_file(key: ObjectKey, path: &str, file: File) -> Result<Self, ObjectError> {
+        // SAFETY: as in `data`.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ObjectError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let layout = elf::read_layout(&map).map_err(|source| ObjectError::Elf {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Self {
+            key,
+            path: path.to_owned(),
+            layout,
+            source: ObjectSource::File(file),
+        })
+    }
+
+    pub fn from_memory(key: ObjectKey, path: &str, bytes: Arc<[u8]>) -> Result<Self, ObjectError> {
+        let layout = elf::read_layout(&bytes).map_err(|source| ObjectError::Elf {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Self {
+            key,
+            path: path.to_owned(),
+            layout,
+            source: ObjectSource::Memory(bytes),
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    #[error("could not open {path} (mapped by process {pid})")]
+    Open {
+        path: String,
+        pid: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not read {path}")]
+    Io {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} is not a usable ELF object")]
+    Elf {
+        path: String,
+        #[source]
+        source: elf::ElfError,
+    },
+    #[error("mapping of kind {kind:?} has no object")]
+    NoObject { kind: MappingKind },
+}
+
+/// Open objects by key, bounded; evictions are counted.
+pub struct ObjectRegistry {
+    proc_root: PathBuf,
+    objects: LruCache<ObjectKey, Arc<ObjectFile>>,
+    vdso: Option<Arc<ObjectFile>>,
+    stats: Arc<Stats>,
+}
+
+impl ObjectRegistry {
+    pub fn new(proc_root: PathBuf, capacity: usize, stats: Arc<Stats>) -> Self {
+        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        let vdso = match own_vdso() {
+            Ok(vdso) => Some(Arc::new(vdso)),
+            Err(error) => {
+                debug!(%error, "vDSO frames will not be symbolized");
+                None
+            }
+        };
+        Self {
+            proc_root,
+            objects: LruCache::new(capacity),
+            vdso,
+            stats,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty()
+    }
+
+    /// The object behind `mapping` of process `pid`, opened on first use.
+    pub fn resolve(
+        &mut self,
+        pid: u32,
+        mapping: &MappingSpec,
+    ) -> Result<Arc<ObjectFile>, ObjectError> {
+        let key = match mapping.kind {
+            MappingKind::File => ObjectKey::File {
+                dev: mapping.dev,
+                inode: mapping.inode,
+            },
+            MappingKind::Vdso => {
+                return self.vdso.clone().ok_or(ObjectError::NoObject {
+                    kind: MappingKind::Vdso,
+                });
+            }
+            MappingKind::Anonymous => {
+                return Err(ObjectError::NoObject {
+                    kind: MappingKind::Anonymous,
+                });
+            }
+        };
+        if let Some(object) = self.objects.get(&key) {
+            return Ok(object.clone());
+        }
+        let result = self.open(pid, mapping, key).map(Arc::new);
+        match &result {
+            Ok(object) => {
+                Stats::inc(&self.stats.objects_opened);
+                if self
+                    .objects
+                    .push(key, object.clone())
+                    .is_some_and(|(k, _)| k != key)
+                {
+                    Stats::inc(&self.stats.objects_evicted);
+                }
+            }
+            Err(_) => Stats::inc(&self.stats.object_open_failures),
+        }
+        result
+    }
+
+    /// Opens the exact file the process maps: through map_files (works for
+    /// deleted files and other mount namespaces, needs CAP_SYS_ADMIN), then
+    /// through the process's root, then the host path if its device and
+    /// inode match.
+    fn open(
+        &self,
+        pid: u32,
+        mapping: &MappingSpec,
+        key: ObjectKey,
+    ) -> Result<ObjectFile, ObjectError> {
+        let process_dir = self.proc_root.join(pid.to_string());
+        let map_file = process_dir
+            .join("map_files")
+            .join(format!("{:x}-{:x}", mapping.start, mapping.end));
+        let rooted = process_dir
+            .join("root")
+            .join(mapping.path.trim_start_matches('/'));
+        let mut last_error = None;
+        for (candidate, must_match) in [
+            (map_file.as_path(), false),
+            (rooted.as_path(), false),
+            (Path::new(&mapping.path), true),
+        ] {
+            match File::open(candidate) {
+                Ok(file) => {
+                    if must_match && !same_inode(&file, mapping) {
+                        continue;
+                    }
+                    return ObjectFile::from_file(key, &mapping.path, file);
+                }
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(ObjectError::Open {
+            path: mapping.path.clone(),
+            pid,
+            source: last_error.unwrap_or_else(|| io::Error::from(io::ErrorKind::NotFound)),
+        })
+    }
+}
+
+fn same_inode(file: &File, mapping: &MappingSpec) -> bool {
+    file.metadata()
+        .map(|meta| meta.ino() == mapping.inode && meta.dev() == mapping.dev)
+        .unwrap_or(false)
+}
+
+/// This process's own vDSO image: every 64-bit process on the host maps the
+/// same one.
+fn own_vdso() -> Result<ObjectFile, ObjectError> {
+    let maps = super::maps::read_maps(Path::new("/proc"), std::process::id()).map_err(|error| {
+        ObjectError::Io {
+            path: "[vdso]".into(),
+            source: io::Error::other(error.to_string()),
+        }
+    })?;
+    let vdso = maps
+        .iter()
+        .find(|m| m.kind == MappingKind::Vdso)
+        .ok_or(ObjectError::NoObject {
+            kind: MappingKind::Vdso,
+        })?;
+    let len = usize::try_from(vdso.end - vdso.start).unwrap_or(0);
+    // SAFETY: the vDSO is mapped readable in this process for its whole
+    // life, at the range /proc/self/maps reports.
+    let bytes: Arc<[u8]> =
+        unsafe { std::slice::from_raw_parts(vdso.start as usize as *const u8, len) }.into();
+    ObjectFile::from_memory(ObjectKey::Vdso, "[vdso]", bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vdso_is_parsed_from_memory() {
+        let vdso = own_vdso().expect("this process has a vDSO");
+        assert!(vdso.build_id().is_some());
+        let data = vdso.data().expect("in memory");
+        let symbols = elf::read_symbols(&data).expect("vDSO symbols");
+        assert!(!symbols.is_empty());
+    }
+
+    #[test]
+    fn objects_are_opened_once_per_inode() {
+        let stats = Arc::new(Stats::default());
+        let mut registry = ObjectRegistry::new(PathBuf::from("/proc"), 8, stats.clone());
+        let pid = std::process::id();
+        let maps = super::super::maps::read_maps(Path::new("/proc"), pid).expect("own maps");
+        let own = maps
+            .iter()
+            .find(|m| m.kind == MappingKind::File)
+            .expect("the test binary is file-backed");
+        let first = registry.resolve(pid, own).expect("opens");
+        let second = registry.resolve(pid, own).expect("cached");
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!(stats.snapshot().objects_opened, 1);
+        assert!(first.build_id().is_some());
+    }
+
+    #[test]
+    fn a_missing_file_is_a_counted_failure() {
+        let stats = Arc::new(Stats::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut registry = ObjectRegistry::new(dir.path().to_path_buf(), 8, stats.clone());
+        let mapping = MappingSpec {
+            start: 0x1000,
+            end: 0x2000,
+            offset: 0,
+            dev: 1,
+            inode: 2,
+            path: "/nonexistent/firn-test-object".into(),
+            kind: MappingKind::File,
+            deleted: false,
+        };
+        assert!(matches!(
+            registry.resolve(99, &mapping),
+            Err(ObjectError::Open { pid: 99, .. })
+        ));
+        assert_eq!(stats.snapshot().object_open_failures, 1);
+    }
+}

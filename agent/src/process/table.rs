@@ -1,0 +1,367 @@
+//! Processes by tgid: their current image (mappings and objects), replaced
+//! on exec, kept for a grace period after exit, bounded in number.
+
+use std::{
+    num::NonZeroUsize,
+    path::PathBuf,
+    sync::{Arc, OnceLock},
+    time::{Duration, Instant},
+};
+
+use lru::LruCache;
+use tracing::debug;
+
+use super::{
+    maps::{MappingSpec, MapsError, read_maps},
+    objects::{ObjectFile, ObjectRegistry},
+};
+use crate::{config::Limits, stats::Stats};
+
+/// How often a process's maps may be re-read because an address fell
+/// outside all of them (libraries loaded later, JIT code).
+const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// One executable mapping, with its object resolved on first use.
+#[derive(Debug)]
+pub struct Mapping {
+    pub spec: MappingSpec,
+    object: OnceLock<Option<Arc<ObjectFile>>>,
+}
+
+impl Mapping {
+    pub fn new(spec: MappingSpec) -> Self {
+        Self {
+            spec,
+            object: OnceLock::new(),
+        }
+    }
+
+    /// The object, if it was resolved and could be opened.
+    pub fn object(&self) -> Option<&Arc<ObjectFile>> {
+        self.object.get().and_then(Option::as_ref)
+    }
+
+    pub fn contains(&self, address: u64) -> bool {
+        address >= self.spec.start && address < self.spec.end
+    }
+
+    /// The link-time address in the object for a runtime address.
+    pub fn object_vaddr(&self, address: u64) -> Option<u64> {
+        let object = self.object()?;
+        let file_offset = address.checked_sub(self.spec.start)? + self.spec.offset;
+        object.layout.vaddr_for_file_offset(file_offset)
+    }
+}
+
+/// A process's address space as firn last read it. Samples keep the image
+/// they were taken under, so an exec does not re-symbolize old samples
+/// against the new program.
+#[derive(Debug)]
+pub struct ProcessImage {
+    pub tgid: u32,
+    /// The process's name (its main thread's comm).
+    pub comm: String,
+    pub mappings: Vec<Mapping>,
+    /// The maps could not be read: the process had already exited.
+    pub gone: bool,
+    read_at: Instant,
+}
+
+impl ProcessImage {
+    pub fn new(tgid: u32, comm: String, specs: Vec<MappingSpec>) -> Self {
+        Self {
+            tgid,
+            comm,
+            mappings: specs.into_iter().map(Mapping::new).collect(),
+            gone: false,
+            read_at: Instant::now(),
+        }
+    }
+
+    fn gone(tgid: u32, comm: String) -> Self {
+        Self {
+            gone: true,
+            ..Self::new(tgid, comm, Vec::new())
+        }
+    }
+
+    /// Index of the mapping containing `address`.
+    pub fn mapping_index(&self, address: u64) -> Option<usize> {
+        let index = self.mappings.partition_point(|m| m.spec.start <= address);
+        let candidate = index.checked_sub(1)?;
+        self.mappings[candidate]
+            .contains(address)
+            .then_some(candidate)
+    }
+
+    /// The executable's path, when the main binary is mapped.
+    pub fn executable(&self) -> Option<&str> {
+        self.mappings
+            .iter()
+            .find(|m| m.spec.kind == super::MappingKind::File)
+            .map(|m| m.spec.path.as_str())
+    }
+}
+
+struct Entry {
+    image: Arc<ProcessImage>,
+    exited_at: Option<Instant>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessTableStats {
+    pub processes: usize,
+    pub objects: usize,
+}
+
+pub struct ProcessTable {
+    proc_root: PathBuf,
+    processes: LruCache<u32, Entry>,
+    objects: ObjectRegistry,
+    grace: Duration,
+    stats: Arc<Stats>,
+}
+
+impl ProcessTable {
+    pub fn new(proc_root: PathBuf, limits: &Limits, stats: Arc<Stats>) -> Self {
+        let capacity = NonZeroUsize::new(limits.max_processes).unwrap_or(NonZeroUsize::MIN);
+        Self {
+            objects: ObjectRegistry::new(proc_root.clone(), limits.max_objects, stats.clone()),
+            proc_root,
+            processes: LruCache::new(capacity),
+            grace: limits.exited_process_grace,
+            stats,
+        }
+    }
+
+    pub fn sizes(&self) -> ProcessTableStats {
+        ProcessTableStats {
+            processes: self.processes.len(),
+            objects: self.objects.len(),
+        }
+    }
+
+    /// The image of `tgid` if firn has read it, without any I/O.
+    pub fn lookup(&mut self, tgid: u32) -> Option<Arc<ProcessImage>> {
+        self.processes.get(&tgid).map(|entry| entry.image.clone())
+    }
+
+    /// The image of `tgid`, reading /proc on first sight. A process that is
+    /// already gone gets an empty image (its frames stay unknown).
+    pub fn image(&mut self, tgid: u32, fallback_comm: &str) -> Arc<ProcessImage> {
+        if let Some(image) = self.lookup(tgid) {
+            return image;
+        }
+        let image = Arc::new(self.read_image(tgid, fallback_comm));
+        self.insert(tgid, image.clone());
+        image
+    }
+
+    /// Like [`Self::image`], but re-reads the maps (at most once per
+    /// [`REFRESH_INTERVAL`]) when `address` lies outside every mapping.
+    pub fn image_covering(
+        &mut self,
+        tgid: u32,
+        fallback_comm: &str,
+        address: u64,
+    ) -> Arc<ProcessImage> {
+        let image = self.image(tgid, fallback_comm);
+        if image.gone
+            || image.mapping_index(address).is_some()
+            || image.read_at.elapsed() < REFRESH_INTERVAL
+        {
+            return image;
+        }
+        Stats::inc(&self.stats.maps_refreshed);
+        let fresh = Arc::new(self.read_image(tgid, &image.comm));
+        if fresh.gone {
+            // Keep what we had: the old mappings still explain old samples.
+            return image;
+        }
+        self.insert(tgid, fresh.clone());
+        fresh
+    }
+
+    /// Opens (once) and returns the object behind a mapping of `image`.
+    pub fn object(&mut self, image: &ProcessImage, index: usize) -> Option<Arc<ObjectFile>> {
+        let mapping = image.mappings.get(index)?;
+        mapping
+            .object
+            .get_or_init(|| match self.objects.resolve(image.tgid, &mapping.spec) {
+                Ok(object) => Some(object),
+                Err(error) => {
+                    debug!(pid = image.tgid, %error, "object unavailable");
+                    None
+                }
+            })
+            .clone()
+    }
+
+    /// The process executed a new program: read its new image now, while it
+    /// is most likely still alive.
+    pub fn on_exec(&mut self, tgid: u32, comm: &str) {
+        let image = Arc::new(self.read_image(tgid, comm));
+        self.insert(tgid, image);
+    }
+
+    /// The process exited: keep it resolvable for the grace period.
+    pub fn on_exit(&mut self, tgid: u32) {
+        if let Some(entry) = self.processes.peek_mut(&tgid) {
+            entry.exited_at.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// Forgets processes that exited more than the grace period ago.
+    pub fn expire(&mut self, now: Instant) {
+        let grace = self.grace;
+        let expired: Vec<u32> = self
+            .processes
+            .iter()
+            .filter(|(_, entry)| {
+                entry
+                    .exited_at
+                    .is_some_and(|at| now.duration_since(at) >= grace)
+            })
+            .map(|(&tgid, _)| tgid)
+            .collect();
+        for tgid in expired {
+            self.processes.pop(&tgid);
+        }
+    }
+
+    fn insert(&mut self, tgid: u32, image: Arc<ProcessImage>) {
+        let exited_at = image.gone.then(Instant::now);
+        if let Some((evicted, _)) = self.processes.push(tgid, Entry { image, exited_at })
+            && evicted != tgid
+        {
+            Stats::inc(&self.stats.processes_evicted);
+        }
+    }
+
+    fn read_image(&self, tgid: u32, fallback_comm: &str) -> ProcessImage {
+        let comm = std::fs::read_to_string(self.proc_root.join(tgid.to_string()).join("comm"))
+            .map(|text| text.trim_end_matches('\n').to_owned())
+            .unwrap_or_else(|_| fallback_comm.to_owned());
+        match read_maps(&self.proc_root, tgid) {
+            Ok(specs) => ProcessImage::new(tgid, comm, specs),
+            Err(MapsError::Gone { .. }) => {
+                Stats::inc(&self.stats.processes_gone);
+                ProcessImage::gone(tgid, comm)
+            }
+            Err(error) => {
+                Stats::inc(&self.stats.maps_read_failures);
+                debug!(pid = tgid, %error, "could not read maps");
+                ProcessImage::gone(tgid, comm)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::process::MappingKind;
+
+    fn table(proc_root: &Path, stats: Arc<Stats>) -> ProcessTable {
+        ProcessTable::new(proc_root.to_path_buf(), &Limits::default(), stats)
+    }
+
+    fn spec(start: u64, end: u64, path: &str) -> MappingSpec {
+        MappingSpec {
+            start,
+            end,
+            offset: 0,
+            dev: 0,
+            inode: 0,
+            path: path.into(),
+            kind: MappingKind::File,
+            deleted: false,
+        }
+    }
+
+    #[test]
+    fn mapping_index_finds_the_containing_mapping() {
+        let image = ProcessImage::new(
+            1,
+            "x".into(),
+            vec![spec(0x1000, 0x2000, "/a"), spec(0x5000, 0x6000, "/b")],
+        );
+        assert_eq!(image.mapping_index(0x1000), Some(0));
+        assert_eq!(image.mapping_index(0x1fff), Some(0));
+        assert_eq!(image.mapping_index(0x2000), None);
+        assert_eq!(image.mapping_index(0x5800), Some(1));
+        assert_eq!(image.mapping_index(0x10), None);
+        assert_eq!(image.executable(), Some("/a"));
+    }
+
+    #[test]
+    fn own_process_is_read_and_its_objects_resolve() {
+        let stats = Arc::new(Stats::default());
+        let mut table = table(Path::new("/proc"), stats.clone());
+        let pid = std::process::id();
+        let image = table.image(pid, "fallback");
+        assert!(!image.gone);
+        let here = own_address();
+        let index = image.mapping_index(here).expect("this function is mapped");
+        let object = table.object(&image, index).expect("the test binary opens");
+        assert!(object.build_id().is_some());
+        assert!(image.mappings[index].object_vaddr(here).is_some());
+        assert!(Arc::ptr_eq(&image, &table.image(pid, "fallback")), "cached");
+    }
+
+    fn own_address() -> u64 {
+        own_address as *const () as usize as u64
+    }
+
+    #[test]
+    fn a_vanished_process_gets_an_empty_counted_image() {
+        let stats = Arc::new(Stats::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut table = table(dir.path(), stats.clone());
+        let image = table.image(31337, "ghost");
+        assert!(image.gone);
+        assert_eq!(image.comm, "ghost");
+        assert_eq!(image.mapping_index(0x1000), None);
+        assert_eq!(stats.snapshot().processes_gone, 1);
+        // Gone processes expire after the grace period.
+        table.expire(Instant::now() + Limits::default().exited_process_grace);
+        assert_eq!(table.sizes().processes, 0);
+    }
+
+    #[test]
+    fn exit_keeps_the_image_for_the_grace_period() {
+        let stats = Arc::new(Stats::default());
+        let mut table = table(Path::new("/proc"), stats);
+        let pid = std::process::id();
+        let image = table.image(pid, "me");
+        table.on_exit(pid);
+        table.expire(Instant::now());
+        assert!(
+            table
+                .lookup(pid)
+                .is_some_and(|kept| Arc::ptr_eq(&kept, &image))
+        );
+        table.expire(
+            Instant::now() + Limits::default().exited_process_grace + Duration::from_secs(1),
+        );
+        assert!(table.lookup(pid).is_none());
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_counts_evictions() {
+        let stats = Arc::new(Stats::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let limits = Limits {
+            max_processes: 2,
+            ..Limits::default()
+        };
+        let mut table = ProcessTable::new(dir.path().to_path_buf(), &limits, stats.clone());
+        for pid in 1..=5 {
+            table.image(pid, "p");
+        }
+        assert_eq!(table.sizes().processes, 2);
+        assert_eq!(stats.snapshot().processes_evicted, 3);
+    }
+}

@@ -1,0 +1,306 @@
+//! The first stage: ring buffer records from the BPF program, decoded into
+//! plain values. `decode` does no I/O; `RingReader` owns the ring buffer.
+
+use std::{fmt, io, mem::size_of};
+
+use agent_common::{
+    COMM_LEN, MAX_STACK_DEPTH, ProcessRecord, RecordKind, SampleRecord, UserRegs, sample_flags,
+};
+use aya::maps::{MapData, RingBuf};
+use tokio::io::{Interest, unix::AsyncFd};
+
+/// A task's name as the kernel stores it (at most 15 bytes and a NUL).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Comm([u8; COMM_LEN]);
+
+impl Comm {
+    pub fn new(raw: [u8; COMM_LEN]) -> Self {
+        Self(raw)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        let end = self.0.iter().position(|&b| b == 0).unwrap_or(COMM_LEN);
+        &self.0[..end]
+    }
+}
+
+impl fmt::Display for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&String::from_utf8_lossy(self.as_bytes()))
+    }
+}
+
+impl fmt::Debug for Comm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.to_string())
+    }
+}
+
+impl From<&str> for Comm {
+    fn from(text: &str) -> Self {
+        let mut raw = [0u8; COMM_LEN];
+        let len = text.len().min(COMM_LEN - 1);
+        raw[..len].copy_from_slice(&text.as_bytes()[..len]);
+        Self(raw)
+    }
+}
+
+/// One CPU sample as the BPF program captured it.
+#[derive(Clone, Debug, Default)]
+pub struct RawSample {
+    /// CLOCK_MONOTONIC nanoseconds.
+    pub timestamp_ns: u64,
+    pub cpu: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    pub cgroup_id: u64,
+    /// The thread's name.
+    pub comm: Comm,
+    /// Innermost first; the first frame is the interrupted instruction.
+    pub kernel_stack: Vec<u64>,
+    /// Innermost first, from the kernel's frame-pointer walk.
+    pub user_stack: Vec<u64>,
+    pub kernel_stack_failed: bool,
+    pub user_stack_failed: bool,
+    /// The user registers, when the task has a user side and they were read.
+    pub user_regs: Option<UserRegs>,
+    /// Bytes copied from the user stack, starting at `user_regs.sp`.
+    pub stack_copy: Vec<u8>,
+}
+
+/// A whole process executed a new image or exited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessEvent {
+    pub tgid: u32,
+    pub timestamp_ns: u64,
+    pub comm: Comm,
+}
+
+#[derive(Clone, Debug)]
+pub enum Record {
+    Sample(RawSample),
+    Exec(ProcessEvent),
+    Exit(ProcessEvent),
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("record of {len} bytes is too short for its kind ({needed} bytes needed)")]
+    TooShort { len: usize, needed: usize },
+    #[error("unknown record kind {kind}")]
+    UnknownKind { kind: u32 },
+    #[error("record claims {frames} frames, more than {MAX_STACK_DEPTH}")]
+    TooManyFrames { frames: u32 },
+    #[error("record claims a {claimed}-byte stack copy but carries {carried} bytes")]
+    StackCopyTruncated { claimed: u32, carried: usize },
+}
+
+/// Decodes one ring buffer record.
+pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
+    let kind = read_u32(bytes).ok_or(DecodeError::TooShort {
+        len: bytes.len(),
+        needed: 4,
+    })?;
+    match RecordKind::from_u32(kind) {
+        Some(RecordKind::Sample) => decode_sample(bytes).map(Record::Sample),
+        Some(RecordKind::Exec) => decode_process(bytes).map(Record::Exec),
+        Some(RecordKind::Exit) => decode_process(bytes).map(Record::Exit),
+        None => Err(DecodeError::UnknownKind { kind }),
+    }
+}
+
+fn read_u32(bytes: &[u8]) -> Option<u32> {
+    Some(u32::from_ne_bytes(bytes.get(..4)?.try_into().ok()?))
+}
+
+fn read_struct<T: Copy>(bytes: &[u8]) -> Result<T, DecodeError> {
+    let needed = size_of::<T>();
+    if bytes.len() < needed {
+        return Err(DecodeError::TooShort {
+            len: bytes.len(),
+            needed,
+        });
+    }
+    // SAFETY: the length is checked above and T is a plain `#[repr(C)]`
+    // record of integers from agent-common, valid for any bit pattern.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+fn decode_sample(bytes: &[u8]) -> Result<RawSample, DecodeError> {
+    let record: SampleRecord = read_struct(bytes)?;
+    for frames in [record.kernel_frames, record.user_frames] {
+        if frames as usize > MAX_STACK_DEPTH {
+            return Err(DecodeError::TooManyFrames { frames });
+        }
+    }
+    let copy = &bytes[size_of::<SampleRecord>()..];
+    let claimed = record.stack_copy_len;
+    if copy.len() < claimed as usize {
+        return Err(DecodeError::StackCopyTruncated {
+            claimed,
+            carried: copy.len(),
+        });
+    }
+    let regs_valid = record.flags & sample_flags::USER_REGS_VALID != 0;
+    Ok(RawSample {
+        timestamp_ns: record.timestamp_ns,
+        cpu: record.cpu,
+        tgid: record.tgid,
+        tid: record.tid,
+        cgroup_id: record.cgroup_id,
+        comm: Comm(record.comm),
+        kernel_stack: record.kernel_stack[..record.kernel_frames as usize].to_vec(),
+        user_stack: record.user_stack[..record.user_frames as usize].to_vec(),
+        kernel_stack_failed: record.flags & sample_flags::KERNEL_STACK_FAILED != 0,
+        user_stack_failed: record.flags & sample_flags::USER_STACK_FAILED != 0,
+        user_regs: regs_valid.then_some(record.user_regs),
+        stack_copy: if regs_valid {
+            copy[..claimed as usize].to_vec()
+        } else {
+            Vec::new()
+        },
+    })
+}
+
+fn decode_process(bytes: &[u8]) -> Result<ProcessEvent, DecodeError> {
+    let record: ProcessRecord = read_struct(bytes)?;
+    Ok(ProcessEvent {
+        tgid: record.tgid,
+        timestamp_ns: record.timestamp_ns,
+        comm: Comm(record.comm),
+    })
+}
+
+/// The ring buffer, readable from tokio.
+pub struct RingReader {
+    ring: AsyncFd<RingBuf<MapData>>,
+}
+
+impl RingReader {
+    pub fn new(ring: RingBuf<MapData>) -> io::Result<Self> {
+        // SAFETY: the ring buffer owns its map's file descriptor, which stays
+        // open and unchanged until the ring buffer (and this AsyncFd) drops.
+        let ring = unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) }
+            .map_err(|error| error.into_parts().1)?;
+        Ok(Self { ring })
+    }
+
+    /// Waits until the BPF side signals data. It wakes the reader only once
+    /// enough has accumulated, so callers also drain on a timer.
+    pub async fn readable(&mut self) -> io::Result<()> {
+        let mut guard = self.ring.readable_mut().await?;
+        guard.clear_ready();
+        Ok(())
+    }
+
+    /// Hands every waiting record to `handle`; returns how many there were.
+    pub fn drain(&mut self, mut handle: impl FnMut(&[u8])) -> usize {
+        let ring = self.ring.get_mut();
+        let mut count = 0;
+        while let Some(item) = ring.next() {
+            handle(&item);
+            count += 1;
+        }
+        count
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn as_bytes<T>(value: &T) -> Vec<u8> {
+        // SAFETY: reading the bytes of a plain repr(C) value.
+        unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
+            .to_vec()
+    }
+
+    fn sample_record() -> SampleRecord {
+        let mut kernel_stack = [0u64; MAX_STACK_DEPTH];
+        let mut user_stack = [0u64; MAX_STACK_DEPTH];
+        kernel_stack[..2].copy_from_slice(&[0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020]);
+        user_stack[..3].copy_from_slice(&[0x401000, 0x401100, 0x401200]);
+        SampleRecord {
+            kind: RecordKind::Sample as u32,
+            cpu: 1,
+            tgid: 100,
+            tid: 101,
+            timestamp_ns: 123_456,
+            cgroup_id: 7,
+            comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
+            flags: sample_flags::USER_REGS_VALID,
+            kernel_frames: 2,
+            user_frames: 3,
+            stack_copy_len: 8,
+            user_regs: UserRegs {
+                ip: 0x401000,
+                sp: 0x7ffc_0000,
+                bp: 0x7ffc_0100,
+            },
+            kernel_stack,
+            user_stack,
+        }
+    }
+
+    #[test]
+    fn sample_decodes_with_its_stack_copy() {
+        let mut bytes = as_bytes(&sample_record());
+        bytes.extend_from_slice(&0x401234u64.to_ne_bytes());
+        let Ok(Record::Sample(sample)) = decode(&bytes) else {
+            panic!("expected a sample");
+        };
+        assert_eq!(sample.tgid, 100);
+        assert_eq!(sample.tid, 101);
+        assert_eq!(sample.comm.to_string(), "worker");
+        assert_eq!(sample.kernel_stack.len(), 2);
+        assert_eq!(sample.user_stack, vec![0x401000, 0x401100, 0x401200]);
+        assert_eq!(sample.user_regs.map(|r| r.sp), Some(0x7ffc_0000));
+        assert_eq!(sample.stack_copy, 0x401234u64.to_ne_bytes());
+    }
+
+    #[test]
+    fn malformed_records_are_errors_not_panics() {
+        assert!(matches!(decode(&[]), Err(DecodeError::TooShort { .. })));
+        assert!(matches!(
+            decode(&9u32.to_ne_bytes()),
+            Err(DecodeError::UnknownKind { kind: 9 })
+        ));
+        let bytes = as_bytes(&sample_record());
+        assert!(matches!(
+            decode(&bytes[..100]),
+            Err(DecodeError::TooShort { .. })
+        ));
+        // Claims 8 bytes of stack copy but carries none.
+        assert!(matches!(
+            decode(&bytes),
+            Err(DecodeError::StackCopyTruncated { claimed: 8, .. })
+        ));
+        let mut record = sample_record();
+        record.user_frames = 500;
+        assert!(matches!(
+            decode(&as_bytes(&record)),
+            Err(DecodeError::TooManyFrames { frames: 500 })
+        ));
+    }
+
+    #[test]
+    fn process_events_decode() {
+        let record = ProcessRecord {
+            kind: RecordKind::Exec as u32,
+            tgid: 55,
+            timestamp_ns: 9,
+            comm: *b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0",
+        };
+        let Ok(Record::Exec(event)) = decode(&as_bytes(&record)) else {
+            panic!("expected exec");
+        };
+        assert_eq!(event.tgid, 55);
+        assert_eq!(event.comm.to_string(), "sh");
+    }
+
+    #[test]
+    fn comm_from_long_str_keeps_the_nul() {
+        let comm = Comm::from("a-very-long-process-name");
+        assert_eq!(comm.as_bytes().len(), COMM_LEN - 1);
+    }
+}

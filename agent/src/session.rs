@@ -1,0 +1,272 @@
+//! A sampling session: the BPF programs attached, and the stages from the
+//! ring buffer to the aggregator driven as records arrive.
+
+use std::{
+    future::Future,
+    io,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tracing::debug;
+
+use crate::{
+    aggregate::{AggregatedProfile, Aggregator, UnwoundSample},
+    bpf::{BpfCounters, BpfError, BpfSampler, ProgramRunTime},
+    config::{Limits, SamplingConfig},
+    process::{ProcessTable, ProcessTableStats},
+    sampler::{self, RawSample, Record, RingReader},
+    stats::Stats,
+    unwind::Unwinder,
+};
+
+/// The reader drains at least this often: the BPF side only wakes it once
+/// the ring buffer is an eighth full.
+const DRAIN_INTERVAL: Duration = Duration::from_millis(100);
+const EXPIRE_INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Bpf(#[from] BpfError),
+    #[error("could not watch the ring buffer")]
+    Ring {
+        #[source]
+        source: io::Error,
+    },
+}
+
+pub struct Session {
+    bpf: BpfSampler,
+    reader: RingReader,
+    pipeline: Pipeline,
+}
+
+/// The stages after the ring buffer, apart from it so they can be fed
+/// records directly.
+pub struct Pipeline {
+    pub processes: ProcessTable,
+    unwinder: Unwinder,
+    aggregator: Aggregator,
+    stats: Arc<Stats>,
+    last_expire: Instant,
+}
+
+impl Pipeline {
+    pub fn new(limits: &Limits, stats: Arc<Stats>) -> Self {
+        Self {
+            processes: ProcessTable::new(PathBuf::from("/proc"), limits, stats.clone()),
+            unwinder: Unwinder::new(limits.unwind_cache_bytes, stats.clone()),
+            aggregator: Aggregator::new(limits.max_stacks_per_profile, stats.clone()),
+            stats,
+            last_expire: Instant::now(),
+        }
+    }
+
+    /// Handles one ring buffer record.
+    pub fn handle(&mut self, bytes: &[u8]) {
+        match sampler::decode(bytes) {
+            Ok(Record::Sample(sample)) => self.sample(sample),
+            Ok(Record::Exec(event)) => {
+                Stats::inc(&self.stats.process_events);
+                self.processes.on_exec(event.tgid, &event.comm.to_string());
+            }
+            Ok(Record::Exit(event)) => {
+                Stats::inc(&self.stats.process_events);
+                self.processes.on_exit(event.tgid);
+            }
+            Err(error) => {
+                Stats::inc(&self.stats.records_malformed);
+                debug!(%error, "malformed ring buffer record");
+            }
+        }
+    }
+
+    pub fn sample(&mut self, sample: RawSample) {
+        Stats::inc(&self.stats.samples_received);
+        let comm = sample.comm.to_string();
+        let image = match sample.user_stack.first() {
+            Some(&ip) => self.processes.image_covering(sample.tgid, &comm, ip),
+            None => self.processes.image(sample.tgid, &comm),
+        };
+        let user = self
+            .unwinder
+            .user_frames(&sample, &image, &mut self.processes);
+        // Open every object now, while the process is surely alive; the
+        // profile is symbolized later, possibly after it exited.
+        for &address in &user {
+            if let Some(index) = image.mapping_index(address) {
+                self.processes.object(&image, index);
+            }
+        }
+        self.aggregator.add(UnwoundSample {
+            image,
+            tid: sample.tid,
+            kernel: sample.kernel_stack,
+            user,
+        });
+    }
+
+    fn housekeeping(&mut self) {
+        let now = Instant::now();
+        if now.duration_since(self.last_expire) >= EXPIRE_INTERVAL {
+            self.processes.expire(now);
+            self.last_expire = now;
+        }
+    }
+
+    pub fn take_profile(&mut self) -> AggregatedProfile {
+        self.aggregator.take()
+    }
+}
+
+impl Session {
+    /// Loads and attaches the BPF programs and readies the stages.
+    pub fn start(
+        sampling: &SamplingConfig,
+        limits: &Limits,
+        stats: Arc<Stats>,
+    ) -> Result<Self, SessionError> {
+        raise_open_file_limit();
+        let mut bpf = BpfSampler::load(sampling)?;
+        let ring = bpf.take_ring_buffer()?;
+        let reader = RingReader::new(ring).map_err(|source| SessionError::Ring { source })?;
+        Ok(Self {
+            bpf,
+            reader,
+            pipeline: Pipeline::new(limits, stats),
+        })
+    }
+
+    pub fn cpus(&self) -> usize {
+        self.bpf.cpus().len()
+    }
+
+    pub fn ring_buffer_bytes(&self) -> u32 {
+        self.bpf.ring_buffer_bytes()
+    }
+
+    pub fn bpf_counters(&self) -> BpfCounters {
+        self.bpf.counters()
+    }
+
+    pub fn sampler_run_time(&self) -> Option<ProgramRunTime> {
+        self.bpf.sampler_run_time()
+    }
+
+    pub fn process_table(&self) -> ProcessTableStats {
+        self.pipeline.processes.sizes()
+    }
+
+    /// Processes records until `until` completes, then drains what is left
+    /// and returns its output.
+    pub async fn collect_until<F: Future>(&mut self, until: F) -> io::Result<F::Output> {
+        let mut drain = tokio::time::interval(DRAIN_INTERVAL);
+        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(until);
+        loop {
+            tokio::select! {
+                output = &mut until => {
+                    self.drain();
+                    return Ok(output);
+                }
+                readable = self.reader.readable() => {
+                    readable?;
+                    self.drain();
+                }
+                _ = drain.tick() => self.drain(),
+            }
+        }
+    }
+
+    fn drain(&mut self) {
+        let Self {
+            reader, pipeline, ..
+        } = self;
+        reader.drain(|bytes| pipeline.handle(bytes));
+        pipeline.housekeeping();
+    }
+
+    pub fn take_profile(&mut self) -> AggregatedProfile {
+        self.pipeline.take_profile()
+    }
+}
+
+/// Every object firn keeps open is a file descriptor; the soft limit is
+/// often 1024 while the hard limit is far higher.
+fn raise_open_file_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            let _ = libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() -> io::Result<&'static str> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        pprof::{build_profile, sample_function_names},
+        symbolize::Symbolizer,
+    };
+
+    /// A sample of a process that exited before firn read its maps: the
+    /// frames stay, as unknown addresses, and the loss is counted.
+    #[test]
+    fn vanished_process_yields_unknown_frames_not_a_crash() {
+        let stats = Arc::new(Stats::default());
+        let mut pipeline = Pipeline::new(&Limits::default(), stats.clone());
+        // Beyond pid_max: no such process can exist.
+        let ghost = 4_194_305;
+        pipeline.sample(RawSample {
+            tgid: ghost,
+            tid: ghost,
+            comm: "ghost".into(),
+            user_stack: vec![0x5555_0000_1000, 0x5555_0000_2000],
+            ..RawSample::default()
+        });
+        let aggregated = pipeline.take_profile();
+        assert_eq!(aggregated.samples, 1);
+        let mut symbolizer = Symbolizer::new(
+            std::path::Path::new("/proc/kallsyms"),
+            1 << 20,
+            stats.clone(),
+        );
+        let (profile, summary) = build_profile(&aggregated, 10_000_000, &mut symbolizer, &stats);
+        assert_eq!(summary.unknown_user_locations, 2);
+        let names = sample_function_names(&profile, &profile.sample[0]);
+        assert_eq!(names, ["0x555500001000", "0x555500002000"]);
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.processes_gone, 1);
+        assert_eq!(snapshot.user_frames_unknown, 2);
+    }
+
+    #[test]
+    fn malformed_records_are_counted() {
+        let stats = Arc::new(Stats::default());
+        let mut pipeline = Pipeline::new(&Limits::default(), stats.clone());
+        pipeline.handle(&[1, 0, 0, 0, 9]);
+        pipeline.handle(&[]);
+        assert_eq!(stats.snapshot().records_malformed, 2);
+        assert_eq!(pipeline.take_profile().samples, 0);
+    }
+}

@@ -1,0 +1,122 @@
+//! Counters every stage updates: what was seen, dropped, unknown, cached.
+//! Nothing is lost silently; the summaries log these and the metrics
+//! endpoint exposes them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($( $(#[doc = $doc:literal])* $name:ident ),* $(,)?) => {
+        /// Monotonic counters, shared by the stages through an `Arc`.
+        #[derive(Debug, Default)]
+        pub struct Stats {
+            $( $(#[doc = $doc])* pub $name: AtomicU64, )*
+        }
+
+        /// A point-in-time copy of [`Stats`].
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct StatsSnapshot {
+            $( pub $name: u64, )*
+        }
+
+        impl Stats {
+            pub fn snapshot(&self) -> StatsSnapshot {
+                StatsSnapshot { $( $name: self.$name.load(Ordering::Relaxed), )* }
+            }
+        }
+
+        impl StatsSnapshot {
+            /// Counter names and values, for logs and metrics.
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![ $( (stringify!($name), self.$name), )* ]
+            }
+
+            /// What happened since `earlier`.
+            pub fn since(&self, earlier: &Self) -> Self {
+                Self { $( $name: self.$name.saturating_sub(earlier.$name), )* }
+            }
+        }
+    };
+}
+
+counters! {
+    /// Sample records read from the ring buffer.
+    samples_received,
+    /// Ring buffer records that could not be decoded.
+    records_malformed,
+    /// Exec and exit events read from the ring buffer.
+    process_events,
+    /// Processes whose maps could not be read because they had exited.
+    processes_gone,
+    /// Other failures reading /proc/PID/maps.
+    maps_read_failures,
+    /// Processes dropped from the table to stay within its size.
+    processes_evicted,
+    /// Maps re-read because an address fell outside every known mapping.
+    maps_refreshed,
+    /// ELF objects opened.
+    objects_opened,
+    /// ELF objects that could not be opened or parsed.
+    object_open_failures,
+    /// Objects dropped from the registry to stay within its size.
+    objects_evicted,
+    /// Leaf frames whose caller was recovered with CFI.
+    leaf_frames_repaired,
+    /// Leaf frames where CFI could not be applied (no CFI, unsupported
+    /// rule, or the return address lay beyond the stack copy).
+    leaf_repair_failures,
+    /// User frames outside every known mapping (process gone, JIT, ...).
+    user_frames_unknown,
+    /// User frames in a known object without a symbol for the address.
+    user_frames_unsymbolized,
+    /// Kernel frames without a kallsyms symbol.
+    kernel_frames_unsymbolized,
+    /// Samples not aggregated because the profile hit its stack limit.
+    samples_dropped_stack_limit,
+    /// Symbol table cache.
+    symbol_cache_hits,
+    symbol_cache_misses,
+    symbol_cache_evictions,
+    /// Unwind table cache.
+    unwind_cache_hits,
+    unwind_cache_misses,
+    unwind_cache_evictions,
+    /// Profiles written or handed to an exporter.
+    profiles_written,
+    /// Profiles dropped (exporter failure, builder behind).
+    profiles_dropped,
+    /// Old local profiles deleted to respect the size limit.
+    local_profiles_deleted,
+}
+
+impl Stats {
+    pub fn add(counter: &AtomicU64, value: u64) {
+        counter.fetch_add(value, Ordering::Relaxed);
+    }
+
+    pub fn inc(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshots_subtract() {
+        let stats = Stats::default();
+        Stats::add(&stats.samples_received, 5);
+        let first = stats.snapshot();
+        Stats::inc(&stats.samples_received);
+        Stats::inc(&stats.records_malformed);
+        let delta = stats.snapshot().since(&first);
+        assert_eq!(delta.samples_received, 1);
+        assert_eq!(delta.records_malformed, 1);
+        assert!(
+            delta
+                .fields()
+                .iter()
+                .any(|&(name, value)| name == "records_malformed" && value == 1)
+        );
+    }
+}

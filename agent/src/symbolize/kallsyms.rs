@@ -1,0 +1,253 @@
+//! Kernel symbols from `/proc/kallsyms` and the kernel's build id from
+//! `/sys/kernel/notes`. Parsing is pure; `read` does the I/O.
+
+use std::{io, path::Path};
+
+use crate::elf::BuildId;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KallsymsError {
+    #[error("could not read {path}")]
+    Read {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "kernel symbol addresses are hidden (kernel.kptr_restrict); kernel frames stay \
+         unsymbolized. Run firn as root or with CAP_SYSLOG, or set kernel.kptr_restrict=0"
+    )]
+    Restricted,
+    #[error("no kernel text symbols in kallsyms")]
+    Empty,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    address: u64,
+    name_start: u32,
+    name_len: u16,
+    /// Index into `modules`, or u16::MAX for the core kernel.
+    module: u16,
+}
+
+/// Kernel text symbols, sorted by address.
+#[derive(Debug, Default)]
+pub struct Kallsyms {
+    entries: Vec<Entry>,
+    names: String,
+    modules: Vec<String>,
+}
+
+/// A kernel symbol covering an address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSymbol<'a> {
+    pub name: &'a str,
+    /// The module, for symbols outside the core kernel.
+    pub module: Option<&'a str>,
+    pub address: u64,
+}
+
+impl Kallsyms {
+    pub fn read(path: &Path) -> Result<Self, KallsymsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| KallsymsError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    /// Parses the text of /proc/kallsyms, keeping text (code) symbols.
+    pub fn parse(text: &str) -> Result<Self, KallsymsError> {
+        let mut table = Self::default();
+        let mut saw_symbols = false;
+        for line in text.lines() {
+            let mut fields = line.split_ascii_whitespace();
+            let (Some(address), Some(kind), Some(name)) =
+                (fields.next(), fields.next(), fields.next())
+            else {
+                continue;
+            };
+            saw_symbols = true;
+            if !matches!(kind, "t" | "T" | "w" | "W") {
+                continue;
+            }
+            let Ok(address) = u64::from_str_radix(address, 16) else {
+                continue;
+            };
+            if address == 0 {
+                continue;
+            }
+            let module = fields
+                .next()
+                .and_then(|m| m.strip_prefix('[')?.strip_suffix(']'))
+                .map_or(u16::MAX, |module| table.module_index(module));
+            let (Ok(name_start), Ok(name_len)) =
+                (u32::try_from(table.names.len()), u16::try_from(name.len()))
+            else {
+                continue;
+            };
+            table.names.push_str(name);
+            table.entries.push(Entry {
+                address,
+                name_start,
+                name_len,
+                module,
+            });
+        }
+        if table.entries.is_empty() {
+            return Err(if saw_symbols {
+                KallsymsError::Restricted
+            } else {
+                KallsymsError::Empty
+            });
+        }
+        table.entries.sort_by_key(|e| e.address);
+        table.entries.shrink_to_fit();
+        table.names.shrink_to_fit();
+        Ok(table)
+    }
+
+    fn module_index(&mut self, module: &str) -> u16 {
+        if let Some(index) = self.modules.iter().position(|m| m == module) {
+            return u16::try_from(index).unwrap_or(u16::MAX);
+        }
+        if self.modules.len() >= usize::from(u16::MAX - 1) {
+            return u16::MAX;
+        }
+        self.modules.push(module.to_owned());
+        u16::try_from(self.modules.len() - 1).unwrap_or(u16::MAX)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Lowest and highest symbol addresses (the kernel mapping's range).
+    pub fn range(&self) -> Option<(u64, u64)> {
+        Some((self.entries.first()?.address, self.entries.last()?.address))
+    }
+
+    /// The symbol at or below `address`. Kallsyms has no sizes, so an
+    /// address beyond the last symbol is not attributed.
+    pub fn lookup(&self, address: u64) -> Option<KernelSymbol<'_>> {
+        let index = self.entries.partition_point(|e| e.address <= address);
+        if index == 0 || index == self.entries.len() {
+            return None;
+        }
+        let entry = self.entries[index - 1];
+        let start = entry.name_start as usize;
+        Some(KernelSymbol {
+            name: &self.names[start..start + usize::from(entry.name_len)],
+            module: self
+                .modules
+                .get(usize::from(entry.module))
+                .map(String::as_str),
+            address: entry.address,
+        })
+    }
+}
+
+/// The GNU build id among the ELF notes in `/sys/kernel/notes`.
+pub fn parse_build_id_note(notes: &[u8]) -> Option<BuildId> {
+    const NT_GNU_BUILD_ID: u32 = 3;
+    let mut rest = notes;
+    while rest.len() >= 12 {
+        let word = |at: usize| -> Option<u32> {
+            Some(u32::from_ne_bytes(rest.get(at..at + 4)?.try_into().ok()?))
+        };
+        let (name_size, desc_size, kind) = (word(0)? as usize, word(4)? as usize, word(8)?);
+        let name_end = 12 + name_size.next_multiple_of(4);
+        let desc_end = name_end.checked_add(desc_size.next_multiple_of(4))?;
+        if desc_end > rest.len() {
+            return None;
+        }
+        if kind == NT_GNU_BUILD_ID && rest.get(12..12 + name_size)? == b"GNU\0" {
+            return Some(BuildId::new(&rest[name_end..name_end + desc_size]));
+        }
+        rest = &rest[desc_end..];
+    }
+    None
+}
+
+pub fn kernel_build_id() -> Option<BuildId> {
+    parse_build_id_note(&std::fs::read("/sys/kernel/notes").ok()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KALLSYMS: &str = "\
+ffffffff81000000 T _stext
+ffffffff81001000 t do_one_initcall
+ffffffff81002000 D some_data
+ffffffff81003000 T ksys_write
+ffffffff81003400 W weak_thing
+ffffffffc0a00000 t ext4_file_write_iter\t[ext4]
+ffffffffc0a01000 t ext4_end\t[ext4]
+";
+
+    #[test]
+    fn looks_up_text_symbols_with_modules() {
+        let table = Kallsyms::parse(KALLSYMS).expect("parses");
+        assert_eq!(table.len(), 6, "data symbols are skipped");
+        let hit = table.lookup(0xffffffff81003010).expect("covered");
+        assert_eq!((hit.name, hit.module), ("ksys_write", None));
+        // Data symbols do not split the text symbol before them.
+        assert_eq!(
+            table.lookup(0xffffffff81002010).map(|s| s.name),
+            Some("do_one_initcall")
+        );
+        let module = table.lookup(0xffffffffc0a00010).expect("module symbol");
+        assert_eq!(
+            (module.name, module.module),
+            ("ext4_file_write_iter", Some("ext4"))
+        );
+        assert_eq!(table.lookup(0x1000), None);
+        assert_eq!(table.lookup(u64::MAX), None, "beyond the last symbol");
+    }
+
+    #[test]
+    fn hidden_addresses_are_reported_as_restricted() {
+        let hidden = "0000000000000000 T _stext\n0000000000000000 T ksys_write\n";
+        assert!(matches!(
+            Kallsyms::parse(hidden),
+            Err(KallsymsError::Restricted)
+        ));
+        assert!(matches!(Kallsyms::parse(""), Err(KallsymsError::Empty)));
+        assert!(Kallsyms::parse("garbage\nzz T\n").is_err());
+    }
+
+    #[test]
+    fn build_id_note_is_found_after_other_notes() {
+        let mut notes = Vec::new();
+        // A "Linux" note first, then the GNU build id.
+        for (name, kind, desc) in [
+            (&b"Linux\0"[..], 6u32, &[1u8, 2, 3, 4][..]),
+            (b"GNU\0", 3, &[0xab; 20]),
+        ] {
+            notes.extend_from_slice(&(name.len() as u32).to_ne_bytes());
+            notes.extend_from_slice(&(desc.len() as u32).to_ne_bytes());
+            notes.extend_from_slice(&kind.to_ne_bytes());
+            notes.extend_from_slice(name);
+            notes.resize(notes.len().next_multiple_of(4), 0);
+            notes.extend_from_slice(desc);
+            notes.resize(notes.len().next_multiple_of(4), 0);
+        }
+        let id = parse_build_id_note(&notes).expect("found");
+        assert_eq!(id.as_bytes(), &[0xab; 20]);
+        assert_eq!(parse_build_id_note(&notes[..30]), None);
+        assert_eq!(parse_build_id_note(&[]), None);
+    }
+
+    #[test]
+    fn this_kernel_has_symbols() {
+        let table = Kallsyms::read(Path::new("/proc/kallsyms")).expect("kallsyms readable as root");
+        assert!(table.len() > 1000);
+    }
+}

@@ -1,0 +1,465 @@
+//! End to end: the real BPF program on this kernel, the real `firn` binary,
+//! workloads built here; checked by function names and their order.
+
+mod common;
+
+use std::{collections::HashSet, process::Command, time::Duration};
+
+use common::*;
+use firn::pprof::sample_label;
+
+#[test]
+fn frame_pointer_chain_is_complete() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chain = build_c(
+        dir.path(),
+        "chain.c",
+        "chain",
+        &["-O1", "-fno-omit-frame-pointer"],
+    );
+    let workload = TestProcess::spawn(Command::new(&chain).arg("100000"));
+    wait_a_moment();
+    let pid = workload.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let stacks = stacks_of(&profile, workload.pid());
+    let (share, total) = chain_share(&stacks, &CHAIN);
+    assert!(
+        total >= 200,
+        "expected ~400 samples of the workload, got {total}"
+    );
+    assert!(
+        share >= 0.90,
+        "only {:.1}% of {total} samples hold the whole chain:\n{}",
+        share * 100.0,
+        describe(&stacks)
+    );
+}
+
+/// The leaf has no frame pointer; without CFI leaf repair the walk skips
+/// its caller. Proves the repair is what completes the chain.
+#[test]
+fn frameless_leaf_is_repaired_with_cfi() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chain = build_c(
+        dir.path(),
+        "chain.c",
+        "chain-leaf",
+        &[
+            "-O1",
+            "-fno-omit-frame-pointer",
+            "-momit-leaf-frame-pointer",
+        ],
+    );
+    let workload = TestProcess::spawn(Command::new(&chain).arg("100000"));
+    wait_a_moment();
+    let pid = workload.pid().to_string();
+
+    let (_, repaired) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
+    let stacks = stacks_of(&repaired, workload.pid());
+    let (share, total) = chain_share(&stacks, &CHAIN);
+    assert!(total >= 150, "too few samples: {total}");
+    assert!(
+        share >= 0.90,
+        "{:.1}% complete:\n{}",
+        share * 100.0,
+        describe(&stacks)
+    );
+
+    let (_, unrepaired) = record(
+        dir.path(),
+        &[
+            "--duration",
+            "2s",
+            "--pid",
+            &pid,
+            "--leaf-stack-copy-bytes",
+            "0",
+        ],
+    );
+    let stacks = stacks_of(&unrepaired, workload.pid());
+    let (share, _) = chain_share(&stacks, &CHAIN);
+    assert!(
+        share < 0.10,
+        "without leaf repair the frame-pointer walk should lose level_three, yet {:.1}% were complete",
+        share * 100.0
+    );
+}
+
+#[test]
+fn write_heavy_process_shows_named_kernel_write_path() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dd = TestProcess::spawn(Command::new("dd").args(["if=/dev/zero", "of=/dev/null", "bs=1"]));
+    wait_a_moment();
+    // Whole system, no --pid: dd must be found among everything else.
+    let (_, profile) = record(dir.path(), &["--duration", "3s"]);
+    let stacks = stacks_of(&profile, dd.pid());
+    let total: i64 = stacks.iter().map(|(_, count)| count).sum();
+    assert!(total >= 100, "dd should be busy, got {total} samples");
+    let write_path = ["ksys_write", "vfs_write", "__x64_sys_write"];
+    let in_write: i64 = stacks
+        .iter()
+        .filter(|(names, _)| {
+            names.iter().any(|n| write_path.contains(&n.as_str()))
+                && names.iter().any(|n| n.starts_with("entry_SYSCALL_64"))
+        })
+        .map(|(_, count)| count)
+        .sum();
+    assert!(
+        in_write * 10 >= total,
+        "expected named kernel write-path frames (ksys_write/vfs_write under \
+         entry_SYSCALL_64) in dd's samples; {in_write} of {total}:\n{}",
+        describe(&stacks)
+    );
+    // The kernel frames sit under the user frames of the syscall wrapper.
+    let (names, _) = stacks
+        .iter()
+        .find(|(names, _)| names.iter().any(|n| n == "ksys_write"))
+        .expect("a write sample");
+    let kernel_at = names
+        .iter()
+        .position(|n| n == "ksys_write")
+        .expect("present");
+    let user_at = names
+        .iter()
+        .position(|n| n == "write" || n == "__libc_write");
+    assert!(
+        user_at.is_none_or(|user| user > kernel_at),
+        "kernel frames come first: {names:?}"
+    );
+}
+
+#[test]
+fn pid_filter_excludes_others_and_profile_obeys_parca_rules() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chain = build_c(
+        dir.path(),
+        "chain.c",
+        "chain",
+        &["-O1", "-fno-omit-frame-pointer"],
+    );
+    let wanted = TestProcess::spawn(Command::new(&chain).arg("100000"));
+    let other = TestProcess::spawn(Command::new(&chain).arg("100000"));
+    wait_a_moment();
+    let before = std::time::SystemTime::now();
+    let pid = wanted.pid().to_string();
+    let (_, profile) = record(
+        dir.path(),
+        &["--duration", "3s", "--pid", &pid, "--frequency", "99"],
+    );
+
+    let pids: HashSet<&str> = profile
+        .sample
+        .iter()
+        .filter_map(|sample| sample_label(&profile, sample, "pid"))
+        .collect();
+    assert_eq!(
+        pids,
+        HashSet::from([pid.as_str()]),
+        "only the --pid process is sampled"
+    );
+    assert!(stacks_of(&profile, other.pid()).is_empty());
+
+    // The rules a Parca server enforces (PARCA.md).
+    let string = |index: i64| profile.string_table[usize::try_from(index).expect("index")].as_str();
+    assert_eq!(profile.string_table[0], "");
+    for (index, mapping) in profile.mapping.iter().enumerate() {
+        assert_eq!(
+            mapping.id,
+            index as u64 + 1,
+            "mapping ids are sequential from 1"
+        );
+        assert!(mapping.memory_start < mapping.memory_limit);
+    }
+    for (index, location) in profile.location.iter().enumerate() {
+        assert_eq!(
+            location.id,
+            index as u64 + 1,
+            "location ids are sequential from 1"
+        );
+        if location.mapping_id != 0 {
+            let mapping = &profile.mapping[location.mapping_id as usize - 1];
+            assert!(
+                (mapping.memory_start..mapping.memory_limit).contains(&location.address),
+                "runtime address {:#x} lies in its mapping",
+                location.address
+            );
+        }
+    }
+    for (index, function) in profile.function.iter().enumerate() {
+        assert_eq!(
+            function.id,
+            index as u64 + 1,
+            "function ids are sequential from 1"
+        );
+    }
+    assert!(!profile.sample.is_empty());
+    for sample in &profile.sample {
+        assert_eq!(sample.value.len(), profile.sample_type.len());
+        assert!(!sample.location_id.is_empty() && sample.location_id.iter().all(|&id| id != 0));
+        assert_eq!(sample_label(&profile, sample, "comm"), Some("chain"));
+    }
+    let types: Vec<(&str, &str)> = profile
+        .sample_type
+        .iter()
+        .map(|t| (string(t.r#type), string(t.unit)))
+        .collect();
+    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+    let period_type = profile.period_type.expect("period type");
+    assert_eq!(
+        (string(period_type.r#type), string(period_type.unit)),
+        ("cpu", "nanoseconds")
+    );
+    assert_eq!(profile.period, 1_000_000_000 / 99);
+    let start = before
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos() as i64;
+    assert!(
+        (profile.time_nanos - start).abs() < 5_000_000_000,
+        "time_nanos is the capture start"
+    );
+    assert!(
+        (2_500_000_000..6_000_000_000).contains(&profile.duration_nanos),
+        "duration_nanos {} for a 3 s recording",
+        profile.duration_nanos
+    );
+    let binary = profile
+        .mapping
+        .iter()
+        .find(|m| string(m.filename).ends_with("/chain"))
+        .expect("the workload's mapping");
+    assert_eq!(
+        string(binary.build_id).len(),
+        40,
+        "mappings carry the build id (hex)"
+    );
+}
+
+#[test]
+fn exec_and_exit_during_recording_keep_symbols_right() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chain = build_c(
+        dir.path(),
+        "chain.c",
+        "chain",
+        &["-O1", "-fno-omit-frame-pointer"],
+    );
+    let prelude = build_c(
+        dir.path(),
+        "prelude.c",
+        "prelude",
+        &["-O1", "-fno-omit-frame-pointer"],
+    );
+    // Short-lived processes come and go the whole time.
+    let churn = TestProcess::spawn(
+        Command::new("sh").args(["-c", "while :; do /bin/true; /bin/echo x > /dev/null; done"]),
+    );
+    // Starts after firn, spins in prelude_spin, then execs the chain in
+    // the same pid.
+    let firn_run = {
+        let dir = dir.path().to_path_buf();
+        std::thread::spawn(move || record(&dir, &["--duration", "5s"]))
+    };
+    std::thread::sleep(Duration::from_millis(700));
+    let workload = TestProcess::spawn(Command::new(&prelude).args([
+        "1500",
+        chain.to_str().expect("utf-8 path"),
+        "100000",
+    ]));
+    let (_, profile) = firn_run.join().expect("recording thread");
+    drop(churn);
+
+    let stacks = stacks_of(&profile, workload.pid());
+    let pid = workload.pid().to_string();
+    let comms: HashSet<&str> = profile
+        .sample
+        .iter()
+        .filter(|s| sample_label(&profile, s, "pid") == Some(pid.as_str()))
+        .filter_map(|s| sample_label(&profile, s, "comm"))
+        .collect();
+    assert!(
+        comms.contains("prelude") && comms.contains("chain"),
+        "both images sampled: {comms:?}"
+    );
+    let before_exec: Vec<_> = stacks
+        .iter()
+        .filter(|(names, _)| names.iter().any(|n| n == "prelude_spin"))
+        .collect();
+    assert!(
+        !before_exec.is_empty(),
+        "the pre-exec image is symbolized:\n{}",
+        describe(&stacks)
+    );
+    // Both programs have a `main`; the rest of the chain is the new image's.
+    assert!(
+        before_exec
+            .iter()
+            .all(|(names, _)| !names.iter().any(|n| CHAIN[..4].contains(&n.as_str()))),
+        "pre-exec samples must not be symbolized against the new image:\n{}",
+        describe(&stacks)
+    );
+    let after_exec: Vec<_> = profile
+        .sample
+        .iter()
+        .filter(|s| {
+            sample_label(&profile, s, "pid") == Some(pid.as_str())
+                && sample_label(&profile, s, "comm") == Some("chain")
+        })
+        .map(|s| (firn::pprof::sample_function_names(&profile, s), s.value[0]))
+        .collect();
+    let (share, total) = chain_share(&after_exec, &CHAIN);
+    assert!(
+        total >= 100,
+        "the exec'd chain ran ~3 s, got {total} samples"
+    );
+    assert!(
+        share >= 0.90,
+        "{:.1}% complete after exec:\n{}",
+        share * 100.0,
+        describe(&after_exec)
+    );
+}
+
+#[test]
+fn flame_graph_names_the_chain() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chain = build_c(
+        dir.path(),
+        "chain.c",
+        "chain",
+        &["-O1", "-fno-omit-frame-pointer"],
+    );
+    let workload = TestProcess::spawn(Command::new(&chain).arg("100000"));
+    wait_a_moment();
+    let svg = dir.path().join("flame.svg");
+    let pid = workload.pid().to_string();
+    record(
+        dir.path(),
+        &[
+            "--duration",
+            "2s",
+            "--pid",
+            &pid,
+            "--flamegraph",
+            svg.to_str().expect("utf-8"),
+        ],
+    );
+    let text = std::fs::read_to_string(&svg).expect("flame graph written");
+    assert!(
+        text.starts_with("<?xml") && text.contains("<svg"),
+        "an SVG document"
+    );
+    for name in CHAIN {
+        assert!(text.contains(name), "{name} appears in the flame graph");
+    }
+}
+
+#[test]
+fn agent_writes_a_profile_per_interval_and_flushes_on_sigint() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("store");
+    let agent = firn()
+        .args(["--profiling-duration", "2s", "--local-store-directory"])
+        .arg(&store)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("agent starts");
+    std::thread::sleep(Duration::from_millis(5_000));
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
+    let started = std::time::Instant::now();
+    let output = agent.wait_with_output().expect("agent exits");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "exits promptly on SIGINT"
+    );
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "agent exit status {}:\n{log}",
+        output.status
+    );
+    let mut files: Vec<_> = std::fs::read_dir(&store)
+        .expect("store exists")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "gz"))
+        .collect();
+    files.sort();
+    // Two full intervals and the partial one flushed at SIGINT.
+    assert!(
+        files.len() >= 3,
+        "expected at least 3 profiles, got {files:?}\n{log}"
+    );
+    for file in &files {
+        let profile = firn::pprof::decode(&std::fs::read(file).expect("readable")).expect("pprof");
+        assert!(!profile.sample.is_empty(), "{} has samples", file.display());
+    }
+    assert!(
+        log.matches("profile written").count() >= 3,
+        "one summary line per interval:\n{log}"
+    );
+}
+
+#[test]
+fn bad_flags_exit_2_with_a_clear_message() {
+    for args in [
+        &["--frequency", "0"][..],
+        &["record", "--duration", "soon"],
+        &["record", "--ring-buffer-size", "3MiB"],
+        &["--log-level", "very-loud[["],
+        &["--no-such-flag"],
+    ] {
+        let output = firn().args(args).output().expect("firn runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?} exits 2; stderr:\n{stderr}"
+        );
+        assert!(
+            stderr.contains("error"),
+            "{args:?} explains itself:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn missing_privileges_name_the_capability() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Drop to nobody with no capabilities at all.
+    let output = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .arg(env!("CARGO_BIN_EXE_firn"))
+        .args(["record", "--duration", "1s", "--output"])
+        .arg(dir.path().join("p.pb.gz"))
+        .output()
+        .expect("setpriv (util-linux) runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "stderr:\n{stderr}");
+    assert!(
+        stderr.contains("CAP_BPF") && stderr.contains("CAP_PERFMON"),
+        "names the capabilities:\n{stderr}"
+    );
+    assert!(!stderr.contains("os error"), "no raw errno:\n{stderr}");
+}

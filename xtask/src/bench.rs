@@ -1,0 +1,245 @@
+//! `cargo xtask bench`: firn against `perf record -g -a` on the same busy
+//! workload, side by side in one run. Prints figures; asserts nothing.
+
+use std::{
+    fs::{self, File},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::Duration,
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{self, cargo, is_root};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Seconds the workload runs in each measurement.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Rounds of (baseline, firn, perf); medians are reported.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Sampling frequency for both profilers.
+    #[arg(long, default_value_t = 100)]
+    frequency: u64,
+}
+
+/// What one profiler run cost.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cost {
+    cpu_seconds: f64,
+    peak_rss_mb: f64,
+    workload_ops: f64,
+}
+
+pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
+    if !is_root() {
+        bail!("the benchmark loads BPF programs and samples every CPU: run it as root");
+    }
+    if args.rounds == 0 || args.seconds == 0 {
+        bail!("--rounds and --seconds must be at least 1");
+    }
+    util::run(cargo(root).args(["build", "--release", "--package", "firn"]))?;
+    let firn = root.join("target/release/firn");
+    let work = root.join("target/bench");
+    fs::create_dir_all(&work)?;
+    let busy = work.join("busy");
+    util::run(Command::new("gcc")
+        .args(["-O2", "-fno-omit-frame-pointer", "-pthread", "-o"])
+        .arg(&busy)
+        .arg(root.join("tests/workloads/busy.c")))?;
+    Command::new("perf")
+        .arg("--version")
+        .output()
+        .context("`perf` is missing: `cargo xtask setup --packages-only` installs linux-perf")?;
+    let cpus = thread::available_parallelism().map_or(1, |n| n.get());
+
+    println!(
+        "firn bench: {cpus} CPUs busy, {} Hz, {} rounds x {} s (baseline, firn, perf interleaved)",
+        args.frequency, args.rounds, args.seconds
+    );
+    let (mut baseline, mut firn_costs, mut perf_costs, mut bpf_ns) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=args.rounds {
+        baseline.push(workload(&busy, args.seconds)?);
+        let (cost, mean_ns) = measure_firn(&firn, &busy, &work, args)?;
+        firn_costs.push(cost);
+        bpf_ns.extend(mean_ns);
+        perf_costs.push(measure_perf(&busy, &work, args)?);
+        println!(
+            "  round {round}: baseline {:.0} ops/s | firn {:.3} CPU s, {:.1} MB | perf {:.3} CPU s, {:.1} MB",
+            baseline[round - 1] / args.seconds as f64,
+            cost.cpu_seconds,
+            cost.peak_rss_mb,
+            perf_costs[round - 1].cpu_seconds,
+            perf_costs[round - 1].peak_rss_mb
+        );
+    }
+
+    let base = median(baseline.iter().copied());
+    let spread = |values: &[f64]| {
+        let (min, max) = values
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        (max - min) / base * 100.0
+    };
+    let firn = summarize(&firn_costs);
+    let perf = summarize(&perf_costs);
+    let loss = |ops: f64| (base - ops) / base * 100.0;
+    println!();
+    println!("{:<34}{:>14}{:>18}", "", "firn", "perf record -g");
+    println!("{:<34}{:>14.3}{:>18.3}", "CPU seconds (median)", firn.cpu_seconds, perf.cpu_seconds);
+    println!("{:<34}{:>14.1}{:>18.1}", "peak RSS, MB (median)", firn.peak_rss_mb, perf.peak_rss_mb);
+    println!(
+        "{:<34}{:>13.2}%{:>17.2}%",
+        "workload throughput loss",
+        loss(firn.workload_ops),
+        loss(perf.workload_ops)
+    );
+    println!(
+        "{:<34}{:>13.2}%",
+        "baseline spread (max-min), noise",
+        spread(&baseline)
+    );
+    // An upper bound from CPU accounting: all of firn's CPU (including the
+    // symbolizing at the end) plus the BPF program's time, as a share of
+    // the CPU time the workload could have used.
+    let samples = (args.frequency * cpus as u64 * args.seconds) as f64;
+    let bpf_share = median(bpf_ns.iter().map(|&ns| ns as f64)) * samples / 1e9;
+    let capacity = (args.seconds * cpus as u64) as f64;
+    println!(
+        "{:<34}{:>13.2}%",
+        "firn cost by CPU accounting",
+        (firn.cpu_seconds + bpf_share) / capacity * 100.0
+    );
+    match bpf_ns.is_empty() {
+        true => println!("{:<34}{:>14}", "BPF run time per sample", "n/a"),
+        false => println!(
+            "{:<34}{:>11.2} us",
+            "BPF run time per sample (mean)",
+            median(bpf_ns.iter().map(|&ns| ns as f64)) / 1000.0
+        ),
+    }
+    println!(
+        "{:<34}{:>14.2}",
+        "CPU ratio firn / perf",
+        firn.cpu_seconds / perf.cpu_seconds.max(f64::EPSILON)
+    );
+    println!(
+        "\nfirn's CPU includes symbolizing and writing pprof; perf's excludes `perf report`.\n\
+         Sampling cost in the kernel (BPF program, perf callchains) is charged to the\n\
+         workload and shows in its throughput loss."
+    );
+    Ok(())
+}
+
+fn summarize(costs: &[Cost]) -> Cost {
+    Cost {
+        cpu_seconds: median(costs.iter().map(|c| c.cpu_seconds)),
+        peak_rss_mb: median(costs.iter().map(|c| c.peak_rss_mb)),
+        workload_ops: median(costs.iter().map(|c| c.workload_ops)),
+    }
+}
+
+fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut values: Vec<f64> = values.collect();
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// Runs the workload for `seconds`; returns the work it did.
+fn workload(busy: &Path, seconds: u64) -> Result<f64> {
+    let output = Command::new(busy).arg(seconds.to_string()).output()?;
+    if !output.status.success() {
+        bail!("the workload failed: {}", output.status);
+    }
+    String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse::<f64>()
+        .context("the workload printed no count")
+}
+
+/// Starts the profiler, lets it settle, runs the workload, then collects
+/// the profiler's resource usage once it exits on its own.
+fn measure(
+    mut profiler: Child,
+    busy: &Path,
+    seconds: u64,
+) -> Result<(Cost, std::process::ExitStatus)> {
+    thread::sleep(Duration::from_secs(1));
+    let ops = workload(busy, seconds);
+    let (status, usage) = wait_with_usage(&mut profiler)?;
+    Ok((
+        Cost {
+            cpu_seconds: usage.0,
+            peak_rss_mb: usage.1,
+            workload_ops: ops?,
+        },
+        status,
+    ))
+}
+
+fn measure_firn(firn: &Path, busy: &Path, work: &Path, args: &BenchArgs) -> Result<(Cost, Option<u64>)> {
+    let log = work.join("firn.log");
+    let child = Command::new(firn)
+        .args(["record", "--frequency", &args.frequency.to_string(), "--duration"])
+        .arg(format!("{}s", args.seconds + 2))
+        .arg("--output")
+        .arg(work.join("firn.pb.gz"))
+        .stdout(Stdio::null())
+        .stderr(File::create(&log)?)
+        .spawn()
+        .context("could not start firn")?;
+    let (cost, status) = measure(child, busy, args.seconds)?;
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    if !status.success() {
+        bail!("firn failed ({status}):\n{text}");
+    }
+    let mean_ns = text
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("bpf_mean_ns="))
+        .and_then(|value| value.parse().ok());
+    Ok((cost, mean_ns))
+}
+
+fn measure_perf(busy: &Path, work: &Path, args: &BenchArgs) -> Result<Cost> {
+    let data: PathBuf = work.join("perf.data");
+    let child = Command::new("perf")
+        .args(["record", "-F", &args.frequency.to_string(), "-g", "-a", "-q", "-o"])
+        .arg(&data)
+        .args(["--", "sleep", &(args.seconds + 2).to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("could not start perf record")?;
+    let (cost, status) = measure(child, busy, args.seconds)?;
+    if !status.success() {
+        bail!("perf record failed: {status}");
+    }
+    Ok(cost)
+}
+
+/// Waits for `child` and returns its CPU seconds (user + system, its own
+/// and its waited-for children's) and peak RSS in MB.
+fn wait_with_usage(child: &mut Child) -> Result<(std::process::ExitStatus, (f64, f64))> {
+    use std::os::unix::process::ExitStatusExt;
+    let pid = i32::try_from(child.id()).context("pid out of range")?;
+    let mut status = 0;
+    // SAFETY: rusage is plain data that wait4 fills in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waiting for our own child with valid out-pointers.
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    if waited != pid {
+        bail!("wait4 failed: {}", std::io::Error::last_os_error());
+    }
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    let cpu = seconds(usage.ru_utime) + seconds(usage.ru_stime);
+    let rss_mb = usage.ru_maxrss as f64 / 1024.0;
+    Ok((std::process::ExitStatus::from_raw(status), (cpu, rss_mb)))
+}

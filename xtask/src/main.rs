@@ -1,0 +1,83 @@
+//! Developer tasks for firn: `cargo xtask <command>`.
+
+mod bench;
+mod ebpf;
+mod setup;
+mod util;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "firn developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install what building the BPF object and running the tests need:
+    /// the pinned nightly with rust-src, bpf-linker, Debian packages.
+    /// Idempotent.
+    Setup {
+        /// Only the Debian packages the tests and benchmarks use.
+        #[arg(long)]
+        packages_only: bool,
+    },
+    /// Rebuild the BPF object from agent-ebpf/ and store it where the
+    /// daemon embeds it.
+    BuildEbpf {
+        /// Fail if the committed object differs from a fresh build.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build firn (release) and run it as root with the given arguments.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Install test prerequisites and run the whole test suite as root.
+    Test {
+        /// Extra arguments for `cargo test`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Measure firn against `perf record` on a busy workload and print
+    /// the figures.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    match cli.command {
+        Command::Setup { packages_only } => {
+            setup::debian_packages()?;
+            if !packages_only {
+                setup::bpf_toolchain()?;
+            }
+            Ok(())
+        }
+        Command::BuildEbpf { check } => ebpf::build(&root, check),
+        Command::Run { args } => util::run_firn(&root, &args),
+        Command::Test { args } => {
+            setup::debian_packages()?;
+            util::run_tests(&root, &args)
+        }
+        Command::Bench(args) => {
+            setup::debian_packages()?;
+            bench::run(&root, &args)
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or(manifest_dir)
+}

@@ -1,0 +1,183 @@
+//! `cargo xtask setup`: the pinned nightly, bpf-linker and Debian packages.
+//! Every step checks first and does nothing when already done.
+
+use std::{fs, path::PathBuf, process::Command};
+
+use anyhow::{Context, Result, bail};
+
+use crate::util::{describe, is_root, run};
+
+pub const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Packages the tests and benchmarks use: a C compiler for the test
+/// workloads, `perf` as the benchmark peer, `bpftool` to inspect programs.
+const DEBIAN_PACKAGES: &[&str] = &["gcc", "libc6-dev", "linux-perf", "bpftool"];
+
+pub fn debian_packages() -> Result<()> {
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .copied()
+        .filter(|package| !debian_package_installed(package))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "missing Debian packages {}; install them as root: apt-get install -y {}",
+            missing.join(", "),
+            missing.join(" ")
+        );
+    }
+    eprintln!("xtask: installing {}", missing.join(" "));
+    let install = || {
+        run(Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing))
+    };
+    if install().is_err() {
+        run(Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .arg("update"))?;
+        install()?;
+    }
+    Ok(())
+}
+
+fn debian_package_installed(package: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", package])
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+/// The nightly named in agent-ebpf/rust-toolchain.toml, the one source of
+/// truth for which nightly builds the BPF crate.
+pub fn pinned_nightly() -> Result<String> {
+    let path = crate::workspace_root().join("agent-ebpf/rust-toolchain.toml");
+    let text =
+        fs::read_to_string(&path).with_context(|| format!("could not read {}", path.display()))?;
+    text.lines()
+        .filter_map(|line| line.trim().strip_prefix("channel"))
+        .filter_map(|rest| rest.split('"').nth(1))
+        .next()
+        .map(str::to_owned)
+        .with_context(|| format!("no channel = \"...\" in {}", path.display()))
+}
+
+pub fn bpf_toolchain() -> Result<()> {
+    let nightly = pinned_nightly()?;
+    run(Command::new("rustup").args([
+        "toolchain",
+        "install",
+        &nightly,
+        "--profile",
+        "minimal",
+        "--component",
+        "rust-src",
+    ]))?;
+    if bpf_linker_works() {
+        return Ok(());
+    }
+    build_bpf_linker(&nightly)
+}
+
+fn bpf_linker_works() -> bool {
+    Command::new(bpf_linker_path())
+        .arg("--version")
+        .output()
+        .map(|output| {
+            output.status.success()
+                && String::from_utf8_lossy(&output.stdout).contains(BPF_LINKER_VERSION)
+        })
+        .unwrap_or(false)
+}
+
+pub fn cargo_home() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")))
+        .unwrap_or_else(|| PathBuf::from("/root/.cargo"))
+}
+
+pub fn bpf_linker_path() -> PathBuf {
+    cargo_home().join("bin/bpf-linker")
+}
+
+/// Builds bpf-linker against the nightly's own libLLVM, the LLVM that
+/// produced the bitcode it links (prebuilt binaries cannot be downloaded
+/// here and Debian's LLVM is too old).
+fn build_bpf_linker(nightly: &str) -> Result<()> {
+    let sysroot = output(
+        Command::new("rustc")
+            .arg(format!("+{nightly}"))
+            .args(["--print", "sysroot"]),
+    )?;
+    let version = output(Command::new("rustc").arg(format!("+{nightly}")).arg("-vV"))?;
+    let llvm_major = version
+        .lines()
+        .find_map(|line| line.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .context("rustc -vV printed no LLVM version")?
+        .to_owned();
+    let lib_dir = PathBuf::from(sysroot.trim()).join("lib");
+    let libllvm = fs::read_dir(&lib_dir)
+        .with_context(|| format!("could not list {}", lib_dir.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .find(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libLLVM.so."))
+        })
+        .with_context(|| format!("no libLLVM.so.* in {}", lib_dir.display()))?;
+
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    let prefix = PathBuf::from(home).join(".local/share/firn-llvm");
+    let prefix_lib = prefix.join("lib");
+    fs::create_dir_all(&prefix_lib)?;
+    for name in [
+        PathBuf::from("libLLVM.so"),
+        PathBuf::from(libllvm.file_name().context("libLLVM path has no name")?),
+    ] {
+        let link = prefix_lib.join(name);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(&libllvm, &link)
+            .with_context(|| format!("could not link {}", link.display()))?;
+    }
+    eprintln!(
+        "xtask: building bpf-linker {BPF_LINKER_VERSION} against LLVM {llvm_major} (about 2 minutes)"
+    );
+    run(Command::new("cargo")
+        .env("LLVM_PREFIX", &prefix)
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .args([
+            "install",
+            "bpf-linker",
+            "--locked",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{llvm_major}"),
+        ]))?;
+    if !bpf_linker_works() {
+        bail!("bpf-linker was built but `bpf-linker --version` does not run");
+    }
+    Ok(())
+}
+
+fn output(command: &mut Command) -> Result<String> {
+    let out = command
+        .output()
+        .with_context(|| format!("could not start {}", describe(command)))?;
+    if !out.status.success() {
+        bail!(
+            "{} failed: {}",
+            describe(command),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
