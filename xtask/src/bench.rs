@@ -46,10 +46,12 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     let work = root.join("target/bench");
     fs::create_dir_all(&work)?;
     let busy = work.join("busy");
-    util::run(Command::new("gcc")
-        .args(["-O2", "-fno-omit-frame-pointer", "-pthread", "-o"])
-        .arg(&busy)
-        .arg(root.join("tests/workloads/busy.c")))?;
+    util::run(
+        Command::new("gcc")
+            .args(["-O2", "-fno-omit-frame-pointer", "-pthread", "-o"])
+            .arg(&busy)
+            .arg(root.join("tests/workloads/busy.c")),
+    )?;
     Command::new("perf")
         .arg("--version")
         .output()
@@ -90,8 +92,14 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     let loss = |ops: f64| (base - ops) / base * 100.0;
     println!();
     println!("{:<34}{:>14}{:>18}", "", "firn", "perf record -g");
-    println!("{:<34}{:>14.3}{:>18.3}", "CPU seconds (median)", firn.cpu_seconds, perf.cpu_seconds);
-    println!("{:<34}{:>14.1}{:>18.1}", "peak RSS, MB (median)", firn.peak_rss_mb, perf.peak_rss_mb);
+    println!(
+        "{:<34}{:>14.3}{:>18.3}",
+        "CPU seconds (median)", firn.cpu_seconds, perf.cpu_seconds
+    );
+    println!(
+        "{:<34}{:>14.1}{:>18.1}",
+        "peak RSS, MB (median)", firn.peak_rss_mb, perf.peak_rss_mb
+    );
     println!(
         "{:<34}{:>13.2}%{:>17.2}%",
         "workload throughput loss",
@@ -185,10 +193,20 @@ fn measure(
     ))
 }
 
-fn measure_firn(firn: &Path, busy: &Path, work: &Path, args: &BenchArgs) -> Result<(Cost, Option<u64>)> {
+fn measure_firn(
+    firn: &Path,
+    busy: &Path,
+    work: &Path,
+    args: &BenchArgs,
+) -> Result<(Cost, Option<u64>)> {
     let log = work.join("firn.log");
     let child = Command::new(firn)
-        .args(["record", "--frequency", &args.frequency.to_string(), "--duration"])
+        .args([
+            "record",
+            "--frequency",
+            &args.frequency.to_string(),
+            "--duration",
+        ])
         .arg(format!("{}s", args.seconds + 2))
         .arg("--output")
         .arg(work.join("firn.pb.gz"))
@@ -211,7 +229,15 @@ fn measure_firn(firn: &Path, busy: &Path, work: &Path, args: &BenchArgs) -> Resu
 fn measure_perf(busy: &Path, work: &Path, args: &BenchArgs) -> Result<Cost> {
     let data: PathBuf = work.join("perf.data");
     let child = Command::new("perf")
-        .args(["record", "-F", &args.frequency.to_string(), "-g", "-a", "-q", "-o"])
+        .args([
+            "record",
+            "-F",
+            &args.frequency.to_string(),
+            "-g",
+            "-a",
+            "-q",
+            "-o",
+        ])
         .arg(&data)
         .args(["--", "sleep", &(args.seconds + 2).to_string()])
         .stdout(Stdio::null())
