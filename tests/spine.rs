@@ -371,6 +371,13 @@ fn agent_writes_a_profile_per_interval_and_flushes_on_sigint() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
+    let chain = build_c(
+        dir.path(),
+        "chain.c",
+        "chain",
+        &["-O1", "-fno-omit-frame-pointer"],
+    );
+    let _workload = TestProcess::spawn(Command::new(&chain).arg("100000"));
     let store = dir.path().join("store");
     let agent = firn()
         .args(["--profiling-duration", "2s", "--local-store-directory"])
@@ -462,4 +469,37 @@ fn missing_privileges_name_the_capability() {
         "names the capabilities:\n{stderr}"
     );
     assert!(!stderr.contains("os error"), "no raw errno:\n{stderr}");
+}
+
+/// rustc maps librustc_driver, an object with a huge `.eh_frame`: firn's
+/// first look at it must not stall the recording past its deadline.
+#[test]
+fn recording_ends_on_time_while_huge_objects_run() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source = dir.path().join("hello.rs");
+    std::fs::write(&source, "fn main() { println!(\"hello\"); }\n").expect("source");
+    let script = format!(
+        "cd {} && while :; do rustc -O -o hello hello.rs || exit 1; done",
+        dir.path().display()
+    );
+    let compiler = TestProcess::spawn(Command::new("sh").args(["-c", &script]));
+    std::thread::sleep(Duration::from_millis(1_500));
+    let started = std::time::Instant::now();
+    let (output, profile) = record(dir.path(), &["--duration", "3s"]);
+    let elapsed = started.elapsed();
+    drop(compiler);
+    let log = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        elapsed < Duration::from_secs(15),
+        "a 3 s recording took {elapsed:?}:\n{log}"
+    );
+    let rustc_samples: i64 = profile
+        .sample
+        .iter()
+        .filter(|s| sample_label(&profile, s, "comm") == Some("rustc"))
+        .map(|s| s.value[0])
+        .sum();
+    assert!(rustc_samples > 0, "rustc was sampled:\n{log}");
 }

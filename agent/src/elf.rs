@@ -2,7 +2,7 @@
 //! symbols. Pure functions over bytes (no I/O), so they are tested on
 //! checked-in fixtures and corrupt inputs without root.
 
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
 
@@ -17,9 +17,9 @@ pub enum ElfError {
     NotElf { format: object::BinaryFormat },
 }
 
-/// The GNU build id of an object, as bytes.
+/// The GNU build id of an object, as bytes (cheap to clone: cache keys).
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct BuildId(Box<[u8]>);
+pub struct BuildId(Arc<[u8]>);
 
 impl BuildId {
     pub fn new(bytes: &[u8]) -> Self {

@@ -193,11 +193,13 @@ impl RingReader {
         Ok(())
     }
 
-    /// Hands every waiting record to `handle`; returns how many there were.
-    pub fn drain(&mut self, mut handle: impl FnMut(&[u8])) -> usize {
+    /// Hands at most `limit` waiting records to `handle`; returns how many
+    /// it handed.
+    pub fn drain(&mut self, limit: usize, mut handle: impl FnMut(&[u8])) -> usize {
         let ring = self.ring.get_mut();
         let mut count = 0;
-        while let Some(item) = ring.next() {
+        while count < limit {
+            let Some(item) = ring.next() else { break };
             handle(&item);
             count += 1;
         }

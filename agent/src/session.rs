@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::{
     aggregate::{AggregatedProfile, Aggregator, UnwoundSample},
@@ -25,6 +25,14 @@ use crate::{
 /// the ring buffer is an eighth full.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(100);
 const EXPIRE_INTERVAL: Duration = Duration::from_secs(1);
+/// Records handled between checks of the clock.
+const DRAIN_BATCH: usize = 256;
+/// Longest stretch of record handling before the loop looks at its
+/// deadline again: slow records (a first look at a huge object) must not
+/// hold a recording or an interval open.
+const DRAIN_SLICE: Duration = Duration::from_millis(50);
+/// Longest the final drain may take after the deadline.
+const FINAL_DRAIN: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -165,31 +173,56 @@ impl Session {
         let mut drain = tokio::time::interval(DRAIN_INTERVAL);
         drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(until);
+        let mut pending = false;
         loop {
             tokio::select! {
+                // The deadline first: it must win over a busy ring buffer.
+                biased;
                 output = &mut until => {
-                    self.drain();
+                    if self.drain(FINAL_DRAIN) {
+                        warn!("records were still waiting in the ring buffer at the deadline");
+                    }
                     return Ok(output);
                 }
+                () = std::future::ready(()), if pending => pending = self.drain(DRAIN_SLICE),
                 readable = self.reader.readable() => {
                     readable?;
-                    self.drain();
+                    pending = self.drain(DRAIN_SLICE);
                 }
-                _ = drain.tick() => self.drain(),
+                _ = drain.tick() => pending = self.drain(DRAIN_SLICE),
             }
         }
     }
 
-    fn drain(&mut self) {
+    /// Handles waiting records for at most `slice`; true if some are left.
+    fn drain(&mut self, slice: Duration) -> bool {
         let Self {
             reader, pipeline, ..
         } = self;
-        reader.drain(|bytes| pipeline.handle(bytes));
+        let pending = drain_for(slice, |limit| {
+            reader.drain(limit, |bytes| pipeline.handle(bytes))
+        });
         pipeline.housekeeping();
+        pending
     }
 
     pub fn take_profile(&mut self) -> AggregatedProfile {
         self.pipeline.take_profile()
+    }
+}
+
+/// Calls `next_batch(DRAIN_BATCH)` (which handles up to that many records
+/// and returns how many it handled) until a batch comes back short or
+/// `slice` has passed. True when it stopped with records left.
+fn drain_for(slice: Duration, mut next_batch: impl FnMut(usize) -> usize) -> bool {
+    let started = Instant::now();
+    loop {
+        if next_batch(DRAIN_BATCH) < DRAIN_BATCH {
+            return false;
+        }
+        if started.elapsed() >= slice {
+            return true;
+        }
     }
 }
 
@@ -258,6 +291,30 @@ mod tests {
         let snapshot = stats.snapshot();
         assert_eq!(snapshot.processes_gone, 1);
         assert_eq!(snapshot.user_frames_unknown, 2);
+    }
+
+    #[test]
+    fn a_drain_pass_yields_even_when_records_never_stop() {
+        // Slow records arriving faster than they are handled: the pass must
+        // end after its slice and report what is left.
+        let mut batches = 0;
+        let pending = drain_for(Duration::from_millis(30), |limit| {
+            batches += 1;
+            std::thread::sleep(Duration::from_millis(5));
+            limit
+        });
+        assert!(pending);
+        assert!(
+            (6..=20).contains(&batches),
+            "{batches} batches in a 30 ms slice"
+        );
+        let mut calls = 0;
+        let pending = drain_for(Duration::from_secs(60), |limit| {
+            calls += 1;
+            if calls < 3 { limit } else { 7 }
+        });
+        assert!(!pending, "a short batch means the ring is empty");
+        assert_eq!(calls, 3);
     }
 
     #[test]

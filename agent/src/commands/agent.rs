@@ -21,7 +21,7 @@ use firn::{
 };
 use tracing::{error, info, warn};
 
-use super::{lost_samples, period_ns, unknown_frames};
+use super::{lost_samples, period_ns, stack_failures, unknown_frames};
 
 /// Intervals waiting to be built; beyond this the newest is dropped and
 /// counted rather than letting memory grow.
@@ -136,6 +136,13 @@ fn build_loop(
     let mut symbolizer = Symbolizer::new(Path::new("/proc/kallsyms"), cache_bytes, stats.clone());
     let mut before = stats.snapshot();
     while let Ok(interval) = receiver.recv() {
+        if interval.aggregated.samples == 0 && interval.aggregated.dropped == 0 {
+            tracing::debug!(
+                lost = lost_samples(&interval.bpf),
+                "no samples in this interval"
+            );
+            continue;
+        }
         let (profile, summary) =
             build_profile(&interval.aggregated, period, &mut symbolizer, &stats);
         let bytes = encode_gzip(&profile);
@@ -153,6 +160,7 @@ fn build_loop(
                     samples = summary.samples,
                     stacks = interval.aggregated.stacks.len(),
                     lost,
+                    stack_failures = stack_failures(&interval.bpf),
                     dropped = interval.aggregated.dropped,
                     unknown_frames = unknown_frames(&delta),
                     processes = interval.processes.processes,

@@ -16,6 +16,12 @@ pub fn lost_samples(bpf: &BpfCounters) -> u64 {
     bpf.get(Counter::SamplesLostRingFull) + bpf.get(Counter::ScratchUnavailable)
 }
 
+/// Stack walks the BPF program could not do (kernel or user).
+pub fn stack_failures(bpf: &BpfCounters) -> u64 {
+    use agent_common::Counter;
+    bpf.get(Counter::KernelStackFailed) + bpf.get(Counter::UserStackFailed)
+}
+
 pub fn unknown_frames(stats: &StatsSnapshot) -> u64 {
     stats.user_frames_unknown + stats.user_frames_unsymbolized + stats.kernel_frames_unsymbolized
 }

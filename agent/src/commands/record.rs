@@ -13,7 +13,7 @@ use firn::{
 };
 use tracing::{info, warn};
 
-use super::{lost_samples, period_ns, unknown_frames};
+use super::{lost_samples, period_ns, stack_failures, unknown_frames};
 
 pub async fn run(config: &RecordConfig) -> Result<()> {
     let stats = Arc::new(Stats::default());
@@ -63,6 +63,7 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
     }
 
     let snapshot = stats.snapshot();
+    tracing::debug!(?bpf, "BPF counters");
     let lost = lost_samples(&bpf);
     if lost > 0 {
         warn!(
@@ -83,6 +84,7 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         stacks = aggregated.stacks.len(),
         locations = summary.locations,
         lost,
+        stack_failures = stack_failures(&bpf),
         unknown_frames = unknown_frames(&snapshot),
         leaf_frames_repaired = snapshot.leaf_frames_repaired,
         bpf_mean_ns = run_time.map(|r| r.run_time_ns / r.run_count.max(1)),

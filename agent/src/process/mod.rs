@@ -7,5 +7,5 @@ mod objects;
 mod table;
 
 pub use maps::{MappingKind, MappingSpec, MapsError, parse_maps};
-pub use objects::{ObjectData, ObjectFile, ObjectKey, ObjectRegistry};
+pub use objects::{ContentKey, ObjectData, ObjectFile, ObjectKey, ObjectRegistry};
 pub use table::{Mapping, ProcessImage, ProcessTable, ProcessTableStats};

@@ -72,9 +72,25 @@ impl Deref for ObjectData {
     }
 }
 
+/// What caches of parsed object contents are keyed by: the build id when
+/// the object has one (copies of one binary in different places share an
+/// entry), else the file's identity.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ContentKey {
+    BuildId(BuildId),
+    Object(ObjectKey),
+}
+
 impl ObjectFile {
     pub fn build_id(&self) -> Option<&BuildId> {
         self.layout.build_id.as_ref()
+    }
+
+    pub fn content_key(&self) -> ContentKey {
+        match self.build_id() {
+            Some(build_id) => ContentKey::BuildId(build_id.clone()),
+            None => ContentKey::Object(self.key),
+        }
     }
 
     /// The object's bytes, for the symbolizer and unwinder to parse.

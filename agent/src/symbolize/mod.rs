@@ -13,7 +13,7 @@ pub use kallsyms::{Kallsyms, KallsymsError, KernelSymbol, kernel_build_id, parse
 use crate::{
     cache::ByteBoundedCache,
     elf::{self, BuildId, SymbolTable},
-    process::{ObjectFile, ObjectKey},
+    process::{ContentKey, ObjectFile},
     stats::Stats,
 };
 
@@ -62,7 +62,7 @@ pub fn demangle(name: &str) -> String {
 pub struct Symbolizer {
     kernel: Option<Kallsyms>,
     kernel_build_id: Option<BuildId>,
-    symbols: ByteBoundedCache<ObjectKey, Arc<SymbolTable>>,
+    symbols: ByteBoundedCache<ContentKey, Arc<SymbolTable>>,
     stats: Arc<Stats>,
 }
 
@@ -93,7 +93,8 @@ impl Symbolizer {
     }
 
     fn symbols(&mut self, object: &ObjectFile) -> Option<Arc<SymbolTable>> {
-        if let Some(table) = self.symbols.get(&object.key) {
+        let key = object.content_key();
+        if let Some(table) = self.symbols.get(&key) {
             Stats::inc(&self.stats.symbol_cache_hits);
             return Some(table.clone());
         }
@@ -114,7 +115,7 @@ impl Symbolizer {
         let table = Arc::new(table);
         let evicted = self
             .symbols
-            .insert(object.key, table.clone(), table.heap_bytes() + 64);
+            .insert(key, table.clone(), table.heap_bytes() + 64);
         Stats::add(&self.stats.symbol_cache_evictions, evicted as u64);
         Some(table)
     }
@@ -166,7 +167,7 @@ mod tests {
         let stats = Arc::new(Stats::default());
         let mut symbolizer = Symbolizer::new(Path::new("/nonexistent"), 1 << 20, stats.clone());
         let object = ObjectFile::from_memory(
-            ObjectKey::File { dev: 1, inode: 1 },
+            crate::process::ObjectKey::File { dev: 1, inode: 1 },
             "/fixtures/chain",
             CHAIN.into(),
         )

@@ -1,16 +1,22 @@
-//! Call frame information (`.eh_frame`, else `.debug_frame`) compiled into a
-//! compact, sorted row table: for each address range, how to find the CFA,
-//! the return address and the caller's RBP on x86_64. Built once per object
-//! with gimli, then looked up with a binary search per frame. Pure: bytes in,
-//! table out.
+//! Call frame information (`.eh_frame`, else `.debug_frame`) looked up per
+//! address: through `.eh_frame_hdr`'s binary-search table when the object
+//! has one, else through a compact FDE index built once. Nothing is compiled
+//! up front, so a huge object (hundreds of MB of code) costs a header parse,
+//! not seconds. Rows are turned into the few x86_64 rules the unwinder
+//! applies. Pure: object bytes in, rows out.
+
+use std::ops::{Deref, Range};
 
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, RegisterRule,
-    UnwindContext, UnwindSection, X86_64,
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EhFrameHdr, EndianSlice, LittleEndian,
+    RegisterRule, UnwindContext, UnwindSection, UnwindTableRow, X86_64,
 };
 use object::{Object, ObjectSection};
 
 type Reader<'a> = EndianSlice<'a, LittleEndian>;
+
+/// Scratch space gimli evaluates CFI programs in; reuse one per thread.
+pub type CfiContext = UnwindContext<usize>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CfiError {
@@ -36,7 +42,7 @@ pub enum Cfa {
     Plt {
         threshold: u8,
     },
-    /// Outside any FDE, or a rule firn does not evaluate.
+    /// A rule firn does not evaluate.
     Unsupported,
 }
 
@@ -52,117 +58,167 @@ pub enum Rule {
     Unsupported,
 }
 
+/// The unwind rules at one address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UnwindRow {
-    /// First address (link-time vaddr) this row covers; it lasts until the
-    /// next row's start.
-    pub start: u64,
     pub cfa: Cfa,
     pub ra: Rule,
     pub rbp: Rule,
 }
 
-/// The compiled rows of one object.
-#[derive(Debug, Default)]
-pub struct UnwindTable {
-    rows: Vec<UnwindRow>,
+/// An FDE's address range and offset, for objects without a usable
+/// `.eh_frame_hdr` table.
+#[derive(Clone, Copy, Debug)]
+struct FdeEntry {
+    start: u64,
+    end: u64,
+    offset: usize,
 }
 
-impl UnwindTable {
-    pub fn len(&self) -> usize {
-        self.rows.len()
+#[derive(Clone, Debug)]
+struct Section {
+    range: Range<usize>,
+}
+
+/// The CFI of one object, over its bytes `D` (a memory map in the daemon).
+pub struct CfiSource<D> {
+    data: D,
+    bases: BaseAddresses,
+    eh_frame: Option<Section>,
+    eh_frame_hdr: Option<Section>,
+    /// Used when `eh_frame_hdr` is missing or has no search table.
+    eh_frame_index: Vec<FdeEntry>,
+    /// `.debug_frame`, possibly decompressed, with its index.
+    debug_frame: Option<(Vec<u8>, Vec<FdeEntry>)>,
+}
+
+impl<D: Deref<Target = [u8]>> CfiSource<D> {
+    /// Reads the section headers of the ELF object in `data`.
+    pub fn new(data: D) -> Result<Self, CfiError> {
+        Self::build(data, true)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
-    }
-
-    pub fn heap_bytes(&self) -> usize {
-        self.rows.capacity() * std::mem::size_of::<UnwindRow>()
-    }
-
-    /// The row covering `vaddr`, if any FDE covers it.
-    pub fn lookup(&self, vaddr: u64) -> Option<&UnwindRow> {
-        let index = self.rows.partition_point(|row| row.start <= vaddr);
-        let row = self.rows.get(index.checked_sub(1)?)?;
-        (row.cfa != Cfa::Unsupported || row.ra != Rule::Unsupported).then_some(row)
-    }
-
-    /// Compiles the CFI of the ELF object in `data`.
-    pub fn from_elf(data: &[u8]) -> Result<Self, CfiError> {
-        let file = object::File::parse(data).map_err(|source| CfiError::Elf { source })?;
-        let section = |name: &str| {
-            file.section_by_name(name)
-                .and_then(|s| Some((s.address(), s.uncompressed_data().ok()?.into_owned())))
+    fn build(data: D, use_header_table: bool) -> Result<Self, CfiError> {
+        let (bases, eh_frame, eh_frame_hdr, debug_frame) = {
+            let file = object::File::parse(&*data).map_err(|source| CfiError::Elf { source })?;
+            let section = |name: &str| {
+                let section = file.section_by_name(name)?;
+                let (offset, size) = section.file_range()?;
+                let start = usize::try_from(offset).ok()?;
+                let end = start.checked_add(usize::try_from(size).ok()?)?;
+                (end <= data.len()).then_some((Section { range: start..end }, section.address()))
+            };
+            let mut bases = BaseAddresses::default();
+            if let Some(text) = file.section_by_name(".text") {
+                bases = bases.set_text(text.address());
+            }
+            if let Some(got) = file.section_by_name(".got") {
+                bases = bases.set_got(got.address());
+            }
+            let eh_frame = section(".eh_frame").map(|(section, address)| {
+                bases = bases.clone().set_eh_frame(address);
+                section
+            });
+            let eh_frame_hdr = section(".eh_frame_hdr").map(|(section, address)| {
+                bases = bases.clone().set_eh_frame_hdr(address);
+                section
+            });
+            let debug_frame = file
+                .section_by_name(".debug_frame")
+                .and_then(|s| s.uncompressed_data().ok())
+                .map(|bytes| bytes.into_owned());
+            (bases, eh_frame, eh_frame_hdr, debug_frame)
         };
-        let mut bases = BaseAddresses::default();
-        if let Some(text) = file.section_by_name(".text") {
-            bases = bases.set_text(text.address());
+        let mut source = Self {
+            data,
+            bases,
+            eh_frame,
+            eh_frame_hdr: if use_header_table { eh_frame_hdr } else { None },
+            eh_frame_index: Vec::new(),
+            debug_frame: None,
+        };
+        if source.eh_frame.is_some() && !source.has_header_table() {
+            let eh_frame = source.eh_frame_section();
+            source.eh_frame_index = index_fdes(&eh_frame, &source.bases)?;
         }
-        if let Some(got) = file.section_by_name(".got") {
-            bases = bases.set_got(got.address());
+        if let Some(bytes) = debug_frame {
+            let mut section = DebugFrame::new(&bytes, LittleEndian);
+            section.set_address_size(8);
+            let index = index_fdes(&section, &source.bases)?;
+            source.debug_frame = Some((bytes, index));
         }
-        let mut rows = Vec::new();
-        if let Some((address, bytes)) = section(".eh_frame") {
-            let bases = bases.clone().set_eh_frame(address);
-            let mut eh_frame = EhFrame::new(&bytes, LittleEndian);
-            eh_frame.set_address_size(8);
-            collect_rows(&eh_frame, &bases, &mut rows)?;
-        }
-        if rows.is_empty()
-            && let Some((_, bytes)) = section(".debug_frame")
-        {
-            let mut debug_frame = DebugFrame::new(&bytes, LittleEndian);
-            debug_frame.set_address_size(8);
-            collect_rows(&debug_frame, &bases, &mut rows)?;
-        }
-        Ok(Self::from_rows(rows))
+        Ok(source)
     }
 
-    /// Sorts rows and drops those shadowed by a later one at the same start.
-    fn from_rows(mut rows: Vec<UnwindRow>) -> Self {
-        rows.sort_by_key(|row| row.start);
-        // At equal starts the FDE's own first row wins over a gap marker
-        // left by the previous FDE's end.
-        let mut compact: Vec<UnwindRow> = Vec::with_capacity(rows.len());
-        for row in rows {
-            match compact.last_mut() {
-                Some(last) if last.start == row.start => {
-                    if last.cfa == Cfa::Unsupported && last.ra == Rule::Unsupported {
-                        *last = row;
-                    }
+    /// Heap bytes beyond the object's own (mapped) bytes.
+    pub fn heap_bytes(&self) -> usize {
+        let entry = std::mem::size_of::<FdeEntry>();
+        self.eh_frame_index.capacity() * entry
+            + self.debug_frame.as_ref().map_or(0, |(bytes, index)| {
+                bytes.capacity() + index.capacity() * entry
+            })
+    }
+
+    fn eh_frame_section(&self) -> EhFrame<Reader<'_>> {
+        let range = self.eh_frame.as_ref().map_or(0..0, |s| s.range.clone());
+        let mut section = EhFrame::new(&self.data[range], LittleEndian);
+        section.set_address_size(8);
+        section
+    }
+
+    fn has_header_table(&self) -> bool {
+        let Some(header) = &self.eh_frame_hdr else {
+            return false;
+        };
+        EhFrameHdr::new(&self.data[header.range.clone()], LittleEndian)
+            .parse(&self.bases, 8)
+            .is_ok_and(|parsed| parsed.table().is_some())
+    }
+
+    /// The rules at link-time address `vaddr`, if any FDE covers it.
+    pub fn row(&self, vaddr: u64, context: &mut CfiContext) -> Option<UnwindRow> {
+        if self.eh_frame.is_some() {
+            let eh_frame = self.eh_frame_section();
+            let found = match &self.eh_frame_hdr {
+                Some(header) if self.eh_frame_index.is_empty() => {
+                    let parsed = EhFrameHdr::new(&self.data[header.range.clone()], LittleEndian)
+                        .parse(&self.bases, 8)
+                        .ok()?;
+                    let table = parsed.table()?;
+                    table
+                        .fde_for_address(&eh_frame, &self.bases, vaddr, EhFrame::cie_from_offset)
+                        .ok()
+                        .and_then(|fde| {
+                            fde.unwind_info_for_address(&eh_frame, &self.bases, context, vaddr)
+                                .ok()
+                                .map(|row| compile_row(row, &eh_frame))
+                        })
                 }
-                _ => compact.push(row),
+                _ => row_from_index(&eh_frame, &self.bases, &self.eh_frame_index, vaddr, context),
+            };
+            if found.is_some() {
+                return found;
             }
         }
-        compact.shrink_to_fit();
-        Self { rows: compact }
+        let (bytes, index) = self.debug_frame.as_ref()?;
+        let mut debug_frame = DebugFrame::new(bytes, LittleEndian);
+        debug_frame.set_address_size(8);
+        row_from_index(&debug_frame, &self.bases, index, vaddr, context)
     }
 }
 
-const GAP: fn(u64) -> UnwindRow = |start| UnwindRow {
-    start,
-    cfa: Cfa::Unsupported,
-    ra: Rule::Unsupported,
-    rbp: Rule::Unsupported,
-};
-
-fn collect_rows<'a, S>(
-    section: &S,
-    bases: &BaseAddresses,
-    rows: &mut Vec<UnwindRow>,
-) -> Result<(), CfiError>
+fn index_fdes<'a, S>(section: &S, bases: &BaseAddresses) -> Result<Vec<FdeEntry>, CfiError>
 where
     S: UnwindSection<Reader<'a>>,
 {
-    let mut context = Box::new(UnwindContext::new());
+    let mut index = Vec::new();
     let mut entries = section.entries(bases);
     loop {
         let entry = match entries.next() {
             Ok(Some(entry)) => entry,
             Ok(None) => break,
-            // A malformed entry ends the walk; keep what was compiled.
-            Err(source) if rows.is_empty() => return Err(CfiError::Dwarf { source }),
+            // A malformed entry ends the walk; keep what was indexed.
+            Err(source) if index.is_empty() => return Err(CfiError::Dwarf { source }),
             Err(_) => break,
         };
         let CieOrFde::Fde(partial) = entry else {
@@ -171,20 +227,51 @@ where
         let Ok(fde) = partial.parse(S::cie_from_offset) else {
             continue;
         };
-        let Ok(mut table) = fde.rows(section, bases, &mut context) else {
-            continue;
-        };
-        while let Ok(Some(row)) = table.next_row() {
-            rows.push(UnwindRow {
-                start: row.start_address(),
-                cfa: compile_cfa(row.cfa(), section),
-                ra: compile_rule(row.register(X86_64::RA)),
-                rbp: compile_rule(row.register(X86_64::RBP)),
-            });
-        }
-        rows.push(GAP(fde.end_address()));
+        index.push(FdeEntry {
+            start: fde.initial_address(),
+            end: fde.end_address(),
+            offset: fde.offset(),
+        });
     }
-    Ok(())
+    index.sort_unstable_by_key(|entry| entry.start);
+    index.shrink_to_fit();
+    Ok(index)
+}
+
+fn row_from_index<'a, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    index: &[FdeEntry],
+    vaddr: u64,
+    context: &mut CfiContext,
+) -> Option<UnwindRow>
+where
+    S: UnwindSection<Reader<'a>>,
+{
+    let position = index.partition_point(|entry| entry.start <= vaddr);
+    let entry = index.get(position.checked_sub(1)?)?;
+    if vaddr >= entry.end {
+        return None;
+    }
+    let offset = S::Offset::from(entry.offset);
+    let fde = section
+        .fde_from_offset(bases, offset, S::cie_from_offset)
+        .ok()?;
+    let row = fde
+        .unwind_info_for_address(section, bases, context, vaddr)
+        .ok()?;
+    Some(compile_row(row, section))
+}
+
+fn compile_row<'a, S>(row: &UnwindTableRow<usize>, section: &S) -> UnwindRow
+where
+    S: UnwindSection<Reader<'a>>,
+{
+    UnwindRow {
+        cfa: compile_cfa(row.cfa(), section),
+        ra: compile_rule(row.register(X86_64::RA)),
+        rbp: compile_rule(row.register(X86_64::RBP)),
+    }
 }
 
 fn compile_cfa<'a, S>(rule: &CfaRule<usize>, section: &S) -> Cfa
@@ -261,33 +348,57 @@ mod tests {
             .map(|s| s.address())
     }
 
+    fn row(source: &CfiSource<&[u8]>, vaddr: u64) -> Option<UnwindRow> {
+        source.row(vaddr, &mut CfiContext::new())
+    }
+
     #[test]
     fn leaf_without_frame_pointer_has_rsp_based_cfa() {
-        let table = UnwindTable::from_elf(CHAIN).expect("CFI compiles");
-        assert!(!table.is_empty());
-        let leaf = function("burn_leaf");
-        let row = table.lookup(leaf + 4).expect("burn_leaf has an FDE");
-        // No frame: the return address sits right at the stack pointer.
-        assert_eq!(row.cfa, Cfa::RspOffset(8));
-        assert_eq!(row.ra, Rule::CfaOffset(-8));
+        for source in [CfiSource::new(CHAIN), CfiSource::build(CHAIN, false)] {
+            let source = source.expect("CFI parses");
+            let leaf = function("burn_leaf");
+            let row = row(&source, leaf + 4).expect("burn_leaf has an FDE");
+            // No frame: the return address sits right at the stack pointer.
+            assert_eq!(row.cfa, Cfa::RspOffset(8));
+            assert_eq!(row.ra, Rule::CfaOffset(-8));
+        }
+    }
+
+    #[test]
+    fn header_table_and_index_agree() {
+        let with_header = CfiSource::new(CHAIN).expect("parses");
+        let with_index = CfiSource::build(CHAIN, false).expect("parses");
+        assert!(
+            with_header.eh_frame_index.is_empty(),
+            "the header table is used"
+        );
+        assert!(!with_index.eh_frame_index.is_empty());
+        let start = function("level_one");
+        for vaddr in start..start + 32 {
+            assert_eq!(
+                row(&with_header, vaddr),
+                row(&with_index, vaddr),
+                "at {vaddr:#x}"
+            );
+        }
     }
 
     #[test]
     fn framed_function_switches_to_rbp_after_the_prologue() {
-        let table = UnwindTable::from_elf(CHAIN).expect("CFI compiles");
+        let source = CfiSource::new(CHAIN).expect("parses");
         let start = function("level_three");
-        assert_eq!(table.lookup(start).map(|r| r.cfa), Some(Cfa::RspOffset(8)));
+        assert_eq!(row(&source, start).map(|r| r.cfa), Some(Cfa::RspOffset(8)));
         // push %rbp; mov %rsp,%rbp: 1 + 3 bytes.
-        let body = table.lookup(start + 4).expect("covered");
+        let body = row(&source, start + 4).expect("covered");
         assert_eq!(body.cfa, Cfa::RbpOffset(16));
         assert_eq!(body.rbp, Rule::CfaOffset(-16));
     }
 
     #[test]
     fn addresses_outside_every_fde_have_no_row() {
-        let table = UnwindTable::from_elf(CHAIN).expect("CFI compiles");
-        assert!(table.lookup(0).is_none());
-        assert!(table.lookup(u64::MAX).is_none());
+        let source = CfiSource::new(CHAIN).expect("parses");
+        assert!(row(&source, 0).is_none());
+        assert!(row(&source, u64::MAX).is_none());
     }
 
     #[test]
@@ -301,14 +412,23 @@ mod tests {
 
     #[test]
     fn corrupt_objects_fail_without_panicking() {
-        assert!(UnwindTable::from_elf(b"not elf").is_err());
+        assert!(CfiSource::new(&b"not elf"[..]).is_err());
         let mut corrupt = CHAIN.to_vec();
         for index in (512..corrupt.len()).step_by(37) {
             corrupt[index] = corrupt[index].wrapping_add(0x5b);
         }
-        let _ = UnwindTable::from_elf(&corrupt);
+        let probe = |data: &[u8]| {
+            for use_header in [true, false] {
+                if let Ok(source) = CfiSource::build(data, use_header) {
+                    for vaddr in (0..0x3000).step_by(7) {
+                        let _ = row(&source, vaddr);
+                    }
+                }
+            }
+        };
+        probe(&corrupt);
         for len in (0..CHAIN.len()).step_by(211) {
-            let _ = UnwindTable::from_elf(&CHAIN[..len]);
+            probe(&CHAIN[..len]);
         }
     }
 }

@@ -6,18 +6,23 @@
 
 mod cfi;
 
-use std::sync::Arc;
+use std::{num::NonZeroUsize, sync::Arc};
 
+use lru::LruCache;
 use tracing::debug;
 
-pub use cfi::{Cfa, CfiError, Rule, UnwindRow, UnwindTable};
+pub use cfi::{Cfa, CfiContext, CfiError, CfiSource, Rule, UnwindRow};
 
 use crate::{
     cache::ByteBoundedCache,
-    process::{ObjectKey, ProcessImage, ProcessTable},
+    process::{ContentKey, ObjectData, ObjectFile, ProcessImage, ProcessTable},
     sampler::RawSample,
     stats::Stats,
 };
+
+/// Rows looked up recently, by object and address: stacks repeat the same
+/// return addresses, so most lookups never reach the CFI.
+const ROW_CACHE_ENTRIES: usize = 65_536;
 
 /// What leaf repair did to one sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,16 +90,20 @@ pub fn repair_leaf(
     LeafRepair::Repaired
 }
 
-/// Unwind tables by object, bounded in bytes.
+/// CFI sources by object (bounded in bytes) and a bounded row cache.
 pub struct Unwinder {
-    tables: ByteBoundedCache<ObjectKey, Arc<UnwindTable>>,
+    sources: ByteBoundedCache<ContentKey, Arc<CfiSource<ObjectData>>>,
+    rows: LruCache<(ContentKey, u64), Option<UnwindRow>>,
+    context: Box<CfiContext>,
     stats: Arc<Stats>,
 }
 
 impl Unwinder {
     pub fn new(max_bytes: usize, stats: Arc<Stats>) -> Self {
         Self {
-            tables: ByteBoundedCache::new(max_bytes),
+            sources: ByteBoundedCache::new(max_bytes),
+            rows: LruCache::new(NonZeroUsize::new(ROW_CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN)),
+            context: Box::new(CfiContext::new()),
             stats,
         }
     }
@@ -140,32 +149,51 @@ impl Unwinder {
         let index = image.mapping_index(ip)?;
         let object = processes.object(image, index)?;
         let vaddr = image.mappings[index].object_vaddr(ip)?;
-        let table = self.table(&object)?;
-        table.lookup(vaddr).copied()
+        self.row(&object, vaddr)
     }
 
-    fn table(&mut self, object: &crate::process::ObjectFile) -> Option<Arc<UnwindTable>> {
-        if let Some(table) = self.tables.get(&object.key) {
+    /// The unwind rules at `vaddr` of `object`.
+    pub fn row(&mut self, object: &ObjectFile, vaddr: u64) -> Option<UnwindRow> {
+        let key = object.content_key();
+        if let Some(row) = self.rows.get(&(key.clone(), vaddr)) {
             Stats::inc(&self.stats.unwind_cache_hits);
-            return Some(table.clone());
+            return *row;
         }
         Stats::inc(&self.stats.unwind_cache_misses);
-        let table = match object.data().map(|data| UnwindTable::from_elf(&data)) {
-            Ok(Ok(table)) => Arc::new(table),
-            Ok(Err(error)) => {
-                debug!(path = object.path, %error, "no usable CFI");
-                Arc::new(UnwindTable::default())
-            }
+        let row = self
+            .source(object, &key)
+            .and_then(|source| source.row(vaddr, &mut self.context));
+        self.rows.put((key, vaddr), row);
+        row
+    }
+
+    fn source(
+        &mut self,
+        object: &ObjectFile,
+        key: &ContentKey,
+    ) -> Option<Arc<CfiSource<ObjectData>>> {
+        if let Some(source) = self.sources.get(key) {
+            return Some(source.clone());
+        }
+        let data = match object.data() {
+            Ok(data) => data,
             Err(error) => {
                 debug!(path = object.path, %error, "could not read object");
                 return None;
             }
         };
+        let source = match CfiSource::new(data) {
+            Ok(source) => Arc::new(source),
+            Err(error) => {
+                debug!(path = object.path, %error, "no usable CFI");
+                return None;
+            }
+        };
         let evicted = self
-            .tables
-            .insert(object.key, table.clone(), table.heap_bytes() + 64);
+            .sources
+            .insert(key.clone(), source.clone(), source.heap_bytes() + 512);
         Stats::add(&self.stats.unwind_cache_evictions, evicted as u64);
-        Some(table)
+        Some(source)
     }
 }
 
@@ -174,7 +202,6 @@ mod tests {
     use super::*;
 
     const LEAF: UnwindRow = UnwindRow {
-        start: 0x1000,
         cfa: Cfa::RspOffset(8),
         ra: Rule::CfaOffset(-8),
         rbp: Rule::Same,
