@@ -207,15 +207,7 @@ impl BpfSampler {
             (names::PROG_EXEC, "sched_process_exec"),
             (names::PROG_EXIT, "sched_process_exit"),
         ] {
-            let program: &mut RawTracePoint = self
-                .ebpf
-                .program_mut(name)
-                .ok_or(BpfError::Missing {
-                    kind: "program",
-                    name,
-                })?
-                .try_into()
-                .map_err(|source| BpfError::Program { name, source })?;
+            let program: &mut RawTracePoint = program_mut(&mut self.ebpf, name)?;
             program
                 .load()
                 .map_err(|source| program_error(name, source))?;
@@ -228,15 +220,7 @@ impl BpfSampler {
 
     fn attach_sampler(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
         let name = names::PROG_SAMPLE;
-        let program: &mut PerfEvent = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(BpfError::Missing {
-                kind: "program",
-                name,
-            })?
-            .try_into()
-            .map_err(|source| BpfError::Program { name, source })?;
+        let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?;
         program
             .load()
             .map_err(|source| program_error(name, source))?;
@@ -308,6 +292,20 @@ impl BpfSampler {
             run_count: info.run_count(),
         })
     }
+}
+
+/// The program `name` as its concrete type.
+fn program_mut<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, BpfError>
+where
+    &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or(BpfError::Missing {
+            kind: "program",
+            name,
+        })?
+        .try_into()
+        .map_err(|source| BpfError::Program { name, source })
 }
 
 fn default_ring_buffer_bytes(cpus: usize) -> u32 {

@@ -58,6 +58,23 @@ pub fn build_c(dir: &Path, source: &str, output: &str, flags: &[&str]) -> PathBu
     binary
 }
 
+/// The flags the spine issue names for the frame-pointer chain workload.
+pub const FP_FLAGS: [&str; 2] = ["-O1", "-fno-omit-frame-pointer"];
+
+/// Builds the chain workload with `flags` and starts it spinning.
+pub fn start_chain(dir: &Path, flags: &[&str]) -> TestProcess {
+    // One directory per flag set; the binary (and so its comm) stays `chain`.
+    let variant = dir.join(flags.join("").replace(['-', '='], ""));
+    let binary = variant.join("chain");
+    if !binary.exists() {
+        std::fs::create_dir_all(&variant).expect("workload directory");
+        build_c(&variant, "chain.c", "chain", flags);
+    }
+    let process = TestProcess::spawn(Command::new(binary).arg("100000"));
+    wait_a_moment();
+    process
+}
+
 /// A child process killed when the test ends, however it ends.
 pub struct TestProcess {
     child: Child,

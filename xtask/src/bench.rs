@@ -59,57 +59,68 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     let cpus = thread::available_parallelism().map_or(1, |n| n.get());
 
     println!(
-        "firn bench: {cpus} CPUs busy, {} Hz, {} rounds x {} s (baseline, firn, perf interleaved)",
+        "firn bench: {cpus} CPUs busy, {} Hz, {} rounds x {} s; each profiler run sits \
+         between two baseline runs and is compared with their mean",
         args.frequency, args.rounds, args.seconds
     );
-    let (mut baseline, mut firn_costs, mut perf_costs, mut bpf_ns) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut baseline = vec![workload(&busy, args.seconds)?];
+    let (mut firn_costs, mut perf_costs, mut bpf_ns) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut firn_loss, mut perf_loss, mut drift) = (Vec::new(), Vec::new(), Vec::new());
+    // Loss against the mean of the baselines just before and after.
+    let mut bracket = |ops: f64, baseline: &mut Vec<f64>| -> Result<f64> {
+        let before = *baseline.last().context("a baseline ran first")?;
+        let after = workload(&busy, args.seconds)?;
+        baseline.push(after);
+        drift.push((after - before).abs() / before * 100.0);
+        Ok((1.0 - ops / ((before + after) / 2.0)) * 100.0)
+    };
     for round in 1..=args.rounds {
-        baseline.push(workload(&busy, args.seconds)?);
-        let (cost, mean_ns) = measure_firn(&firn, &busy, &work, args)?;
-        firn_costs.push(cost);
+        let (firn_cost, mean_ns) = measure_firn(&firn, &busy, &work, args)?;
+        firn_loss.push(bracket(firn_cost.workload_ops, &mut baseline)?);
         bpf_ns.extend(mean_ns);
-        perf_costs.push(measure_perf(&busy, &work, args)?);
+        let perf_cost = measure_perf(&busy, &work, args)?;
+        perf_loss.push(bracket(perf_cost.workload_ops, &mut baseline)?);
         println!(
-            "  round {round}: baseline {:.0} ops/s | firn {:.3} CPU s, {:.1} MB | perf {:.3} CPU s, {:.1} MB",
-            baseline[round - 1] / args.seconds as f64,
-            cost.cpu_seconds,
-            cost.peak_rss_mb,
-            perf_costs[round - 1].cpu_seconds,
-            perf_costs[round - 1].peak_rss_mb
+            "  round {round}: firn {:.3} CPU s, {:.1} MB, loss {:+.2}% | perf {:.3} CPU s, {:.1} MB, loss {:+.2}%",
+            firn_cost.cpu_seconds,
+            firn_cost.peak_rss_mb,
+            firn_loss[round - 1],
+            perf_cost.cpu_seconds,
+            perf_cost.peak_rss_mb,
+            perf_loss[round - 1],
         );
+        firn_costs.push(firn_cost);
+        perf_costs.push(perf_cost);
     }
 
-    let base = median(baseline.iter().copied());
-    let spread = |values: &[f64]| {
-        let (min, max) = values
-            .iter()
-            .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-        (max - min) / base * 100.0
-    };
     let firn = summarize(&firn_costs);
     let perf = summarize(&perf_costs);
-    let loss = |ops: f64| (base - ops) / base * 100.0;
     println!();
-    println!("{:<34}{:>14}{:>18}", "", "firn", "perf record -g");
+    println!("{:<36}{:>12}{:>18}", "", "firn", "perf record -g");
     println!(
-        "{:<34}{:>14.3}{:>18.3}",
+        "{:<36}{:>12.3}{:>18.3}",
         "CPU seconds (median)", firn.cpu_seconds, perf.cpu_seconds
     );
     println!(
-        "{:<34}{:>14.1}{:>18.1}",
+        "{:<36}{:>12.1}{:>18.1}",
         "peak RSS, MB (median)", firn.peak_rss_mb, perf.peak_rss_mb
     );
     println!(
-        "{:<34}{:>13.2}%{:>17.2}%",
-        "workload throughput loss",
-        loss(firn.workload_ops),
-        loss(perf.workload_ops)
+        "{:<36}{:>11.2}%{:>17.2}%",
+        "workload throughput loss (median)",
+        median(firn_loss.iter().copied()),
+        median(perf_loss.iter().copied())
     );
     println!(
-        "{:<34}{:>13.2}%",
-        "baseline spread (max-min), noise",
-        spread(&baseline)
+        "{:<36}{:>12}{:>18}",
+        "  mean +- standard error",
+        mean_and_error(&firn_loss),
+        mean_and_error(&perf_loss)
+    );
+    println!(
+        "{:<36}{:>11.2}%",
+        "baseline drift between runs (median)",
+        median(drift.iter().copied())
     );
     // An upper bound from CPU accounting: all of firn's CPU (including the
     // symbolizing at the end) plus the BPF program's time, as a share of
@@ -118,20 +129,20 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     let bpf_share = median(bpf_ns.iter().map(|&ns| ns as f64)) * samples / 1e9;
     let capacity = (args.seconds * cpus as u64) as f64;
     println!(
-        "{:<34}{:>13.2}%",
+        "{:<36}{:>11.2}%",
         "firn cost by CPU accounting",
         (firn.cpu_seconds + bpf_share) / capacity * 100.0
     );
     match bpf_ns.is_empty() {
-        true => println!("{:<34}{:>14}", "BPF run time per sample", "n/a"),
+        true => println!("{:<36}{:>12}", "BPF run time per sample", "n/a"),
         false => println!(
-            "{:<34}{:>11.2} us",
-            "BPF run time per sample (mean)",
+            "{:<36}{:>9.2} us",
+            "BPF run time per sample (median)",
             median(bpf_ns.iter().map(|&ns| ns as f64)) / 1000.0
         ),
     }
     println!(
-        "{:<34}{:>14.2}",
+        "{:<36}{:>12.2}",
         "CPU ratio firn / perf",
         firn.cpu_seconds / perf.cpu_seconds.max(f64::EPSILON)
     );
@@ -149,6 +160,13 @@ fn summarize(costs: &[Cost]) -> Cost {
         peak_rss_mb: median(costs.iter().map(|c| c.peak_rss_mb)),
         workload_ops: median(costs.iter().map(|c| c.workload_ops)),
     }
+}
+
+fn mean_and_error(values: &[f64]) -> String {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    format!("{mean:+.2}+-{:.2}%", (variance / n).sqrt())
 }
 
 fn median(values: impl Iterator<Item = f64>) -> f64 {

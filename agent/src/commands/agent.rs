@@ -13,7 +13,7 @@ use firn::{
     bpf::{BpfCounters, ProgramRunTime},
     config::AgentConfig,
     output::LocalStore,
-    pprof::{build_profile, encode_gzip},
+    pprof::{build_profile, encode_gzip, validate},
     process::ProcessTableStats,
     session::{Session, shutdown_signal},
     stats::Stats,
@@ -145,6 +145,11 @@ fn build_loop(
         }
         let (profile, summary) =
             build_profile(&interval.aggregated, period, &mut symbolizer, &stats);
+        if let Err(error) = validate(&profile) {
+            Stats::inc(&stats.profiles_dropped);
+            error!(%error, "profile dropped: it breaks the pprof rules (a bug in firn)");
+            continue;
+        }
         let bytes = encode_gzip(&profile);
         let written = store.write(&bytes, interval.aggregated.start);
         let now = stats.snapshot();

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use firn::{
     config::RecordConfig,
     output::write_flamegraph,
-    pprof::{build_profile, encode_gzip},
+    pprof::{build_profile, encode_gzip, validate},
     session::{Session, shutdown_signal},
     stats::Stats,
     symbolize::Symbolizer,
@@ -54,6 +54,7 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         &mut symbolizer,
         &stats,
     );
+    validate(&profile).context("firn built a profile that breaks the pprof rules (a bug)")?;
     let bytes = encode_gzip(&profile);
     std::fs::write(&config.output, &bytes)
         .with_context(|| format!("could not write {}", config.output.display()))?;

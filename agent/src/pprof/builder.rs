@@ -432,19 +432,8 @@ mod tests {
         let stats = Stats::default();
         let (profile, summary) = build_profile(&input, 10_000_000, &mut symbolizer, &stats);
 
-        assert_eq!(profile.string_table[0], "");
-        for (index, mapping) in profile.mapping.iter().enumerate() {
-            assert_eq!(mapping.id, index as u64 + 1);
-        }
-        for (index, location) in profile.location.iter().enumerate() {
-            assert_eq!(location.id, index as u64 + 1);
-        }
-        for (index, function) in profile.function.iter().enumerate() {
-            assert_eq!(function.id, index as u64 + 1);
-        }
+        crate::pprof::validate(&profile).expect("the profile follows the Parca rules");
         for sample in &profile.sample {
-            assert_eq!(sample.value.len(), profile.sample_type.len());
-            assert!(sample.location_id.iter().all(|&id| id != 0));
             assert_eq!(sample.value[1], sample.value[0] * 10_000_000);
         }
         let string = |i: i64| profile.string_table[i as usize].as_str();

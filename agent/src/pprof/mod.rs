@@ -2,6 +2,7 @@
 //! interval, and encodes / decodes it (gzip).
 
 mod builder;
+mod validate;
 
 use std::io::{Read, Write};
 
@@ -9,6 +10,7 @@ use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 use prost::Message;
 
 pub use builder::{BuildSummary, build_profile};
+pub use validate::{ProfileError, validate};
 
 /// Types generated from `proto/google/pprof/profile.proto`.
 #[allow(clippy::all, missing_docs)]
