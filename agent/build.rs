@@ -1,20 +1,36 @@
 //! Generates the protobuf types from `proto/` with protox (pure Rust), so the
-//! build needs no `protoc` on the machine.
+//! build needs no `protoc` on the machine: pprof with prost, Parca's gRPC
+//! services (profile store, debuginfo, query) with tonic.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
+const PPROF: &str = "google/pprof/profile.proto";
+const PARCA: [&str; 3] = [
+    "parca/profilestore/v1alpha1/profilestore.proto",
+    "parca/debuginfo/v1alpha1/debuginfo.proto",
+    "parca/query/v1alpha1/query.proto",
+];
+
 fn main() -> Result<()> {
     let proto_root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proto");
-    let files = ["google/pprof/profile.proto"];
-    for file in files {
+    for file in PARCA.iter().chain([&PPROF]) {
         println!("cargo:rerun-if-changed={}", proto_root.join(file).display());
     }
     let descriptors =
-        protox::compile(files, [&proto_root]).context("could not compile the .proto files")?;
+        protox::compile([PPROF], [&proto_root]).context("could not compile the .proto files")?;
     prost_build::Config::new()
         .compile_fds(descriptors)
         .context("could not generate Rust code from the .proto files")?;
+
+    let descriptors =
+        protox::compile(PARCA, [&proto_root]).context("could not compile Parca's .proto files")?;
+    tonic_prost_build::configure()
+        // Profiles are cloned for every retry; shared bytes make that free.
+        .bytes(".parca.profilestore.v1alpha1.RawSample.raw_profile")
+        .bytes(".parca.debuginfo.v1alpha1.UploadRequest.chunk_data")
+        .compile_fds(descriptors)
+        .context("could not generate the gRPC code from Parca's .proto files")?;
     Ok(())
 }

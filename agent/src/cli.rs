@@ -5,6 +5,10 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
+mod remote;
+
+pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
+
 use crate::config::{AgentConfig, Limits, LocalStoreConfig, RecordConfig, SamplingConfig};
 
 #[derive(Parser, Debug)]
@@ -13,8 +17,10 @@ use crate::config::{AgentConfig, Limits, LocalStoreConfig, RecordConfig, Samplin
     version,
     about = "Whole-system sampling profiler for Linux (eBPF).",
     long_about = "Whole-system sampling profiler for Linux (eBPF).\n\n\
-        With no subcommand firn runs as an agent: it samples every CPU and writes one \
-        gzipped pprof profile per --profiling-duration into --local-store-directory.\n\
+        With no subcommand firn runs as an agent: it samples every CPU and pushes one \
+        profile per process per --profiling-duration to the Parca server at \
+        --remote-store-address, or without one writes one gzipped pprof per interval \
+        into --local-store-directory.\n\
         `firn record` makes a single recording, like `perf record`.",
     args_conflicts_with_subcommands = true
 )]
@@ -84,6 +90,15 @@ pub struct AgentArgs {
     /// Oldest local profiles are deleted beyond this total size (e.g. 1GiB).
     #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_bytes)]
     pub local_store_max_bytes: u64,
+
+    #[command(flatten)]
+    pub remote_store: RemoteStoreArgs,
+
+    #[command(flatten)]
+    pub metadata: MetadataArgs,
+
+    #[command(flatten)]
+    pub debuginfo: DebuginfoArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -135,9 +150,13 @@ impl From<&RecordArgs> for RecordConfig {
     }
 }
 
-impl From<&AgentArgs> for AgentConfig {
-    fn from(args: &AgentArgs) -> Self {
-        Self {
+impl TryFrom<&AgentArgs> for AgentConfig {
+    type Error = ConfigError;
+
+    /// Reads the files the flags name (token, CA), so that a bad one stops
+    /// firn at start rather than failing every push.
+    fn try_from(args: &AgentArgs) -> Result<Self, ConfigError> {
+        Ok(Self {
             sampling: args.sampling.sampling(),
             limits: args.sampling.limits(),
             profiling_duration: args.profiling_duration,
@@ -145,7 +164,10 @@ impl From<&AgentArgs> for AgentConfig {
                 directory: args.local_store_directory.clone(),
                 max_bytes: args.local_store_max_bytes,
             },
-        }
+            remote_store: args.remote_store.config()?,
+            metadata: args.metadata.config()?,
+            debuginfo: args.debuginfo.config(),
+        })
     }
 }
 
@@ -269,9 +291,14 @@ mod tests {
             "5s",
         ])
         .expect("valid flags");
-        let config = AgentConfig::from(&cli.agent);
+        let config = AgentConfig::try_from(&cli.agent).expect("a usable config");
         assert_eq!(config.sampling.frequency_hz, 19);
         assert_eq!(config.profiling_duration, Duration::from_secs(5));
+        assert!(config.remote_store.is_none(), "local store by default");
+        assert!(
+            !config.metadata.node.is_empty(),
+            "node defaults to the host name"
+        );
     }
 
     #[test]
@@ -282,6 +309,14 @@ mod tests {
             vec!["firn", "record", "--duration", "forever"],
             vec!["firn", "record", "--pid", "-3"],
             vec!["firn", "--no-such-flag"],
+            vec!["firn", "--remote-store-address", "nohostport"],
+            vec!["firn", "--metadata-external-labels", "9=x"],
+            vec![
+                "firn",
+                "--remote-store-insecure",
+                "--remote-store-ca-file",
+                "x.pem",
+            ],
         ] {
             let error = Cli::try_parse_from(&args).expect_err("must be rejected");
             assert_eq!(error.exit_code(), 2, "{args:?}");

@@ -1,7 +1,7 @@
 //! Plain configuration, built from the command line (`cli`) and consumed by
 //! the pipeline. Nothing here parses or validates flags.
 
-use std::{path::PathBuf, time::Duration};
+use std::{fmt, path::PathBuf, time::Duration};
 
 /// What the BPF side samples and how.
 #[derive(Clone, Debug)]
@@ -76,7 +76,13 @@ pub struct AgentConfig {
     pub limits: Limits,
     /// One profile per interval.
     pub profiling_duration: Duration,
+    /// Used when there is no remote store.
     pub local_store: LocalStoreConfig,
+    /// Where profiles are pushed instead of the local store.
+    pub remote_store: Option<RemoteStoreConfig>,
+    /// Labels on every series pushed: `node` and the external labels.
+    pub metadata: MetadataConfig,
+    pub debuginfo: DebuginfoConfig,
 }
 
 #[derive(Clone, Debug)]
@@ -84,4 +90,80 @@ pub struct LocalStoreConfig {
     pub directory: PathBuf,
     /// Oldest profiles are deleted (and counted) beyond this many bytes.
     pub max_bytes: u64,
+}
+
+/// A Parca server (or anything serving its profile store API).
+#[derive(Clone, Debug)]
+pub struct RemoteStoreConfig {
+    /// `host:port`.
+    pub address: String,
+    /// `None`: plaintext gRPC (`--remote-store-insecure`).
+    pub tls: Option<TlsConfig>,
+    pub bearer_token: Option<Secret>,
+    /// Extra gRPC metadata sent with every request.
+    pub grpc_headers: Vec<(String, Secret)>,
+    /// Bytes of unsent profiles kept; the oldest are dropped beyond.
+    pub queue_bytes: u64,
+    /// Longest one push may take before it is retried.
+    pub request_timeout: Duration,
+}
+
+#[derive(Clone, Debug)]
+pub struct TlsConfig {
+    /// Certificates (DER) trusted on top of the system's roots.
+    pub extra_roots: Vec<Vec<u8>>,
+    /// Accept any server certificate (`--remote-store-insecure-skip-verify`).
+    pub skip_verify: bool,
+}
+
+/// A credential: its `Debug` never shows it, so it cannot leak into logs.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct MetadataConfig {
+    /// The `node` label.
+    pub node: String,
+    /// Added to every series (`--metadata-external-labels`).
+    pub external_labels: Vec<(String, String)>,
+}
+
+/// Uploads of debug information to the remote store, for the objects whose
+/// frames firn could not name.
+#[derive(Clone, Debug)]
+pub struct DebuginfoConfig {
+    pub upload: bool,
+    /// Searched for `.build-id/xx/rest.debug` files.
+    pub directories: Vec<PathBuf>,
+    /// Uploads at once.
+    pub max_parallel: usize,
+    /// Longest one upload may take.
+    pub upload_timeout: Duration,
+}
+
+impl Default for DebuginfoConfig {
+    fn default() -> Self {
+        Self {
+            upload: true,
+            directories: vec![PathBuf::from("/usr/lib/debug")],
+            max_parallel: 4,
+            upload_timeout: Duration::from_secs(120),
+        }
+    }
 }

@@ -14,6 +14,18 @@ use tracing_subscriber::EnvFilter;
 /// Exit status for bad flags or configuration (as clap uses).
 const EXIT_USAGE: u8 = 2;
 
+/// An error and its causes on one line.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = match EnvFilter::try_new(&cli.log_level) {
@@ -39,12 +51,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
-        match &cli.command {
-            Some(Command::Record(args)) => commands::record::run(&RecordConfig::from(args)).await,
-            None => commands::agent::run(&AgentConfig::from(&cli.agent)).await,
+    let result = match &cli.command {
+        Some(Command::Record(args)) => {
+            runtime.block_on(commands::record::run(&RecordConfig::from(args)))
         }
-    });
+        None => match AgentConfig::try_from(&cli.agent) {
+            Ok(config) => runtime.block_on(commands::agent::run(&config)),
+            Err(error) => {
+                eprintln!("error: {}", error_chain(&error));
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -86,6 +86,26 @@ counters! {
     profiles_dropped,
     /// Old local profiles deleted to respect the size limit.
     local_profiles_deleted,
+    /// Profiles (one per series) the remote store accepted.
+    remote_profiles_sent,
+    /// Pushes to the remote store that failed, each attempt counted.
+    remote_send_failures,
+    /// Pushes that were attempts after a failure.
+    remote_send_retries,
+    /// Profiles dropped unsent: the queue was full (oldest first), or the
+    /// shutdown deadline came.
+    remote_profiles_dropped,
+    /// Profiles the server refused for good (bad request, credentials).
+    remote_profiles_rejected,
+    /// Bytes of profiles waiting to be sent: a gauge, not a counter.
+    remote_queue_bytes,
+    /// Debug files uploaded to the remote store.
+    debuginfo_uploads,
+    /// Debug file uploads that failed (retried later).
+    debuginfo_upload_failures,
+    /// Objects not uploaded: the server did not want them, no debug
+    /// information was found, or the upload backlog was full.
+    debuginfo_uploads_skipped,
 }
 
 impl Stats {
@@ -95,6 +115,11 @@ impl Stats {
 
     pub fn inc(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// For the few gauges among the counters.
+    pub fn set(gauge: &AtomicU64, value: u64) {
+        gauge.store(value, Ordering::Relaxed);
     }
 }
 

@@ -20,8 +20,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Install what building the BPF object and running the tests need:
-    /// the pinned nightly with rust-src, bpf-linker, Debian packages.
-    /// Idempotent.
+    /// the pinned nightly with rust-src, bpf-linker, Debian packages, the
+    /// Parca server. Idempotent.
     Setup {
         /// Only the Debian packages the tests and benchmarks use.
         #[arg(long)]
@@ -58,6 +58,7 @@ fn main() -> Result<()> {
             setup::debian_packages()?;
             if !packages_only {
                 setup::bpf_toolchain()?;
+                setup::parca_server()?;
             }
             Ok(())
         }
@@ -65,6 +66,7 @@ fn main() -> Result<()> {
         Command::Run { args } => util::run_firn(&root, &args),
         Command::Test { args } => {
             setup::debian_packages()?;
+            setup::parca_server()?;
             util::run_tests(&root, &args)
         }
         Command::Bench(args) => {

@@ -1,5 +1,6 @@
-//! `cargo xtask setup`: the pinned nightly, bpf-linker and Debian packages.
-//! Every step checks first and does nothing when already done.
+//! `cargo xtask setup`: the pinned nightly, bpf-linker, Debian packages and
+//! the Parca server the end-to-end tests push to. Every step checks first
+//! and does nothing when already done.
 
 use std::{fs, path::PathBuf, process::Command};
 
@@ -8,6 +9,8 @@ use anyhow::{Context, Result, bail};
 use crate::util::{describe, is_root, run};
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The Parca server release the push tests run against.
+pub const PARCA_VERSION: &str = "v0.28.0";
 
 /// Packages the tests and benchmarks use: a C compiler for the test
 /// workloads, `perf` as the benchmark peer, `bpftool` to inspect programs.
@@ -180,4 +183,79 @@ fn output(command: &mut Command) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Where the Parca server binary is kept between runs; the tests look
+/// there too (or at `FIRN_PARCA_BIN`).
+pub fn parca_path() -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(format!(".cache/firn/parca-{PARCA_VERSION}/bin/parca"))
+}
+
+/// Builds Parca from its Go module, as `go install
+/// github.com/parca-dev/parca/cmd/parca@VERSION` would. A pinned go.mod
+/// is used instead of `go install`: that command also asks the module
+/// proxy for the list of all versions (to check for deprecation), which
+/// some proxies refuse. Takes several minutes on two cores the first time.
+pub fn parca_server() -> Result<()> {
+    let binary = parca_path();
+    if parca_works(&binary) {
+        return Ok(());
+    }
+    let go = go_command()?;
+    let build_dir = binary
+        .parent()
+        .and_then(|bin| bin.parent())
+        .context("the Parca path has no parent")?
+        .join("build");
+    fs::create_dir_all(&build_dir)
+        .with_context(|| format!("could not create {}", build_dir.display()))?;
+    fs::write(
+        build_dir.join("go.mod"),
+        format!(
+            "module firn.local/parca-build\n\ngo 1.25.0\n\nrequire github.com/parca-dev/parca {PARCA_VERSION}\n"
+        ),
+    )
+    .context("could not write go.mod for the Parca build")?;
+    eprintln!(
+        "xtask: building the Parca server {PARCA_VERSION} with Go (several minutes the first time)"
+    );
+    run(Command::new(&go)
+        .current_dir(&build_dir)
+        .env("GOFLAGS", "-mod=mod")
+        .args(["build", "-o"])
+        .arg(&binary)
+        .arg("github.com/parca-dev/parca/cmd/parca"))?;
+    if !parca_works(&binary) {
+        bail!(
+            "Parca was built at {} but `parca --version` does not run",
+            binary.display()
+        );
+    }
+    Ok(())
+}
+
+fn parca_works(binary: &std::path::Path) -> bool {
+    Command::new(binary)
+        .arg("--version")
+        .output()
+        .map(|output| output.status.success())
+        .unwrap_or(false)
+}
+
+/// `go` from PATH, else the official install location.
+fn go_command() -> Result<PathBuf> {
+    let candidates = [PathBuf::from("go"), PathBuf::from("/usr/local/go/bin/go")];
+    candidates
+        .into_iter()
+        .find(|go| {
+            Command::new(go)
+                .arg("version")
+                .output()
+                .is_ok_and(|output| output.status.success())
+        })
+        .context(
+            "Go (1.25 or newer) is needed to build the Parca server for the tests; \
+             install it from https://go.dev/dl/ or apt-get install golang",
+        )
 }

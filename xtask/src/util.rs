@@ -81,6 +81,7 @@ pub fn run_tests(root: &Path, args: &[String]) -> Result<()> {
         );
     }
     run(cargo(root)
+        .env("FIRN_PARCA_BIN", crate::setup::parca_path())
         .args(["test", "--workspace", "--all-targets"])
         .args(args))
 }

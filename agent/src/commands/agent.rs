@@ -2,9 +2,9 @@
 
 use std::{
     path::Path,
-    sync::{Arc, mpsc},
+    sync::{Arc, OnceLock, mpsc},
     thread,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
@@ -12,8 +12,7 @@ use firn::{
     aggregate::AggregatedProfile,
     bpf::{BpfCounters, ProgramRunTime},
     config::AgentConfig,
-    output::LocalStore,
-    pprof::{build_profile, encode_gzip, validate},
+    output::{Exporter, LocalStore, build_batch, parca::ParcaExporter},
     process::ProcessTableStats,
     session::{Session, shutdown_signal},
     stats::Stats,
@@ -26,7 +25,8 @@ use super::{lost_samples, period_ns, stack_failures, unknown_frames};
 /// Intervals waiting to be built; beyond this the newest is dropped and
 /// counted rather than letting memory grow.
 const BUILD_QUEUE: usize = 2;
-/// How long shutdown waits for the last profile to be written.
+/// How long shutdown waits for the last profile to be built and written
+/// or pushed (with whatever else is still queued for the server).
 const FLUSH_DEADLINE: Duration = Duration::from_secs(8);
 
 /// One interval handed from the sampling loop to the builder thread.
@@ -39,31 +39,61 @@ struct Interval {
 
 pub async fn run(config: &AgentConfig) -> Result<()> {
     let stats = Arc::new(Stats::default());
-    let store = LocalStore::new(
-        &config.local_store.directory,
-        config.local_store.max_bytes,
-        stats.clone(),
-    )?;
+    let (exporter, destination): (Box<dyn Exporter>, String) = match &config.remote_store {
+        Some(remote) => (
+            Box::new(
+                ParcaExporter::start(remote, &config.metadata, &config.debuginfo, stats.clone())
+                    .context("could not set up the remote store")?,
+            ),
+            format!(
+                "{} ({})",
+                remote.address,
+                if remote.tls.is_some() {
+                    "TLS"
+                } else {
+                    "plaintext"
+                }
+            ),
+        ),
+        None => (
+            Box::new(LocalStore::new(
+                &config.local_store.directory,
+                config.local_store.max_bytes,
+                stats.clone(),
+            )?),
+            config.local_store.directory.display().to_string(),
+        ),
+    };
     let mut session = Session::start(&config.sampling, &config.limits, stats.clone())?;
     info!(
         cpus = session.cpus(),
         frequency_hz = config.sampling.frequency_hz,
         profiling_duration = %humantime::format_duration(config.profiling_duration),
-        local_store = %config.local_store.directory.display(),
+        destination,
+        node = config.metadata.node,
         ring_buffer_bytes = session.ring_buffer_bytes(),
         "firn agent started"
     );
 
     let (sender, receiver) = mpsc::sync_channel::<Interval>(BUILD_QUEUE);
     let (done_sender, done_receiver) = mpsc::channel::<()>();
+    // Set once, at shutdown: when the builder and the exporter must be done.
+    let deadline = Arc::new(OnceLock::<Instant>::new());
     let builder = {
         let stats = stats.clone();
         let period = period_ns(config.sampling.frequency_hz);
         let cache_bytes = config.limits.symbol_cache_bytes;
+        let deadline = deadline.clone();
         thread::Builder::new()
             .name("firn-builder".into())
             .spawn(move || {
-                build_loop(receiver, store, period, cache_bytes, stats);
+                let mut exporter = exporter;
+                build_loop(receiver, exporter.as_mut(), period, cache_bytes, stats);
+                let deadline = deadline
+                    .get()
+                    .copied()
+                    .unwrap_or_else(|| Instant::now() + FLUSH_DEADLINE);
+                exporter.finish(deadline);
                 let _ = done_sender.send(());
             })
             .context("could not start the profile builder thread")?
@@ -116,19 +146,34 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     }
     // Detach the BPF programs first: nothing is sampled from here on.
     drop(session);
+    let _ = deadline.set(Instant::now() + FLUSH_DEADLINE - Duration::from_millis(500));
     drop(sender);
     match done_receiver.recv_timeout(FLUSH_DEADLINE) {
         Ok(()) => {
             let _ = builder.join();
         }
-        Err(_) => warn!(deadline = ?FLUSH_DEADLINE, "the last profile was not written in time"),
+        Err(_) => warn!(deadline = ?FLUSH_DEADLINE, "the last profiles were not delivered in time"),
     }
+    let totals = stats.snapshot();
+    info!(
+        profiles_written = totals.profiles_written,
+        profiles_dropped = totals.profiles_dropped,
+        remote_profiles_sent = totals.remote_profiles_sent,
+        remote_send_failures = totals.remote_send_failures,
+        remote_send_retries = totals.remote_send_retries,
+        remote_profiles_dropped = totals.remote_profiles_dropped,
+        remote_profiles_rejected = totals.remote_profiles_rejected,
+        debuginfo_uploads = totals.debuginfo_uploads,
+        debuginfo_upload_failures = totals.debuginfo_upload_failures,
+        debuginfo_uploads_skipped = totals.debuginfo_uploads_skipped,
+        "firn agent stopped"
+    );
     Ok(())
 }
 
 fn build_loop(
     receiver: mpsc::Receiver<Interval>,
-    store: LocalStore,
+    exporter: &mut dyn Exporter,
     period: i64,
     cache_bytes: usize,
     stats: Arc<Stats>,
@@ -143,35 +188,46 @@ fn build_loop(
             );
             continue;
         }
-        let (profile, summary) =
-            build_profile(&interval.aggregated, period, &mut symbolizer, &stats);
-        if let Err(error) = validate(&profile) {
-            Stats::inc(&stats.profiles_dropped);
-            error!(%error, "profile dropped: it breaks the pprof rules (a bug in firn)");
-            continue;
-        }
-        let bytes = encode_gzip(&profile);
-        let written = store.write(&bytes, interval.aggregated.start);
+        let stacks = interval.aggregated.stacks.len();
+        let dropped = interval.aggregated.dropped;
+        let (batch, summary) = build_batch(
+            interval.aggregated,
+            exporter.grouping(),
+            period,
+            &mut symbolizer,
+            &stats,
+        );
+        let profiles = batch.profiles.len();
+        let unsymbolized_objects = batch.unsymbolized_objects.len();
+        let exported = exporter.export(batch);
         let now = stats.snapshot();
         let delta = now.since(&before);
         before = now;
         let lost = lost_samples(&interval.bpf);
-        match written {
-            Ok(path) => {
-                Stats::inc(&stats.profiles_written);
+        match exported {
+            Ok(receipt) => {
                 info!(
-                    file = %path.display(),
-                    bytes = bytes.len(),
+                    destination = receipt.destination,
+                    bytes = receipt.bytes,
+                    profiles,
                     samples = summary.samples,
-                    stacks = interval.aggregated.stacks.len(),
+                    stacks,
                     lost,
                     stack_failures = stack_failures(&interval.bpf),
-                    dropped = interval.aggregated.dropped,
+                    dropped,
                     unknown_frames = unknown_frames(&delta),
+                    unsymbolized_objects,
                     processes = interval.processes.processes,
                     objects = interval.processes.objects,
-                    bpf_mean_ns = interval.run_time.map(|r| r.run_time_ns / r.run_count.max(1)),
-                    "profile written"
+                    bpf_mean_ns = interval
+                        .run_time
+                        .map(|r| r.run_time_ns / r.run_count.max(1)),
+                    remote_sent = delta.remote_profiles_sent,
+                    remote_failures = delta.remote_send_failures,
+                    remote_dropped = delta.remote_profiles_dropped,
+                    remote_queue_bytes = now.remote_queue_bytes,
+                    "{}",
+                    receipt.action
                 );
             }
             Err(error) => {

@@ -4,12 +4,12 @@ use std::{
     fs,
     path::{Path, PathBuf},
     sync::Arc,
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
 use tracing::warn;
 
-use super::OutputError;
+use super::{ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch};
 use crate::stats::Stats;
 
 const PREFIX: &str = "profile-";
@@ -81,6 +81,30 @@ impl LocalStore {
             }
         }
     }
+}
+
+/// One file per interval, every process in it.
+impl Exporter for LocalStore {
+    fn grouping(&self) -> Grouping {
+        Grouping::Whole
+    }
+
+    fn export(&mut self, batch: ProfileBatch) -> Result<ExportReceipt, OutputError> {
+        let mut receipt = ExportReceipt {
+            action: "profile written",
+            destination: String::new(),
+            bytes: 0,
+        };
+        for profile in &batch.profiles {
+            let path = self.write(&profile.gzipped, batch.start)?;
+            Stats::inc(&self.stats.profiles_written);
+            receipt.destination = path.display().to_string();
+            receipt.bytes += profile.gzipped.len();
+        }
+        Ok(receipt)
+    }
+
+    fn finish(self: Box<Self>, _deadline: Instant) {}
 }
 
 #[cfg(test)]

@@ -1,0 +1,266 @@
+//! Debug information for the server's symbolizer: for each object whose
+//! frames firn sent without names, find a file with symbols or DWARF (a
+//! `.build-id` debug file, else the object itself), ask the server whether
+//! it wants it, and upload it through `parca.debuginfo.v1alpha1`. At most
+//! a few uploads at once, one per build id, outcomes remembered in a
+//! bounded table.
+
+use std::{
+    num::NonZeroUsize,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use lru::LruCache;
+use tokio::sync::{Semaphore, mpsc};
+use tonic::{Code, codegen::InterceptedService, transport::Channel};
+use tracing::{debug, info, warn};
+
+use super::{
+    connect::RequestMetadata,
+    debugfile::{CHUNK, find_source},
+    debuginfo_proto::{
+        BuildIdType, DebuginfoType, InitiateUploadRequest, MarkUploadFinishedRequest,
+        ShouldInitiateUploadRequest, UploadInfo, UploadRequest, debuginfo_service_client,
+        upload_instructions::UploadStrategy, upload_request,
+    },
+    delivery::describe,
+};
+use crate::{config::DebuginfoConfig, process::ObjectFile, stats::Stats};
+
+pub type DebuginfoClient =
+    debuginfo_service_client::DebuginfoServiceClient<InterceptedService<Channel, RequestMetadata>>;
+
+/// Build ids whose outcome is remembered.
+const REMEMBERED: usize = 4096;
+/// A failed upload is tried again after this long.
+const RETRY_AFTER: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Outcome {
+    InProgress,
+    Uploaded,
+    Skipped,
+    Failed { retry_at: Instant },
+}
+
+#[derive(Debug, thiserror::Error)]
+enum UploadError {
+    #[error("{call} failed: {reason}")]
+    Rpc { call: &'static str, reason: String },
+    #[error("the server answered InitiateUpload without instructions")]
+    NoInstructions,
+    #[error("took longer than {timeout:?}")]
+    Timeout { timeout: Duration },
+    #[error("could not read the debug information")]
+    Read {
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl UploadError {
+    fn rpc(call: &'static str, status: &tonic::Status) -> Self {
+        Self::Rpc {
+            call,
+            reason: describe(status),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Uploader {
+    client: DebuginfoClient,
+    directories: Arc<[PathBuf]>,
+    timeout: Duration,
+    slots: Arc<Semaphore>,
+    outcomes: Arc<Mutex<LruCache<String, Outcome>>>,
+    stats: Arc<Stats>,
+}
+
+impl Uploader {
+    pub fn new(client: DebuginfoClient, config: &DebuginfoConfig, stats: Arc<Stats>) -> Self {
+        Self {
+            client,
+            directories: config.directories.clone().into(),
+            timeout: config.upload_timeout,
+            slots: Arc::new(Semaphore::new(config.max_parallel.max(1))),
+            outcomes: Arc::new(Mutex::new(LruCache::new(
+                NonZeroUsize::new(REMEMBERED).unwrap_or(NonZeroUsize::MIN),
+            ))),
+            stats,
+        }
+    }
+
+    /// Takes objects until the sender goes away; each upload is its own
+    /// task, at most `max_parallel` at once.
+    pub async fn run(self, mut objects: mpsc::Receiver<Arc<ObjectFile>>) {
+        while let Some(object) = objects.recv().await {
+            let Some(build_id) = object.build_id().map(|id| id.to_hex()) else {
+                continue;
+            };
+            if !self.begin(&build_id) {
+                continue;
+            }
+            let Ok(slot) = self.slots.clone().acquire_owned().await else {
+                break;
+            };
+            let uploader = self.clone();
+            tokio::spawn(async move {
+                let outcome = uploader.upload_one(&build_id, object).await;
+                uploader.remember(&build_id, outcome);
+                drop(slot);
+            });
+        }
+    }
+
+    /// True when this build id should be tried now (never seen, or its
+    /// last failure is old enough).
+    fn begin(&self, build_id: &str) -> bool {
+        let mut outcomes = self
+            .outcomes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let start = match outcomes.get(build_id) {
+            None => true,
+            Some(Outcome::Failed { retry_at }) => Instant::now() >= *retry_at,
+            Some(_) => false,
+        };
+        if start {
+            outcomes.put(build_id.to_owned(), Outcome::InProgress);
+        }
+        start
+    }
+
+    fn remember(&self, build_id: &str, outcome: Outcome) {
+        self.outcomes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .put(build_id.to_owned(), outcome);
+    }
+
+    async fn upload_one(&self, build_id: &str, object: Arc<ObjectFile>) -> Outcome {
+        let path = object.path.clone();
+        let result = tokio::time::timeout(self.timeout, self.upload(build_id, object)).await;
+        let result = result.unwrap_or(Err(UploadError::Timeout {
+            timeout: self.timeout,
+        }));
+        match result {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                Stats::inc(&self.stats.debuginfo_upload_failures);
+                warn!(build_id, object = path, %error, "debuginfo upload failed; will retry later");
+                Outcome::Failed {
+                    retry_at: Instant::now() + RETRY_AFTER,
+                }
+            }
+        }
+    }
+
+    fn skipped(&self, build_id: &str, object: &str, reason: &str) -> Outcome {
+        Stats::inc(&self.stats.debuginfo_uploads_skipped);
+        debug!(build_id, object, reason, "debuginfo not uploaded");
+        Outcome::Skipped
+    }
+
+    async fn upload(
+        &self,
+        build_id: &str,
+        object: Arc<ObjectFile>,
+    ) -> Result<Outcome, UploadError> {
+        let object_path = object.path.clone();
+        let directories = self.directories.clone();
+        let wanted = build_id.to_owned();
+        let source =
+            tokio::task::spawn_blocking(move || find_source(&object, &directories, &wanted))
+                .await
+                .map_err(|error| UploadError::Read {
+                    source: std::io::Error::other(error),
+                })?
+                .map_err(|source| UploadError::Read { source })?;
+        let Some(source) = source else {
+            return Ok(self.skipped(build_id, &object_path, "no symbols or DWARF found for it"));
+        };
+        let mut client = self.client.clone();
+        let answer = client
+            .should_initiate_upload(ShouldInitiateUploadRequest {
+                build_id: build_id.to_owned(),
+                hash: source.hash.clone(),
+                force: false,
+                r#type: DebuginfoType::DebuginfoUnspecified.into(),
+                build_id_type: BuildIdType::Gnu.into(),
+            })
+            .await
+            .map_err(|status| UploadError::rpc("ShouldInitiateUpload", &status))?
+            .into_inner();
+        if !answer.should_initiate_upload {
+            return Ok(self.skipped(build_id, &object_path, &answer.reason));
+        }
+        let size = source.len();
+        let initiated = client
+            .initiate_upload(InitiateUploadRequest {
+                build_id: build_id.to_owned(),
+                size: i64::try_from(size).unwrap_or(i64::MAX),
+                hash: source.hash.clone(),
+                force: false,
+                r#type: DebuginfoType::DebuginfoUnspecified.into(),
+                build_id_type: BuildIdType::Gnu.into(),
+            })
+            .await;
+        let instructions = match initiated {
+            Ok(response) => response
+                .into_inner()
+                .upload_instructions
+                .ok_or(UploadError::NoInstructions)?,
+            // Another agent got there first.
+            Err(status)
+                if matches!(
+                    status.code(),
+                    Code::AlreadyExists | Code::FailedPrecondition
+                ) =>
+            {
+                return Ok(self.skipped(build_id, &object_path, status.message()));
+            }
+            Err(status) => return Err(UploadError::rpc("InitiateUpload", &status)),
+        };
+        if instructions.upload_strategy() != UploadStrategy::Grpc {
+            return Ok(self.skipped(
+                build_id,
+                &object_path,
+                "the server asks for a signed-URL upload, which firn does not do",
+            ));
+        }
+        let info = UploadRequest {
+            data: Some(upload_request::Data::Info(UploadInfo {
+                build_id: build_id.to_owned(),
+                upload_id: instructions.upload_id.clone(),
+                r#type: DebuginfoType::DebuginfoUnspecified.into(),
+            })),
+        };
+        let chunks = source.clone().chunks(CHUNK).map(|chunk| UploadRequest {
+            data: Some(upload_request::Data::ChunkData(chunk)),
+        });
+        client
+            .upload(tokio_stream::iter(std::iter::once(info).chain(chunks)))
+            .await
+            .map_err(|status| UploadError::rpc("Upload", &status))?;
+        client
+            .mark_upload_finished(MarkUploadFinishedRequest {
+                build_id: build_id.to_owned(),
+                upload_id: instructions.upload_id,
+                r#type: DebuginfoType::DebuginfoUnspecified.into(),
+            })
+            .await
+            .map_err(|status| UploadError::rpc("MarkUploadFinished", &status))?;
+        Stats::inc(&self.stats.debuginfo_uploads);
+        info!(
+            build_id,
+            object = object_path,
+            file = source.description,
+            bytes = size,
+            "debuginfo uploaded"
+        );
+        Ok(Outcome::Uploaded)
+    }
+}

@@ -1,0 +1,293 @@
+//! Sends the queued requests, oldest first: a timeout on each push,
+//! exponential backoff with jitter between failed attempts, a failed
+//! request back at the head of the queue (where it is the first to go if
+//! the queue fills), and at shutdown a last flush bounded by a deadline.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::watch;
+use tonic::{Code, Status, codegen::InterceptedService, transport::Channel};
+use tracing::{error, info, warn};
+
+use super::{
+    connect::RequestMetadata,
+    profilestore::profile_store_service_client::ProfileStoreServiceClient,
+    queue::{Pending, SharedQueue},
+};
+use crate::stats::Stats;
+
+pub type StoreClient = ProfileStoreServiceClient<InterceptedService<Channel, RequestMetadata>>;
+
+/// The shutdown signal: `Some(deadline)` once the agent stops.
+pub type ShutdownReceiver = watch::Receiver<Option<Instant>>;
+
+const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Doubling waits up to a cap, each drawn from its upper half so agents
+/// that failed together do not retry together.
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub fn new(first: Duration, max: Duration) -> Self {
+        Self { next: first, max }
+    }
+
+    pub fn wait(&mut self) -> Duration {
+        let ceiling = self.next;
+        self.next = (self.next * 2).min(self.max);
+        let half = ceiling / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+
+    pub fn reset(&mut self, first: Duration) {
+        self.next = first;
+    }
+}
+
+/// What one failed push means for the request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The server or the network may do better later.
+    Retry,
+    /// The server refused this request and would refuse it again.
+    Reject,
+}
+
+pub fn classify(code: Code) -> Failure {
+    match code {
+        Code::InvalidArgument
+        | Code::Unauthenticated
+        | Code::PermissionDenied
+        | Code::Unimplemented
+        | Code::NotFound
+        | Code::FailedPrecondition
+        | Code::AlreadyExists
+        | Code::OutOfRange => Failure::Reject,
+        _ => Failure::Retry,
+    }
+}
+
+/// A status and every cause below it on one line: tonic's own text for
+/// connection failures is a bare "transport error".
+pub fn describe(status: &Status) -> String {
+    let mut parts = vec![format!("{:?}", status.code())];
+    if !status.message().is_empty() {
+        parts.push(status.message().to_owned());
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !parts.iter().any(|part| part.contains(&text)) {
+            parts.push(text);
+        }
+        source = cause.source();
+    }
+    parts.join(": ")
+}
+
+fn hint(code: Code) -> &'static str {
+    match code {
+        Code::Unauthenticated | Code::PermissionDenied => {
+            " (check --remote-store-bearer-token / --remote-store-bearer-token-file)"
+        }
+        _ => "",
+    }
+}
+
+pub struct Delivery {
+    pub client: StoreClient,
+    pub queue: Arc<SharedQueue>,
+    pub shutdown: ShutdownReceiver,
+    pub request_timeout: Duration,
+    pub address: String,
+    pub stats: Arc<Stats>,
+}
+
+impl Delivery {
+    /// Runs until shutdown, then flushes until the queue is empty or the
+    /// deadline passes; what is left is counted as dropped.
+    pub async fn run(mut self) {
+        let mut backoff = Backoff::new(FIRST_BACKOFF, MAX_BACKOFF);
+        let mut deadline: Option<Instant> = None;
+        loop {
+            let item = match deadline {
+                None => tokio::select! {
+                    changed = self.shutdown.changed() => {
+                        deadline = Some(self.deadline_after(changed.is_ok()));
+                        continue;
+                    }
+                    item = self.queue.next() => item,
+                },
+                Some(deadline) if Instant::now() < deadline => match self.queue.pop_front() {
+                    Some(item) => item,
+                    None => break,
+                },
+                Some(_) => break,
+            };
+            let timeout = deadline.map_or(self.request_timeout, |deadline| {
+                deadline
+                    .saturating_duration_since(Instant::now())
+                    .min(self.request_timeout)
+            });
+            let Some(wait) = self.attempt(item, timeout, &mut backoff).await else {
+                continue;
+            };
+            if deadline.is_some_and(|deadline| Instant::now() + wait >= deadline) {
+                break;
+            }
+            if deadline.is_none() {
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    changed = self.shutdown.changed() => {
+                        deadline = Some(self.deadline_after(changed.is_ok()));
+                    }
+                }
+            } else {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        self.drop_leftovers();
+    }
+
+    fn deadline_after(&self, signalled: bool) -> Instant {
+        let sent = if signalled {
+            *self.shutdown.borrow()
+        } else {
+            None
+        };
+        // A vanished sender means the agent is gone: no time to flush.
+        sent.unwrap_or_else(Instant::now)
+    }
+
+    /// One push. Returns how long to wait before the next when it failed
+    /// and the request went back into the queue.
+    async fn attempt(
+        &mut self,
+        mut item: Pending,
+        timeout: Duration,
+        backoff: &mut Backoff,
+    ) -> Option<Duration> {
+        if item.attempts > 0 {
+            Stats::inc(&self.stats.remote_send_retries);
+        }
+        let request = item.request.clone();
+        let status = match tokio::time::timeout(timeout, self.client.write_raw(request)).await {
+            Ok(Ok(_)) => {
+                Stats::add(&self.stats.remote_profiles_sent, item.profiles as u64);
+                if item.attempts > 0 {
+                    info!(
+                        server = self.address,
+                        profiles = item.profiles,
+                        failed_attempts = item.attempts,
+                        "profiles delivered after retrying"
+                    );
+                } else {
+                    tracing::debug!(
+                        server = self.address,
+                        profiles = item.profiles,
+                        bytes = item.bytes,
+                        "profiles sent"
+                    );
+                }
+                backoff.reset(FIRST_BACKOFF);
+                return None;
+            }
+            Ok(Err(status)) => status,
+            Err(_) => Status::deadline_exceeded(format!("no answer within {timeout:?}")),
+        };
+        Stats::inc(&self.stats.remote_send_failures);
+        let reason = describe(&status);
+        if classify(status.code()) == Failure::Reject {
+            Stats::add(&self.stats.remote_profiles_rejected, item.profiles as u64);
+            error!(
+                server = self.address,
+                profiles = item.profiles,
+                error = %reason,
+                "the server rejected the profiles{}",
+                hint(status.code())
+            );
+            return None;
+        }
+        item.attempts += 1;
+        let wait = backoff.wait();
+        warn!(
+            server = self.address,
+            profiles = item.profiles,
+            attempt = item.attempts,
+            retry_in = ?wait,
+            error = %reason,
+            "could not push profiles; will retry"
+        );
+        let profiles = item.profiles;
+        let dropped = self.queue.push_front(item);
+        if dropped.profiles > 0 {
+            Stats::add(&self.stats.remote_profiles_dropped, profiles as u64);
+            warn!(
+                profiles,
+                "profiles dropped: the queue is full (--remote-store-queue-bytes)"
+            );
+        }
+        Some(wait)
+    }
+
+    fn drop_leftovers(&self) {
+        let mut profiles = 0;
+        while let Some(item) = self.queue.pop_front() {
+            profiles += item.profiles;
+        }
+        if profiles > 0 {
+            Stats::add(&self.stats.remote_profiles_dropped, profiles as u64);
+            warn!(
+                server = self.address,
+                profiles, "profiles not sent before the shutdown deadline"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap_with_jitter() {
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(800));
+        let waits: Vec<Duration> = (0..6).map(|_| backoff.wait()).collect();
+        let ceilings = [100, 200, 400, 800, 800, 800];
+        for (wait, ceiling) in waits.iter().zip(ceilings) {
+            let ceiling = Duration::from_millis(ceiling);
+            assert!(
+                *wait >= ceiling / 2 && *wait <= ceiling,
+                "{wait:?} not within [{:?}, {ceiling:?}]",
+                ceiling / 2
+            );
+        }
+        backoff.reset(Duration::from_millis(100));
+        assert!(backoff.wait() <= Duration::from_millis(100));
+    }
+
+    #[test]
+    fn refusals_are_final_and_outages_are_retried() {
+        assert_eq!(classify(Code::Unauthenticated), Failure::Reject);
+        assert_eq!(classify(Code::InvalidArgument), Failure::Reject);
+        assert_eq!(classify(Code::Unavailable), Failure::Retry);
+        assert_eq!(classify(Code::DeadlineExceeded), Failure::Retry);
+        assert_eq!(classify(Code::ResourceExhausted), Failure::Retry);
+    }
+
+    #[test]
+    fn descriptions_carry_the_causes() {
+        let cause = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        let status = Status::from_error(Box::new(cause));
+        let text = describe(&status);
+        assert!(text.contains("UnknownIssuer"), "{text}");
+    }
+}

@@ -1,0 +1,338 @@
+//! Pushing profiles to a Parca server (`ProfileStoreService/WriteRaw`), and
+//! the debug information of objects firn could not symbolize
+//! (`DebuginfoService`).
+//!
+//! One series per process image, labelled `__name__="parca_agent_cpu"`,
+//! `node`, the external labels, `pid` and `comm`, as Parca Agent labels
+//! them; the per-thread `thread_id` stays a sample label. The network work
+//! runs on its own thread and runtime: the builder thread only puts
+//! requests in a byte-bounded queue, so sampling never waits on the server.
+
+mod connect;
+mod debugfile;
+mod debuginfo;
+mod delivery;
+mod queue;
+
+use std::{
+    sync::{Arc, mpsc as std_mpsc},
+    thread,
+    time::Instant,
+};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, error, warn};
+
+use self::{
+    connect::RequestMetadata,
+    debuginfo::Uploader,
+    delivery::Delivery,
+    profilestore::{Label, LabelSet, RawProfileSeries, RawSample, WriteRawRequest},
+    queue::{Pending, SharedQueue},
+};
+use super::{ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch};
+use crate::{
+    config::{DebuginfoConfig, MetadataConfig, RemoteStoreConfig},
+    process::ObjectFile,
+    stats::Stats,
+};
+
+/// Code generated from `proto/parca/`, nested as the packages are so the
+/// cross-package references resolve.
+#[allow(clippy::all, missing_docs)]
+pub mod proto {
+    pub mod parca {
+        pub mod profilestore {
+            pub mod v1alpha1 {
+                include!(concat!(env!("OUT_DIR"), "/parca.profilestore.v1alpha1.rs"));
+            }
+        }
+        pub mod debuginfo {
+            pub mod v1alpha1 {
+                include!(concat!(env!("OUT_DIR"), "/parca.debuginfo.v1alpha1.rs"));
+            }
+        }
+        pub mod query {
+            pub mod v1alpha1 {
+                include!(concat!(env!("OUT_DIR"), "/parca.query.v1alpha1.rs"));
+            }
+        }
+    }
+}
+
+pub use proto::parca::{
+    debuginfo::v1alpha1 as debuginfo_proto, profilestore::v1alpha1 as profilestore,
+    query::v1alpha1 as query,
+};
+
+/// The profile name Parca Agent uses for on-CPU samples.
+pub const PROFILE_NAME: &str = "parca_agent_cpu";
+/// Requests are cut below this size (Parca accepts up to 64 MiB).
+const MAX_REQUEST_BYTES: usize = 16 << 20;
+/// Objects waiting for a debuginfo upload decision.
+const UPLOAD_BACKLOG: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ParcaError {
+    #[error("`{address}` is not a usable remote store address")]
+    Address {
+        address: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("could not set up TLS")]
+    Tls {
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("a certificate in --remote-store-ca-file is not usable")]
+    Certificate {
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("the gRPC header `{key}` is not valid metadata")]
+    Header { key: String },
+    #[error("could not start the thread that talks to the remote store")]
+    Thread {
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the thread that talks to the remote store has stopped")]
+    Stopped,
+}
+
+pub struct ParcaExporter {
+    address: String,
+    series_labels: Vec<Label>,
+    queue: Arc<SharedQueue>,
+    uploads: Option<mpsc::Sender<Arc<ObjectFile>>>,
+    shutdown: watch::Sender<Option<Instant>>,
+    done: std_mpsc::Receiver<()>,
+    thread: thread::JoinHandle<()>,
+    stats: Arc<Stats>,
+}
+
+impl ParcaExporter {
+    /// Checks the configuration (TLS roots, headers) and starts the network
+    /// thread; nothing connects until the first push.
+    pub fn start(
+        remote: &RemoteStoreConfig,
+        metadata: &MetadataConfig,
+        debuginfo: &DebuginfoConfig,
+        stats: Arc<Stats>,
+    ) -> Result<Self, ParcaError> {
+        let request_metadata = RequestMetadata::new(remote)?;
+        let target = connect::target(remote)?;
+        let queue = Arc::new(SharedQueue::new(
+            usize::try_from(remote.queue_bytes).unwrap_or(usize::MAX),
+            stats.clone(),
+        ));
+        let (shutdown, shutdown_receiver) = watch::channel(None);
+        let (upload_sender, upload_receiver) = mpsc::channel(UPLOAD_BACKLOG);
+        let (done_sender, done) = std_mpsc::channel();
+        let thread = {
+            let remote = remote.clone();
+            let debuginfo = debuginfo.clone();
+            let queue = queue.clone();
+            let stats = stats.clone();
+            thread::Builder::new()
+                .name("firn-parca".into())
+                .spawn(move || {
+                    network_thread(
+                        &remote,
+                        &debuginfo,
+                        target,
+                        request_metadata,
+                        queue,
+                        shutdown_receiver,
+                        upload_receiver,
+                        stats,
+                    );
+                    let _ = done_sender.send(());
+                })
+                .map_err(|source| ParcaError::Thread { source })?
+        };
+        Ok(Self {
+            address: remote.address.clone(),
+            series_labels: series_labels(metadata),
+            queue,
+            uploads: debuginfo.upload.then_some(upload_sender),
+            shutdown,
+            done,
+            thread,
+            stats,
+        })
+    }
+
+    fn requests(&self, batch: &ProfileBatch) -> Vec<Pending> {
+        let mut requests = Vec::new();
+        let mut current = Pending {
+            request: WriteRawRequest::default(),
+            bytes: 0,
+            profiles: 0,
+            attempts: 0,
+        };
+        for profile in &batch.profiles {
+            let mut labels = self.series_labels.clone();
+            labels.extend(profile.labels.iter().map(|(name, value)| Label {
+                name: name.clone(),
+                value: value.clone(),
+            }));
+            let bytes = profile.gzipped.len()
+                + labels
+                    .iter()
+                    .map(|l| l.name.len() + l.value.len())
+                    .sum::<usize>();
+            if current.profiles > 0 && current.bytes + bytes > MAX_REQUEST_BYTES {
+                requests.push(std::mem::replace(
+                    &mut current,
+                    Pending {
+                        request: WriteRawRequest::default(),
+                        bytes: 0,
+                        profiles: 0,
+                        attempts: 0,
+                    },
+                ));
+            }
+            current.request.series.push(RawProfileSeries {
+                labels: Some(LabelSet { labels }),
+                samples: vec![RawSample {
+                    raw_profile: Bytes::from(profile.gzipped.clone()),
+                    executable_info: Vec::new(),
+                }],
+            });
+            current.bytes += bytes;
+            current.profiles += 1;
+        }
+        if current.profiles > 0 {
+            requests.push(current);
+        }
+        requests
+    }
+}
+
+/// `__name__`, `node`, then the external labels, in that order; each
+/// profile adds its own (`pid`, `comm`).
+fn series_labels(metadata: &MetadataConfig) -> Vec<Label> {
+    let label = |name: &str, value: &str| Label {
+        name: name.to_owned(),
+        value: value.to_owned(),
+    };
+    let mut labels = vec![
+        label("__name__", PROFILE_NAME),
+        label("node", &metadata.node),
+    ];
+    labels.extend(
+        metadata
+            .external_labels
+            .iter()
+            .map(|(name, value)| label(name, value)),
+    );
+    labels
+}
+
+impl Exporter for ParcaExporter {
+    fn grouping(&self) -> Grouping {
+        Grouping::PerProcess
+    }
+
+    fn export(&mut self, batch: ProfileBatch) -> Result<ExportReceipt, OutputError> {
+        if self.thread.is_finished() {
+            return Err(ParcaError::Stopped.into());
+        }
+        let mut receipt = ExportReceipt {
+            action: "profiles queued",
+            destination: self.address.clone(),
+            bytes: 0,
+        };
+        for request in self.requests(&batch) {
+            receipt.bytes += request.bytes;
+            let dropped = self.queue.push_back(request);
+            if dropped.profiles > 0 {
+                Stats::add(&self.stats.remote_profiles_dropped, dropped.profiles as u64);
+                warn!(
+                    profiles = dropped.profiles,
+                    server = self.address,
+                    "profiles dropped: the queue of unsent profiles is full (--remote-store-queue-bytes)"
+                );
+            }
+        }
+        Stats::inc(&self.stats.profiles_written);
+        if let Some(uploads) = &self.uploads {
+            for object in batch.unsymbolized_objects {
+                if uploads.try_send(object).is_err() {
+                    Stats::inc(&self.stats.debuginfo_uploads_skipped);
+                    debug!("debuginfo candidate skipped: the upload backlog is full");
+                }
+            }
+        }
+        Ok(receipt)
+    }
+
+    fn finish(self: Box<Self>, deadline: Instant) {
+        let _ = self.shutdown.send(Some(deadline));
+        let grace = deadline.saturating_duration_since(Instant::now())
+            + std::time::Duration::from_millis(500);
+        match self.done.recv_timeout(grace) {
+            Ok(()) => {
+                let _ = self.thread.join();
+            }
+            Err(_) => warn!("the remote store thread did not stop in time"),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn network_thread(
+    remote: &RemoteStoreConfig,
+    debuginfo: &DebuginfoConfig,
+    target: connect::Target,
+    request_metadata: RequestMetadata,
+    queue: Arc<SharedQueue>,
+    shutdown: watch::Receiver<Option<Instant>>,
+    uploads: mpsc::Receiver<Arc<ObjectFile>>,
+    stats: Arc<Stats>,
+) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            error!(%error, "could not start the runtime for the remote store; profiles will not be sent");
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let channel = target.channel();
+        let uploader = debuginfo.upload.then(|| {
+            let client =
+                debuginfo_proto::debuginfo_service_client::DebuginfoServiceClient::with_interceptor(
+                    channel.clone(),
+                    request_metadata.clone(),
+                );
+            tokio::spawn(Uploader::new(client, debuginfo, stats.clone()).run(uploads))
+        });
+        let client =
+            profilestore::profile_store_service_client::ProfileStoreServiceClient::with_interceptor(
+                channel,
+                request_metadata,
+            );
+        Delivery {
+            client,
+            queue,
+            shutdown,
+            request_timeout: remote.request_timeout,
+            address: remote.address.clone(),
+            stats,
+        }
+        .run()
+        .await;
+        // Uploads in flight at shutdown are abandoned: the server asks
+        // for them again after the next start.
+        if let Some(uploader) = uploader {
+            uploader.abort();
+        }
+    });
+}

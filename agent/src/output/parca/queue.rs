@@ -1,0 +1,230 @@
+//! Profiles waiting for the remote store, bounded in bytes: when a new
+//! request does not fit, the oldest waiting ones are dropped (and counted),
+//! so a server that is down costs memory up to the bound and no more.
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex},
+};
+
+use tokio::sync::Notify;
+
+use super::profilestore::WriteRawRequest;
+use crate::stats::Stats;
+
+/// One push: a request and what it weighs.
+#[derive(Clone, Debug)]
+pub struct Pending {
+    pub request: WriteRawRequest,
+    pub bytes: usize,
+    /// Profiles (series) in the request.
+    pub profiles: usize,
+    /// Failed attempts so far.
+    pub attempts: u32,
+}
+
+/// What had to go to make room.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Dropped {
+    pub requests: usize,
+    pub profiles: usize,
+}
+
+/// The bookkeeping, apart from locking and waking so it is tested alone.
+#[derive(Debug)]
+pub struct ByteQueue {
+    items: VecDeque<Pending>,
+    bytes: usize,
+    limit: usize,
+}
+
+impl ByteQueue {
+    pub fn new(limit: usize) -> Self {
+        Self {
+            items: VecDeque::new(),
+            bytes: 0,
+            limit,
+        }
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    #[cfg(test)]
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    /// Adds the newest request, dropping the oldest ones while it does not
+    /// fit; a request larger than the whole bound is dropped itself.
+    pub fn push_back(&mut self, item: Pending) -> Dropped {
+        let mut dropped = Dropped::default();
+        if item.bytes > self.limit {
+            dropped.requests += 1;
+            dropped.profiles += item.profiles;
+            return dropped;
+        }
+        while self.bytes + item.bytes > self.limit {
+            let Some(oldest) = self.pop_front() else {
+                break;
+            };
+            dropped.requests += 1;
+            dropped.profiles += oldest.profiles;
+        }
+        self.bytes += item.bytes;
+        self.items.push_back(item);
+        dropped
+    }
+
+    /// Puts back a request whose push failed: it is the oldest, so it is
+    /// the first to go if newer ones need the room.
+    pub fn push_front(&mut self, item: Pending) -> Dropped {
+        if self.bytes + item.bytes > self.limit {
+            return Dropped {
+                requests: 1,
+                profiles: item.profiles,
+            };
+        }
+        self.bytes += item.bytes;
+        self.items.push_front(item);
+        Dropped::default()
+    }
+
+    pub fn pop_front(&mut self) -> Option<Pending> {
+        let item = self.items.pop_front()?;
+        self.bytes -= item.bytes;
+        Some(item)
+    }
+}
+
+/// The queue shared by the builder thread (which pushes, never waiting on
+/// the network) and the delivery task (which waits for work).
+/// Keeps the `remote_queue_bytes` gauge up to date.
+pub struct SharedQueue {
+    inner: Mutex<ByteQueue>,
+    ready: Notify,
+    stats: Arc<Stats>,
+}
+
+impl SharedQueue {
+    pub fn new(limit: usize, stats: Arc<Stats>) -> Self {
+        Self {
+            inner: Mutex::new(ByteQueue::new(limit)),
+            ready: Notify::new(),
+            stats,
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut ByteQueue) -> T) -> T {
+        let mut queue = self
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let result = f(&mut queue);
+        Stats::set(&self.stats.remote_queue_bytes, queue.bytes() as u64);
+        result
+    }
+
+    pub fn push_back(&self, item: Pending) -> Dropped {
+        let dropped = self.with(|queue| queue.push_back(item));
+        self.ready.notify_one();
+        dropped
+    }
+
+    pub fn push_front(&self, item: Pending) -> Dropped {
+        self.with(|queue| queue.push_front(item))
+    }
+
+    pub fn pop_front(&self) -> Option<Pending> {
+        self.with(ByteQueue::pop_front)
+    }
+
+    /// Waits for a request and takes it.
+    pub async fn next(&self) -> Pending {
+        loop {
+            // Registered before looking, so a push in between still wakes us.
+            let notified = self.ready.notified();
+            if let Some(item) = self.pop_front() {
+                return item;
+            }
+            notified.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(bytes: usize, profiles: usize) -> Pending {
+        Pending {
+            request: WriteRawRequest::default(),
+            bytes,
+            profiles,
+            attempts: 0,
+        }
+    }
+
+    #[test]
+    fn the_oldest_go_first_when_full() {
+        let mut queue = ByteQueue::new(100);
+        assert_eq!(queue.push_back(item(40, 1)), Dropped::default());
+        assert_eq!(queue.push_back(item(40, 2)), Dropped::default());
+        let dropped = queue.push_back(item(40, 3));
+        assert_eq!(
+            dropped,
+            Dropped {
+                requests: 1,
+                profiles: 1
+            }
+        );
+        assert_eq!((queue.len(), queue.bytes()), (2, 80));
+        assert_eq!(queue.pop_front().map(|p| p.profiles), Some(2));
+    }
+
+    #[test]
+    fn a_request_larger_than_the_bound_is_dropped_itself() {
+        let mut queue = ByteQueue::new(100);
+        queue.push_back(item(60, 1));
+        let dropped = queue.push_back(item(101, 7));
+        assert_eq!(dropped.profiles, 7);
+        assert_eq!(queue.len(), 1, "what was waiting stays");
+    }
+
+    #[test]
+    fn a_failed_request_goes_back_to_the_front() {
+        let mut queue = ByteQueue::new(100);
+        queue.push_back(item(30, 1));
+        queue.push_back(item(30, 2));
+        let first = queue.pop_front().expect("item");
+        queue.push_back(item(30, 3));
+        assert_eq!(queue.push_front(first), Dropped::default());
+        assert_eq!(queue.pop_front().map(|p| p.profiles), Some(1));
+        // No room left: the returning request, the oldest, is the one dropped.
+        let mut full = ByteQueue::new(50);
+        full.push_back(item(40, 1));
+        assert_eq!(full.push_front(item(20, 9)).profiles, 9);
+        assert!(!full.is_empty());
+    }
+
+    #[tokio::test]
+    async fn the_consumer_wakes_for_a_push_and_the_gauge_follows() {
+        let stats = Arc::new(Stats::default());
+        let queue = Arc::new(SharedQueue::new(1000, stats.clone()));
+        let waiter = {
+            let queue = queue.clone();
+            tokio::spawn(async move { queue.next().await.profiles })
+        };
+        tokio::task::yield_now().await;
+        queue.push_back(item(10, 5));
+        queue.push_back(item(7, 1));
+        assert_eq!(waiter.await.expect("joins"), 5);
+        assert_eq!(stats.snapshot().remote_queue_bytes, 7);
+    }
+}

@@ -1,0 +1,475 @@
+//! End to end: the real `firn` agent pushing to a real Parca server (v0.28,
+//! built by `cargo xtask setup`) and to a TLS server of the test's own,
+//! read back through Parca's own query API and checked by function names.
+
+mod common;
+mod parca_support;
+
+use std::{
+    collections::HashSet,
+    process::Command,
+    time::{Duration, SystemTime},
+};
+
+use common::*;
+use firn::pprof;
+use parca_support::{
+    harness::{Agent, CPU_PROFILE_TYPE, ParcaServer, all_stacks, free_port, log_field},
+    tls_server::{Authority, TlsStore},
+};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[test]
+fn profiles_reach_a_real_parca_server_with_the_whole_chain() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let parca = ParcaServer::start(&dir.path().join("parca"), free_port());
+    let workload = start_chain(dir.path(), &FP_FLAGS);
+    let start = SystemTime::now();
+    // The whole machine, as a DaemonSet would run it; the workload is
+    // found among everything else by its pid label.
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
+            "--remote-store-address",
+            &parca.address(),
+            "--remote-store-insecure",
+            "--profiling-duration",
+            "5s",
+            "--node",
+            "firn-e2e-node",
+            "--metadata-external-labels",
+            "suite=parca-e2e",
+        ],
+        &[],
+    );
+    std::thread::sleep(Duration::from_secs(20));
+    let stopped = agent.stop();
+    let log = &stopped.log;
+    assert!(
+        stopped.status.success(),
+        "firn failed ({}):\n{log}",
+        stopped.status
+    );
+    let sent = log_field(log, "firn agent stopped", "remote_profiles_sent").unwrap_or(0);
+    assert!(sent > 0, "no profiles sent:\n{log}");
+    for counter in ["remote_profiles_rejected", "remote_profiles_dropped"] {
+        assert_eq!(
+            log_field(log, "firn agent stopped", counter),
+            Some(0),
+            "{counter}:\n{log}"
+        );
+    }
+
+    let end = SystemTime::now() + MINUTE;
+    let start = start - MINUTE;
+    let mut query = parca.query();
+    let types = query.profile_types();
+    assert!(
+        types.iter().any(|t| t == CPU_PROFILE_TYPE),
+        "Parca lists {types:?}"
+    );
+    for (label, value) in [
+        ("node", "firn-e2e-node"),
+        ("suite", "parca-e2e"),
+        ("comm", "chain"),
+    ] {
+        let values = query.values(label, start, end);
+        assert!(
+            values.iter().any(|v| v == value),
+            "Values({label}) = {values:?}"
+        );
+    }
+    let pid = workload.pid();
+    let profile = query.merged(&format!("{{pid=\"{pid}\"}}"), start, end);
+    let stacks = all_stacks(&profile);
+    let (share, total) = chain_share(&stacks, &CHAIN);
+    assert!(
+        total >= 500,
+        "Parca holds {total} samples of the workload for ~20 s at 100 Hz:\n{}",
+        describe(&stacks)
+    );
+    assert!(
+        share >= 0.85,
+        "only {:.1}% of {total} samples in Parca hold the whole chain:\n{}",
+        share * 100.0,
+        describe(&stacks)
+    );
+    eprintln!(
+        "Parca: {total} samples of pid {pid}, {:.1}% with the whole chain; {sent} profiles sent",
+        share * 100.0
+    );
+}
+
+#[test]
+fn a_server_down_at_start_gets_the_queued_profiles_and_a_small_queue_counts_drops() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let address = format!("127.0.0.1:{port}");
+    let workload = start_chain(dir.path(), &FP_FLAGS);
+    let pid = workload.pid().to_string();
+    let start = SystemTime::now();
+    let agent = |node: &str, extra: &[&str]| {
+        let mut args = vec![
+            "--remote-store-address",
+            &address,
+            "--remote-store-insecure",
+            "--profiling-duration",
+            "2s",
+            "--pid",
+            &pid,
+            "--node",
+            node,
+        ];
+        args.extend_from_slice(extra);
+        Agent::start(&dir.path().join(format!("{node}.log")), &args, &[])
+    };
+    let roomy = agent("firn-roomy-queue", &[]);
+    // Room for about two of these small profiles.
+    let cramped = agent(
+        "firn-cramped-queue",
+        &["--remote-store-queue-bytes", "3KiB"],
+    );
+    std::thread::sleep(Duration::from_secs(15));
+
+    // Sampling went on while nothing could be delivered.
+    let log = roomy.log();
+    assert!(
+        log.matches("profiles queued").count() >= 5,
+        "an interval every 2 s while the server is down:\n{log}"
+    );
+    assert!(
+        log.contains("could not push profiles; will retry"),
+        "failed pushes are logged:\n{log}"
+    );
+    let up = SystemTime::now();
+    let parca = ParcaServer::start(&dir.path().join("parca"), port);
+    assert!(
+        roomy.wait_for_log("profiles delivered after retrying", Duration::from_secs(40)),
+        "the queued profiles were not delivered once the server came up:\n{}\nParca:\n{}",
+        roomy.log(),
+        parca.log()
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    let roomy = roomy.stop();
+    let cramped = cramped.stop();
+    for stopped in [&roomy, &cramped] {
+        assert!(stopped.status.success(), "{}", stopped.log);
+    }
+
+    // The roomy queue lost nothing: every interval reached the server.
+    let log = &roomy.log;
+    let queued = log.matches("profiles queued").count() as u64;
+    let sent = log_field(log, "firn agent stopped", "remote_profiles_sent");
+    assert_eq!(sent, Some(queued), "one profile per interval:\n{log}");
+    assert_eq!(
+        log_field(log, "firn agent stopped", "remote_profiles_dropped"),
+        Some(0)
+    );
+    assert!(log_field(log, "firn agent stopped", "remote_send_retries").unwrap_or(0) > 0);
+    let mut query = parca.query();
+    let while_down = query.merged("{node=\"firn-roomy-queue\"}", start - MINUTE, up);
+    let (share, total) = chain_share(&all_stacks(&while_down), &CHAIN);
+    assert!(
+        total > 0 && share >= 0.85,
+        "profiles sampled while the server was down are in Parca: {total} samples, {:.0}% chain",
+        share * 100.0
+    );
+
+    // The cramped queue dropped its oldest and said so.
+    let log = &cramped.log;
+    let dropped = log_field(log, "firn agent stopped", "remote_profiles_dropped").unwrap_or(0);
+    assert!(dropped > 0, "nothing counted as dropped:\n{log}");
+    assert!(
+        log.contains("(--remote-store-queue-bytes)"),
+        "drops are logged:\n{log}"
+    );
+    let sent = log_field(log, "firn agent stopped", "remote_profiles_sent").unwrap_or(0);
+    assert!(
+        sent > 0,
+        "newer profiles still go through after drops:\n{log}"
+    );
+    eprintln!(
+        "roomy queue: {queued} intervals, all sent; cramped queue: {dropped} dropped, {sent} sent"
+    );
+}
+
+#[test]
+fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    const TOKEN: &str = "firn-test-token-7f3a";
+    const WRONG: &str = "firn-wrong-token-91c2";
+    let authority = Authority::new(dir.path(), "ca");
+    let stranger = Authority::new(dir.path(), "other-ca");
+    let store = TlsStore::start(&authority, TOKEN);
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).expect("token file");
+    let workload = start_chain(dir.path(), &FP_FLAGS);
+    let pid = workload.pid().to_string();
+    let address = store.address.to_string();
+    let ca = authority.pem_path.to_str().expect("utf-8");
+    let other_ca = stranger.pem_path.to_str().expect("utf-8");
+    let token_path = token_file.to_str().expect("utf-8");
+
+    let agent = |node: &str, extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = vec![
+            "--remote-store-address",
+            &address,
+            "--profiling-duration",
+            "1s",
+            "--pid",
+            &pid,
+            "--node",
+            node,
+            "--debuginfo-upload-disable",
+        ];
+        args.extend_from_slice(extra);
+        Agent::start(&dir.path().join(format!("{node}.log")), &args, env)
+    };
+    let trusted = agent(
+        "trusted",
+        &[
+            "--remote-store-ca-file",
+            ca,
+            "--remote-store-bearer-token-file",
+            token_path,
+        ],
+        &[],
+    );
+    let wrong_token = agent(
+        "wrong-token",
+        &["--remote-store-ca-file", ca],
+        &[("PARCA_BEARER_TOKEN", WRONG)],
+    );
+    let wrong_ca = agent(
+        "wrong-ca",
+        &[
+            "--remote-store-ca-file",
+            other_ca,
+            "--remote-store-bearer-token",
+            TOKEN,
+        ],
+        &[],
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    let trusted = trusted.stop();
+    let wrong_token = wrong_token.stop();
+    let wrong_ca = wrong_ca.stop();
+    for stopped in [&trusted, &wrong_token, &wrong_ca] {
+        assert!(
+            stopped.status.success(),
+            "refusals must not crash firn ({}):\n{}",
+            stopped.status,
+            stopped.log
+        );
+        assert!(
+            !stopped.log.contains(TOKEN) && !stopped.log.contains(WRONG),
+            "a token leaked into the log:\n{}",
+            stopped.log
+        );
+    }
+
+    let seen = store.seen.lock().expect("lock");
+    let node_of = |series: &firn::output::parca::profilestore::RawProfileSeries| {
+        label(series, "node").unwrap_or_default()
+    };
+    let nodes: HashSet<String> = seen.series.iter().map(node_of).collect();
+    assert_eq!(
+        nodes,
+        HashSet::from(["trusted".to_owned()]),
+        "only the agent with the right CA and token gets through"
+    );
+    let mut stacks = Vec::new();
+    for series in &seen.series {
+        assert_eq!(
+            label(series, "__name__").as_deref(),
+            Some("parca_agent_cpu")
+        );
+        assert_eq!(label(series, "pid").as_deref(), Some(pid.as_str()));
+        assert_eq!(label(series, "comm").as_deref(), Some("chain"));
+        for sample in &series.samples {
+            let profile = pprof::decode(&sample.raw_profile).expect("a gzipped pprof");
+            firn::pprof::validate(&profile).expect("follows Parca's rules");
+            stacks.extend(all_stacks(&profile));
+        }
+    }
+    let (share, total) = chain_share(&stacks, &CHAIN);
+    assert!(
+        total > 100 && share >= 0.85,
+        "{total} samples, {:.0}% with the chain:\n{}",
+        share * 100.0,
+        describe(&stacks)
+    );
+    let sent = log_field(&trusted.log, "firn agent stopped", "remote_profiles_sent").unwrap_or(0);
+    assert_eq!(sent as usize, seen.series.len(), "{}", trusted.log);
+
+    // The environment's token was sent, and refused with a clear line.
+    assert!(
+        seen.refused_credentials
+            .iter()
+            .any(|c| c == &format!("Bearer {WRONG}")),
+        "PARCA_BEARER_TOKEN is used"
+    );
+    let log = &wrong_token.log;
+    assert!(
+        log.contains("the server rejected the profiles")
+            && log.contains("Unauthenticated")
+            && log.contains("--remote-store-bearer-token"),
+        "{log}"
+    );
+    assert!(log_field(log, "firn agent stopped", "remote_profiles_rejected").unwrap_or(0) > 0);
+
+    // A certificate from an unknown CA never gets as far as the token.
+    let log = &wrong_ca.log;
+    assert!(
+        log.contains("could not push profiles") && log.contains("UnknownIssuer"),
+        "{log}"
+    );
+    assert_eq!(
+        log_field(log, "firn agent stopped", "remote_profiles_sent"),
+        Some(0)
+    );
+    assert_eq!(
+        seen.refused_credentials
+            .iter()
+            .filter(|c| c.contains(TOKEN))
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn a_stripped_workload_is_named_by_parca_from_the_uploaded_debug_file() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = build_c(
+        dir.path(),
+        "chain.c",
+        "chain",
+        &["-O1", "-g", "-fno-omit-frame-pointer"],
+    );
+    let debug_file = dir.path().join("chain.debug");
+    run(Command::new("objcopy")
+        .arg("--only-keep-debug")
+        .arg(&binary)
+        .arg(&debug_file));
+    run(Command::new("strip").arg("--strip-all").arg(&binary));
+    let build_id = {
+        use object::Object;
+        let bytes = std::fs::read(&binary).expect("binary");
+        let file = object::File::parse(bytes.as_slice()).expect("ELF");
+        let id = file
+            .build_id()
+            .expect("notes")
+            .expect("gcc adds a build id");
+        id.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let debug_dir = dir.path().join("debug");
+    let target = debug_dir
+        .join(".build-id")
+        .join(&build_id[..2])
+        .join(format!("{}.debug", &build_id[2..]));
+    std::fs::create_dir_all(target.parent().expect("parent")).expect("debug directory");
+    std::fs::rename(&debug_file, &target).expect("debug file in place");
+
+    let parca = ParcaServer::start(&dir.path().join("parca"), free_port());
+    let workload = TestProcess::spawn(Command::new(&binary).arg("100000"));
+    wait_a_moment();
+    let pid = workload.pid().to_string();
+    let start = SystemTime::now() - MINUTE;
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
+            "--remote-store-address",
+            &parca.address(),
+            "--remote-store-insecure",
+            "--profiling-duration",
+            "3s",
+            "--pid",
+            &pid,
+            "--debuginfo-directories",
+            debug_dir.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    let uploaded = agent.wait_for_log("debuginfo uploaded", Duration::from_secs(40));
+    std::thread::sleep(Duration::from_secs(4));
+    let stopped = agent.stop();
+    let log = &stopped.log;
+    assert!(uploaded, "no upload:\n{log}\nParca:\n{}", parca.log());
+    assert!(stopped.status.success(), "{log}");
+    let line = log
+        .lines()
+        .find(|line| line.contains("debuginfo uploaded"))
+        .expect("upload line");
+    assert!(
+        line.contains(&build_id) && line.contains(target.to_str().expect("utf-8")),
+        "the debug file found by build id was uploaded: {line}"
+    );
+    assert_eq!(
+        log_field(log, "firn agent stopped", "debuginfo_uploads"),
+        Some(1),
+        "{log}"
+    );
+    assert!(
+        parca.data.join("debuginfo").join(&build_id).exists(),
+        "Parca stored the debug file under its build id"
+    );
+
+    // Parca symbolizes at query time; give it a few tries.
+    let mut query = parca.query();
+    let mut last = String::new();
+    for _ in 0..15 {
+        let profile = query.merged(
+            &format!("{{pid=\"{pid}\"}}"),
+            start,
+            SystemTime::now() + MINUTE,
+        );
+        let stacks = all_stacks(&profile);
+        let (share, total) = chain_share(&stacks, &CHAIN);
+        if total >= 200 && share >= 0.85 {
+            eprintln!(
+                "Parca named {:.1}% of {total} samples of the stripped workload",
+                share * 100.0
+            );
+            return;
+        }
+        last = format!(
+            "{total} samples, {:.1}% with the chain:\n{}",
+            share * 100.0,
+            describe(&stacks)
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    panic!(
+        "Parca did not name the stripped workload's frames: {last}\nParca:\n{}",
+        parca.log()
+    );
+}
+
+fn label(
+    series: &firn::output::parca::profilestore::RawProfileSeries,
+    name: &str,
+) -> Option<String> {
+    series
+        .labels
+        .as_ref()?
+        .labels
+        .iter()
+        .find(|l| l.name == name)
+        .map(|l| l.value.clone())
+}
+
+fn run(command: &mut Command) {
+    let status = command
+        .status()
+        .unwrap_or_else(|error| panic!("could not run {command:?}: {error}"));
+    assert!(status.success(), "{command:?} failed: {status}");
+}
