@@ -129,10 +129,10 @@ fn a_server_down_at_start_gets_the_queued_profiles_and_a_small_queue_counts_drop
         Agent::start(&dir.path().join(format!("{node}.log")), &args, &[])
     };
     let roomy = agent("firn-roomy-queue", &[]);
-    // Room for about two of these small profiles.
+    // Room for about three of these profiles (one process, ~500 bytes).
     let cramped = agent(
         "firn-cramped-queue",
-        &["--remote-store-queue-bytes", "3KiB"],
+        &["--remote-store-queue-bytes", "1500"],
     );
     std::thread::sleep(Duration::from_secs(15));
 

@@ -213,11 +213,12 @@ impl Uploader {
                 .into_inner()
                 .upload_instructions
                 .ok_or(UploadError::NoInstructions)?,
-            // Another agent got there first.
+            // Another agent got there first, or the server will never take
+            // this file (too large): asking again would not help.
             Err(status)
                 if matches!(
                     status.code(),
-                    Code::AlreadyExists | Code::FailedPrecondition
+                    Code::AlreadyExists | Code::FailedPrecondition | Code::InvalidArgument
                 ) =>
             {
                 return Ok(self.skipped(build_id, &object_path, status.message()));

@@ -122,6 +122,7 @@ impl Delivery {
                 None => tokio::select! {
                     changed = self.shutdown.changed() => {
                         deadline = Some(self.deadline_after(changed.is_ok()));
+                        backoff.reset(FIRST_BACKOFF);
                         continue;
                     }
                     item = self.queue.next() => item,
@@ -140,18 +141,22 @@ impl Delivery {
             let Some(wait) = self.attempt(item, timeout, &mut backoff).await else {
                 continue;
             };
-            if deadline.is_some_and(|deadline| Instant::now() + wait >= deadline) {
-                break;
-            }
-            if deadline.is_none() {
-                tokio::select! {
+            match deadline {
+                None => tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     changed = self.shutdown.changed() => {
+                        // Flush now, with short waits, rather than after a
+                        // long outage's backoff.
                         deadline = Some(self.deadline_after(changed.is_ok()));
+                        backoff.reset(FIRST_BACKOFF);
                     }
+                },
+                Some(deadline) => {
+                    if Instant::now() + wait >= deadline {
+                        break;
+                    }
+                    tokio::time::sleep(wait).await;
                 }
-            } else {
-                tokio::time::sleep(wait).await;
             }
         }
         self.drop_leftovers();

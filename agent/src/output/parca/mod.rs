@@ -31,7 +31,7 @@ use self::{
     profilestore::{Label, LabelSet, RawProfileSeries, RawSample, WriteRawRequest},
     queue::{Pending, SharedQueue},
 };
-use super::{ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch};
+use super::{ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, SeriesProfile};
 use crate::{
     config::{DebuginfoConfig, MetadataConfig, RemoteStoreConfig},
     process::ObjectFile,
@@ -165,40 +165,36 @@ impl ParcaExporter {
         })
     }
 
-    fn requests(&self, batch: &ProfileBatch) -> Vec<Pending> {
-        let mut requests = Vec::new();
-        let mut current = Pending {
+    /// The batch as pushes of at most [`MAX_REQUEST_BYTES`] each.
+    fn requests(&self, profiles: Vec<SeriesProfile>) -> Vec<Pending> {
+        let empty = || Pending {
             request: WriteRawRequest::default(),
             bytes: 0,
             profiles: 0,
             attempts: 0,
         };
-        for profile in &batch.profiles {
+        let mut requests = Vec::new();
+        let mut current = empty();
+        for profile in profiles {
             let mut labels = self.series_labels.clone();
-            labels.extend(profile.labels.iter().map(|(name, value)| Label {
-                name: name.clone(),
-                value: value.clone(),
-            }));
+            labels.extend(
+                profile
+                    .labels
+                    .into_iter()
+                    .map(|(name, value)| Label { name, value }),
+            );
             let bytes = profile.gzipped.len()
                 + labels
                     .iter()
                     .map(|l| l.name.len() + l.value.len())
                     .sum::<usize>();
             if current.profiles > 0 && current.bytes + bytes > MAX_REQUEST_BYTES {
-                requests.push(std::mem::replace(
-                    &mut current,
-                    Pending {
-                        request: WriteRawRequest::default(),
-                        bytes: 0,
-                        profiles: 0,
-                        attempts: 0,
-                    },
-                ));
+                requests.push(std::mem::replace(&mut current, empty()));
             }
             current.request.series.push(RawProfileSeries {
                 labels: Some(LabelSet { labels }),
                 samples: vec![RawSample {
-                    raw_profile: Bytes::from(profile.gzipped.clone()),
+                    raw_profile: Bytes::from(profile.gzipped),
                     executable_info: Vec::new(),
                 }],
             });
@@ -246,7 +242,7 @@ impl Exporter for ParcaExporter {
             destination: self.address.clone(),
             bytes: 0,
         };
-        for request in self.requests(&batch) {
+        for request in self.requests(batch.profiles) {
             receipt.bytes += request.bytes;
             let dropped = self.queue.push_back(request);
             if dropped.profiles > 0 {
