@@ -257,11 +257,21 @@ fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear()
         ],
         &[],
     );
+    let unverified = agent(
+        "unverified",
+        &[
+            "--remote-store-insecure-skip-verify",
+            "--remote-store-bearer-token-file",
+            token_path,
+        ],
+        &[],
+    );
     std::thread::sleep(Duration::from_secs(6));
     let trusted = trusted.stop();
     let wrong_token = wrong_token.stop();
     let wrong_ca = wrong_ca.stop();
-    for stopped in [&trusted, &wrong_token, &wrong_ca] {
+    let unverified = unverified.stop();
+    for stopped in [&trusted, &wrong_token, &wrong_ca, &unverified] {
         assert!(
             stopped.status.success(),
             "refusals must not crash firn ({}):\n{}",
@@ -282,11 +292,18 @@ fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear()
     let nodes: HashSet<String> = seen.series.iter().map(node_of).collect();
     assert_eq!(
         nodes,
-        HashSet::from(["trusted".to_owned()]),
-        "only the agent with the right CA and token gets through"
+        HashSet::from(["trusted".to_owned(), "unverified".to_owned()]),
+        "only the agents with the right token that trust the server get through"
+    );
+    assert!(
+        unverified
+            .log
+            .contains("TLS certificate verification is off"),
+        "skipping verification is said out loud:\n{}",
+        unverified.log
     );
     let mut stacks = Vec::new();
-    for series in &seen.series {
+    for series in seen.series.iter().filter(|s| node_of(s) == "trusted") {
         assert_eq!(
             label(series, "__name__").as_deref(),
             Some("parca_agent_cpu")
@@ -306,8 +323,13 @@ fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear()
         share * 100.0,
         describe(&stacks)
     );
-    let sent = log_field(&trusted.log, "firn agent stopped", "remote_profiles_sent").unwrap_or(0);
-    assert_eq!(sent as usize, seen.series.len(), "{}", trusted.log);
+    for (stopped, node) in [(&trusted, "trusted"), (&unverified, "unverified")] {
+        let sent =
+            log_field(&stopped.log, "firn agent stopped", "remote_profiles_sent").unwrap_or(0);
+        let received = seen.series.iter().filter(|s| node_of(s) == node).count();
+        assert!(sent > 0, "{}", stopped.log);
+        assert_eq!(sent as usize, received, "{}", stopped.log);
+    }
 
     // The environment's token was sent, and refused with a clear line.
     assert!(

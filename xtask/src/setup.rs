@@ -222,7 +222,7 @@ pub fn parca_server() -> Result<()> {
     );
     run(Command::new(&go)
         .current_dir(&build_dir)
-        .env("GOFLAGS", "-mod=mod")
+        .env("GOFLAGS", "-mod=mod -buildvcs=false")
         .args(["build", "-o"])
         .arg(&binary)
         .arg("github.com/parca-dev/parca/cmd/parca"))?;
