@@ -164,48 +164,53 @@ impl ParcaExporter {
             stats,
         })
     }
+}
 
-    /// The batch as pushes of at most [`MAX_REQUEST_BYTES`] each.
-    fn requests(&self, profiles: Vec<SeriesProfile>) -> Vec<Pending> {
-        let empty = || Pending {
-            request: WriteRawRequest::default(),
-            bytes: 0,
-            profiles: 0,
-            attempts: 0,
-        };
-        let mut requests = Vec::new();
-        let mut current = empty();
-        for profile in profiles {
-            let mut labels = self.series_labels.clone();
-            labels.extend(
-                profile
-                    .labels
-                    .into_iter()
-                    .map(|(name, value)| Label { name, value }),
-            );
-            let bytes = profile.gzipped.len()
-                + labels
-                    .iter()
-                    .map(|l| l.name.len() + l.value.len())
-                    .sum::<usize>();
-            if current.profiles > 0 && current.bytes + bytes > MAX_REQUEST_BYTES {
-                requests.push(std::mem::replace(&mut current, empty()));
-            }
-            current.request.series.push(RawProfileSeries {
-                labels: Some(LabelSet { labels }),
-                samples: vec![RawSample {
-                    raw_profile: Bytes::from(profile.gzipped),
-                    executable_info: Vec::new(),
-                }],
-            });
-            current.bytes += bytes;
-            current.profiles += 1;
+/// The batch as pushes of at most `max_bytes` each (unless one profile is
+/// larger), every series labelled `series_labels` plus its own.
+fn requests(
+    series_labels: &[Label],
+    profiles: Vec<SeriesProfile>,
+    max_bytes: usize,
+) -> Vec<Pending> {
+    let empty = || Pending {
+        request: WriteRawRequest::default(),
+        bytes: 0,
+        profiles: 0,
+        attempts: 0,
+    };
+    let mut requests = Vec::new();
+    let mut current = empty();
+    for profile in profiles {
+        let mut labels = series_labels.to_vec();
+        labels.extend(
+            profile
+                .labels
+                .into_iter()
+                .map(|(name, value)| Label { name, value }),
+        );
+        let bytes = profile.gzipped.len()
+            + labels
+                .iter()
+                .map(|l| l.name.len() + l.value.len())
+                .sum::<usize>();
+        if current.profiles > 0 && current.bytes + bytes > max_bytes {
+            requests.push(std::mem::replace(&mut current, empty()));
         }
-        if current.profiles > 0 {
-            requests.push(current);
-        }
-        requests
+        current.request.series.push(RawProfileSeries {
+            labels: Some(LabelSet { labels }),
+            samples: vec![RawSample {
+                raw_profile: Bytes::from(profile.gzipped),
+                executable_info: Vec::new(),
+            }],
+        });
+        current.bytes += bytes;
+        current.profiles += 1;
     }
+    if current.profiles > 0 {
+        requests.push(current);
+    }
+    requests
 }
 
 /// `__name__`, `node`, then the external labels, in that order; each
@@ -242,7 +247,7 @@ impl Exporter for ParcaExporter {
             destination: self.address.clone(),
             bytes: 0,
         };
-        for request in self.requests(batch.profiles) {
+        for request in requests(&self.series_labels, batch.profiles, MAX_REQUEST_BYTES) {
             receipt.bytes += request.bytes;
             let dropped = self.queue.push_back(request);
             if dropped.profiles > 0 {
@@ -331,4 +336,64 @@ fn network_thread(
             uploader.abort();
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(pid: &str, bytes: usize) -> SeriesProfile {
+        SeriesProfile {
+            labels: vec![("pid".into(), pid.into()), ("comm".into(), "app".into())],
+            gzipped: vec![0x1f; bytes],
+            samples: 1,
+        }
+    }
+
+    #[test]
+    fn every_series_is_named_and_labelled_with_node_and_external_labels() {
+        let labels = series_labels(&MetadataConfig {
+            node: "node-a".into(),
+            external_labels: vec![("cluster".into(), "prod".into())],
+        });
+        let pushes = requests(&labels, vec![profile("1", 10), profile("2", 10)], 1 << 20);
+        assert_eq!(pushes.len(), 1);
+        let series = &pushes[0].request.series;
+        assert_eq!(series.len(), 2);
+        let names: Vec<(&str, &str)> = series[1]
+            .labels
+            .as_ref()
+            .expect("labels")
+            .labels
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("__name__", "parca_agent_cpu"),
+                ("node", "node-a"),
+                ("cluster", "prod"),
+                ("pid", "2"),
+                ("comm", "app"),
+            ]
+        );
+        assert_eq!(series[1].samples[0].raw_profile.len(), 10);
+    }
+
+    #[test]
+    fn large_batches_are_cut_into_several_pushes() {
+        let labels = series_labels(&MetadataConfig {
+            node: "n".into(),
+            external_labels: Vec::new(),
+        });
+        let profiles = (0..5).map(|i| profile(&i.to_string(), 400)).collect();
+        let pushes = requests(&labels, profiles, 1000);
+        let sizes: Vec<usize> = pushes.iter().map(|p| p.profiles).collect();
+        assert_eq!(sizes, [2, 2, 1]);
+        assert!(pushes.iter().all(|p| p.bytes <= 1000));
+        // A profile larger than the cut still goes, alone.
+        let pushes = requests(&labels, vec![profile("9", 5000)], 1000);
+        assert_eq!(pushes.len(), 1);
+    }
 }
