@@ -304,8 +304,10 @@ mod tests {
             limit
         });
         assert!(pending);
+        // Every batch takes at least 5 ms, so a 30 ms slice ends after at
+        // most 7 of them however loaded the machine is.
         assert!(
-            (6..=20).contains(&batches),
+            (1..=7).contains(&batches),
             "{batches} batches in a 30 ms slice"
         );
         let mut calls = 0;
