@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use crate::{process::ProcessImage, stats::Stats};
+use crate::{labels::ProcessMetadata, process::ProcessImage, stats::Stats};
 
 /// A sample after unwinding: the plain value between the unwinder and the
 /// aggregator.
@@ -17,6 +17,8 @@ use crate::{process::ProcessImage, stats::Stats};
 pub struct UnwoundSample {
     /// The process image the sample was taken under.
     pub image: Arc<ProcessImage>,
+    /// The process's metadata (cgroups, command line) when it was sampled.
+    pub metadata: Arc<ProcessMetadata>,
     pub tid: u32,
     /// Kernel frames, innermost first.
     pub kernel: Vec<u64>,
@@ -44,9 +46,30 @@ impl Hash for ImageRef {
     }
 }
 
+/// Process metadata compared by identity: a re-read (the process moved to
+/// another cgroup) starts new stacks, so each keeps the labels it was
+/// sampled under.
+#[derive(Clone, Debug)]
+pub struct MetadataRef(pub Arc<ProcessMetadata>);
+
+impl PartialEq for MetadataRef {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for MetadataRef {}
+
+impl Hash for MetadataRef {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.0).hash(state);
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct StackKey {
     pub image: ImageRef,
+    pub metadata: MetadataRef,
     pub tid: u32,
     pub kernel: Box<[u64]>,
     pub user: Box<[u64]>,
@@ -94,6 +117,7 @@ impl Aggregator {
     pub fn add(&mut self, sample: UnwoundSample) {
         let key = StackKey {
             image: ImageRef(sample.image),
+            metadata: MetadataRef(sample.metadata),
             tid: sample.tid,
             kernel: sample.kernel.into_boxed_slice(),
             user: sample.user.into_boxed_slice(),
@@ -132,6 +156,10 @@ impl Aggregator {
 mod tests {
     use super::*;
 
+    /// One metadata for all: stacks here differ by image.
+    static METADATA: std::sync::LazyLock<Arc<ProcessMetadata>> =
+        std::sync::LazyLock::new(|| Arc::new(ProcessMetadata::unknown(0)));
+
     fn image(tgid: u32) -> Arc<ProcessImage> {
         Arc::new(ProcessImage::new(tgid, "p".into(), Vec::new()))
     }
@@ -139,6 +167,7 @@ mod tests {
     fn sample(image: &Arc<ProcessImage>, user: &[u64]) -> UnwoundSample {
         UnwoundSample {
             image: image.clone(),
+            metadata: METADATA.clone(),
             tid: image.tgid,
             kernel: Vec::new(),
             user: user.to_vec(),

@@ -5,11 +5,15 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand};
 
+mod labels;
 mod remote;
 
+pub use labels::KubernetesArgs;
 pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
 
-use crate::config::{AgentConfig, Limits, LocalStoreConfig, RecordConfig, SamplingConfig};
+use crate::config::{
+    AgentConfig, Limits, LocalStoreConfig, MetadataConfig, RecordConfig, SamplingConfig,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -98,6 +102,14 @@ pub struct AgentArgs {
     pub metadata: MetadataArgs,
 
     #[command(flatten)]
+    pub kubernetes: KubernetesArgs,
+
+    /// A YAML configuration file; its `relabel_configs` (Prometheus
+    /// relabeling) apply to every series.
+    #[arg(long, value_name = "FILE")]
+    pub config_path: Option<PathBuf>,
+
+    #[command(flatten)]
     pub debuginfo: DebuginfoArgs,
 }
 
@@ -117,6 +129,11 @@ pub struct RecordArgs {
     /// Also write a flame graph (SVG) here.
     #[arg(long, value_name = "FILE")]
     pub flamegraph: Option<PathBuf>,
+
+    /// A YAML configuration file; its `relabel_configs` apply to the
+    /// samples' labels (a dropped process is left out).
+    #[arg(long, value_name = "FILE")]
+    pub config_path: Option<PathBuf>,
 }
 
 impl SamplingArgs {
@@ -138,15 +155,23 @@ impl SamplingArgs {
     }
 }
 
-impl From<&RecordArgs> for RecordConfig {
-    fn from(args: &RecordArgs) -> Self {
-        Self {
+impl TryFrom<&RecordArgs> for RecordConfig {
+    type Error = ConfigError;
+
+    fn try_from(args: &RecordArgs) -> Result<Self, ConfigError> {
+        Ok(Self {
             sampling: args.sampling.sampling(),
             limits: args.sampling.limits(),
+            metadata: MetadataConfig {
+                node: remote::host_name().unwrap_or_else(|_| "localhost".into()),
+                external_labels: Vec::new(),
+                relabel_rules: labels::relabel_rules(args.config_path.as_deref())?,
+                kubernetes: None,
+            },
             duration: args.duration,
             output: args.output.clone(),
             flamegraph: args.flamegraph.clone(),
-        }
+        })
     }
 }
 
@@ -165,7 +190,12 @@ impl TryFrom<&AgentArgs> for AgentConfig {
                 max_bytes: args.local_store_max_bytes,
             },
             remote_store: args.remote_store.config()?,
-            metadata: args.metadata.config()?,
+            metadata: {
+                let mut metadata = args.metadata.config()?;
+                metadata.relabel_rules = labels::relabel_rules(args.config_path.as_deref())?;
+                metadata.kubernetes = args.kubernetes.config(&metadata.node)?;
+                metadata
+            },
             debuginfo: args.debuginfo.config(),
         })
     }
@@ -274,7 +304,7 @@ mod tests {
         let Some(Command::Record(args)) = cli.command else {
             panic!("expected the record subcommand");
         };
-        let config = RecordConfig::from(&args);
+        let config = RecordConfig::try_from(&args).expect("a usable config");
         assert_eq!(config.duration, Duration::from_secs(3));
         assert_eq!(config.sampling.pids, vec![42, 43]);
         assert_eq!(config.sampling.frequency_hz, 99);

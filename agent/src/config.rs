@@ -64,6 +64,8 @@ impl Default for Limits {
 pub struct RecordConfig {
     pub sampling: SamplingConfig,
     pub limits: Limits,
+    /// Sample labels and relabeling (no Kubernetes watch for one recording).
+    pub metadata: MetadataConfig,
     pub duration: Duration,
     pub output: PathBuf,
     pub flamegraph: Option<PathBuf>,
@@ -80,7 +82,8 @@ pub struct AgentConfig {
     pub local_store: LocalStoreConfig,
     /// Where profiles are pushed instead of the local store.
     pub remote_store: Option<RemoteStoreConfig>,
-    /// Labels on every series pushed: `node` and the external labels.
+    /// Labels on every series: `node`, external labels, process metadata,
+    /// relabeling.
     pub metadata: MetadataConfig,
     pub debuginfo: DebuginfoConfig,
 }
@@ -136,12 +139,30 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// How series are labelled.
 #[derive(Clone, Debug)]
 pub struct MetadataConfig {
     /// The `node` label.
     pub node: String,
     /// Added to every series (`--metadata-external-labels`).
     pub external_labels: Vec<(String, String)>,
+    /// `relabel_configs` from the config file, applied in order.
+    pub relabel_rules: Vec<crate::labels::Rule>,
+    /// Pod labels from the API server; `None` outside Kubernetes.
+    pub kubernetes: Option<KubernetesConfig>,
+}
+
+/// The Kubernetes API server the pods of this node are watched through.
+#[derive(Clone, Debug)]
+pub struct KubernetesConfig {
+    /// `https://host:port` (`http://` only when asked for explicitly).
+    pub api_server: String,
+    /// The service account token, read at every connection (it rotates).
+    pub token_file: Option<PathBuf>,
+    /// The only CA trusted for the API server; `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// The node whose pods are watched (`spec.nodeName`).
+    pub node: String,
 }
 
 /// Uploads of debug information to the remote store, for the objects whose

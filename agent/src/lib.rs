@@ -3,14 +3,16 @@
 //! The stages, in the order data flows through them: [`bpf`] (load and
 //! attach) -> [`sampler`] (ring buffer records) -> [`process`] (maps,
 //! objects, exec/exit) -> [`unwind`] -> [`aggregate`] -> [`symbolize`] ->
-//! [`pprof`] -> [`output`]. [`session`] drives them.
+//! [`labels`] -> [`pprof`] -> [`output`]. [`session`] drives them.
 
 pub mod aggregate;
 pub mod bpf;
 pub mod cache;
 pub mod cli;
 pub mod config;
+pub mod config_file;
 pub mod elf;
+pub mod labels;
 pub mod output;
 pub mod pprof;
 pub mod privileges;

@@ -52,9 +52,13 @@ fn main() -> ExitCode {
         }
     };
     let result = match &cli.command {
-        Some(Command::Record(args)) => {
-            runtime.block_on(commands::record::run(&RecordConfig::from(args)))
-        }
+        Some(Command::Record(args)) => match RecordConfig::try_from(args) {
+            Ok(config) => runtime.block_on(commands::record::run(&config)),
+            Err(error) => {
+                eprintln!("error: {}", error_chain(&error));
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
         None => match AgentConfig::try_from(&cli.agent) {
             Ok(config) => runtime.block_on(commands::agent::run(&config)),
             Err(error) => {

@@ -15,6 +15,7 @@ use crate::{
     aggregate::{AggregatedProfile, Aggregator, UnwoundSample},
     bpf::{BpfCounters, BpfError, BpfSampler, ProgramRunTime},
     config::{Limits, SamplingConfig},
+    labels::{MetadataLimits, MetadataReader},
     process::{ProcessTable, ProcessTableStats},
     sampler::{self, RawSample, Record, RingReader},
     stats::Stats,
@@ -55,6 +56,7 @@ pub struct Session {
 /// records directly.
 pub struct Pipeline {
     pub processes: ProcessTable,
+    metadata: MetadataReader,
     unwinder: Unwinder,
     aggregator: Aggregator,
     stats: Arc<Stats>,
@@ -65,6 +67,14 @@ impl Pipeline {
     pub fn new(limits: &Limits, stats: Arc<Stats>) -> Self {
         Self {
             processes: ProcessTable::new(PathBuf::from("/proc"), limits, stats.clone()),
+            metadata: MetadataReader::new(
+                PathBuf::from("/proc"),
+                &MetadataLimits {
+                    max_processes: limits.max_processes,
+                    ..MetadataLimits::default()
+                },
+                stats.clone(),
+            ),
             unwinder: Unwinder::new(limits.unwind_cache_bytes, stats.clone()),
             aggregator: Aggregator::new(limits.max_stacks_per_profile, stats.clone()),
             stats,
@@ -79,6 +89,7 @@ impl Pipeline {
             Ok(Record::Exec(event)) => {
                 Stats::inc(&self.stats.process_events);
                 self.processes.on_exec(event.tgid, &event.comm.to_string());
+                self.metadata.forget(event.tgid);
             }
             Ok(Record::Exit(event)) => {
                 Stats::inc(&self.stats.process_events);
@@ -98,6 +109,18 @@ impl Pipeline {
             Some(&ip) => self.processes.image_covering(sample.tgid, &comm, ip),
             None => self.processes.image(sample.tgid, &comm),
         };
+        let (metadata, fresh) = self.metadata.get(sample.tgid, sample.cgroup_id);
+        if fresh && let Some(executable) = &metadata.executable {
+            // The executable's build id is a relabeling input even when
+            // no sample lands in its own code.
+            if let Some(index) = image
+                .mappings
+                .iter()
+                .position(|mapping| mapping.spec.path == *executable)
+            {
+                self.processes.object(&image, index);
+            }
+        }
         let user = self
             .unwinder
             .user_frames(&sample, &image, &mut self.processes);
@@ -110,6 +133,7 @@ impl Pipeline {
         }
         self.aggregator.add(UnwoundSample {
             image,
+            metadata,
             tid: sample.tid,
             kernel: sample.kernel_stack,
             user,

@@ -106,6 +106,23 @@ counters! {
     /// Objects not uploaded: the server did not want them, no debug
     /// information was found, or the upload backlog was full.
     debuginfo_uploads_skipped,
+    /// Process metadata (cgroups, command line) served from the per-pid
+    /// cache, read from /proc, or evicted to stay within its size.
+    process_metadata_cache_hits,
+    process_metadata_cache_misses,
+    process_metadata_cache_evictions,
+    /// Cgroup parses served from the per-cgroup cache, done, or evicted.
+    cgroup_cache_hits,
+    cgroup_cache_misses,
+    cgroup_cache_evictions,
+    /// Samples left out because relabeling dropped their process.
+    samples_dropped_relabel,
+    /// Pod watch events read from the Kubernetes API server.
+    kubernetes_watch_events,
+    /// Failed lists or watches of pods, and malformed events or pods.
+    kubernetes_watch_errors,
+    /// Pods not indexed because the index was full.
+    kubernetes_pods_skipped,
 }
 
 impl Stats {

@@ -113,6 +113,11 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    ConfigFile {
+        #[from]
+        source: crate::config_file::ConfigFileError,
+    },
 }
 
 #[derive(Args, Debug, Clone)]
@@ -208,6 +213,8 @@ impl MetadataArgs {
                 "--metadata-external-labels",
                 &self.metadata_external_labels,
             )?,
+            relabel_rules: Vec::new(),
+            kubernetes: None,
         })
     }
 }
@@ -272,7 +279,7 @@ fn flatten_unique(
     Ok(pairs)
 }
 
-fn host_name() -> std::io::Result<String> {
+pub(super) fn host_name() -> std::io::Result<String> {
     let mut buffer = [0u8; 256];
     // SAFETY: gethostname writes at most `len` bytes into our buffer.
     let result = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) };

@@ -12,6 +12,7 @@ use firn::{
     aggregate::AggregatedProfile,
     bpf::{BpfCounters, ProgramRunTime},
     config::AgentConfig,
+    labels::{KubernetesWatcher, Labeler, PodIndex},
     output::{Exporter, LocalStore, build_batch, parca::ParcaExporter},
     process::ProcessTableStats,
     session::{Session, shutdown_signal},
@@ -42,7 +43,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     let (exporter, destination): (Box<dyn Exporter>, String) = match &config.remote_store {
         Some(remote) => (
             Box::new(
-                ParcaExporter::start(remote, &config.metadata, &config.debuginfo, stats.clone())
+                ParcaExporter::start(remote, &config.debuginfo, stats.clone())
                     .context("could not set up the remote store")?,
             ),
             format!(
@@ -64,6 +65,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
             config.local_store.directory.display().to_string(),
         ),
     };
+    let (labeler, _kubernetes) = labeler(config, &stats);
     let mut session = Session::start(&config.sampling, &config.limits, stats.clone())?;
     info!(
         cpus = session.cpus(),
@@ -88,7 +90,14 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
             .name("firn-builder".into())
             .spawn(move || {
                 let mut exporter = exporter;
-                build_loop(receiver, exporter.as_mut(), period, cache_bytes, stats);
+                build_loop(
+                    receiver,
+                    exporter.as_mut(),
+                    &labeler,
+                    period,
+                    cache_bytes,
+                    stats,
+                );
                 let deadline = deadline
                     .get()
                     .copied()
@@ -171,9 +180,38 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     Ok(())
 }
 
+/// The labeler and, in Kubernetes, the watch that feeds it pods (kept
+/// alive for as long as the agent runs).
+fn labeler(config: &AgentConfig, stats: &Arc<Stats>) -> (Labeler, Option<KubernetesWatcher>) {
+    let metadata = &config.metadata;
+    let Some(kubernetes) = &metadata.kubernetes else {
+        info!(
+            "not running in Kubernetes (no KUBERNETES_SERVICE_HOST or --kubernetes-api-server): \
+             no pod labels"
+        );
+        return (Labeler::new(metadata, None), None);
+    };
+    let pods = Arc::new(PodIndex::new());
+    match KubernetesWatcher::start(kubernetes, pods.clone(), stats.clone()) {
+        Ok(watcher) => {
+            info!(
+                api_server = kubernetes.api_server,
+                node = kubernetes.node,
+                "reading pod metadata from the Kubernetes API server"
+            );
+            (Labeler::new(metadata, Some(pods)), Some(watcher))
+        }
+        Err(error) => {
+            warn!(error = %anyhow::Error::from(error), "no pod labels: the Kubernetes watch could not start");
+            (Labeler::new(metadata, None), None)
+        }
+    }
+}
+
 fn build_loop(
     receiver: mpsc::Receiver<Interval>,
     exporter: &mut dyn Exporter,
+    labeler: &Labeler,
     period: i64,
     cache_bytes: usize,
     stats: Arc<Stats>,
@@ -194,6 +232,7 @@ fn build_loop(
             interval.aggregated,
             exporter.grouping(),
             period,
+            labeler,
             &mut symbolizer,
             &stats,
         );

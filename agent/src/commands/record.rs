@@ -5,8 +5,9 @@ use std::{path::Path, sync::Arc, time::Instant};
 use anyhow::{Context, Result};
 use firn::{
     config::RecordConfig,
-    output::write_flamegraph,
-    pprof::{build_profile, encode_gzip, validate},
+    labels::Labeler,
+    output::{build_whole_profile, write_flamegraph},
+    pprof::{encode_gzip, validate},
     session::{Session, shutdown_signal},
     stats::Stats,
     symbolize::Symbolizer,
@@ -48,9 +49,12 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         config.limits.symbol_cache_bytes,
         stats.clone(),
     );
-    let (profile, summary) = build_profile(
-        &aggregated,
+    let stacks = aggregated.stacks.len();
+    let dropped = aggregated.dropped;
+    let (profile, summary, _) = build_whole_profile(
+        aggregated,
         period_ns(config.sampling.frequency_hz),
+        &Labeler::new(&config.metadata, None),
         &mut symbolizer,
         &stats,
     );
@@ -72,9 +76,9 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
             "samples were lost (ring buffer full); consider --ring-buffer-size"
         );
     }
-    if aggregated.dropped > 0 {
+    if dropped > 0 {
         warn!(
-            dropped = aggregated.dropped,
+            dropped,
             "samples dropped at the --max-stacks-per-profile limit"
         );
     }
@@ -82,7 +86,8 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         output = %config.output.display(),
         bytes = bytes.len(),
         samples = summary.samples,
-        stacks = aggregated.stacks.len(),
+        stacks,
+        samples_dropped_relabel = snapshot.samples_dropped_relabel,
         locations = summary.locations,
         lost,
         stack_failures = stack_failures(&bpf),

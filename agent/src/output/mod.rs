@@ -12,7 +12,7 @@ use std::{
     time::{Instant, SystemTime},
 };
 
-pub use batch::{build_batch, unsymbolized_objects};
+pub use batch::{build_batch, build_whole_profile, unsymbolized_objects};
 pub use flamegraph::{collapsed_stacks, write_flamegraph};
 pub use local::LocalStore;
 
@@ -46,8 +46,8 @@ pub enum OutputError {
 pub enum Grouping {
     /// One profile for everything; processes told apart by sample labels.
     Whole,
-    /// One profile per process image (pid and comm), those two labels
-    /// lifted from the samples to the profile's series labels.
+    /// One profile per label set (a process image, unless relabeling
+    /// merged some), its labels the profile's series labels.
     PerProcess,
 }
 

@@ -74,11 +74,31 @@ struct Builder<'a> {
     summary: BuildSummary,
 }
 
-/// Builds the profile of one interval. `period_ns` is the sampling period
-/// (1e9 / frequency).
+/// Gives the string labels of a stack's sample, name then value, to the
+/// callback; `thread_id` is added after them for threads other than the
+/// main one.
+pub type SampleLabels<'a> = dyn Fn(&StackKey, &mut dyn FnMut(&str, &str)) + 'a;
+
+/// Builds the profile of one interval with `pid` and `comm` as sample
+/// labels. `period_ns` is the sampling period (1e9 / frequency).
 pub fn build_profile(
     aggregated: &AggregatedProfile,
     period_ns: i64,
+    symbolizer: &mut dyn FrameSymbolizer,
+    stats: &Stats,
+) -> (proto::Profile, BuildSummary) {
+    let labels = |key: &StackKey, emit: &mut dyn FnMut(&str, &str)| {
+        emit("pid", &key.image.0.tgid.to_string());
+        emit("comm", &key.image.0.comm);
+    };
+    build_labelled_profile(aggregated, period_ns, &labels, symbolizer, stats)
+}
+
+/// Like [`build_profile`], each sample labelled by `sample_labels`.
+pub fn build_labelled_profile(
+    aggregated: &AggregatedProfile,
+    period_ns: i64,
+    sample_labels: &SampleLabels<'_>,
     symbolizer: &mut dyn FrameSymbolizer,
     stats: &Stats,
 ) -> (proto::Profile, BuildSummary) {
@@ -102,7 +122,7 @@ pub fn build_profile(
         samples.push(proto::Sample {
             location_id: builder.stack_locations(key),
             value: vec![count, count.saturating_mul(period_ns)],
-            label: builder.labels(key),
+            label: builder.labels(key, sample_labels),
         });
         builder.summary.samples += count as u64;
     }
@@ -160,13 +180,12 @@ impl Builder<'_> {
         }
     }
 
-    fn labels(&mut self, key: &StackKey) -> Vec<proto::Label> {
-        let image = &key.image.0;
-        let mut labels = vec![
-            self.label("pid", &image.tgid.to_string()),
-            self.label("comm", &image.comm),
-        ];
-        if key.tid != image.tgid {
+    fn labels(&mut self, key: &StackKey, sample_labels: &SampleLabels<'_>) -> Vec<proto::Label> {
+        let mut labels = Vec::new();
+        sample_labels(key, &mut |name, value| {
+            labels.push(self.label(name, value));
+        });
+        if key.tid != key.image.0.tgid {
             labels.push(self.label("thread_id", &key.tid.to_string()));
         }
         labels
@@ -361,8 +380,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        aggregate::ImageRef,
+        aggregate::{ImageRef, MetadataRef},
         elf::BuildId,
+        labels::ProcessMetadata,
         pprof::sample_function_names,
         process::{MappingSpec, ObjectFile},
     };
@@ -416,8 +436,10 @@ mod tests {
     #[test]
     fn profile_follows_the_parca_rules() {
         let image = image_without_objects();
+        let metadata = MetadataRef(Arc::new(ProcessMetadata::unknown(42)));
         let key = |tid, kernel: &[u64], user: &[u64]| StackKey {
             image: ImageRef(image.clone()),
+            metadata: metadata.clone(),
             tid,
             kernel: kernel.into(),
             user: user.into(),

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 use prost::Message;
 
-pub use builder::{BuildSummary, build_profile};
+pub use builder::{BuildSummary, SampleLabels, build_labelled_profile, build_profile};
 pub use validate::{ProfileError, validate};
 
 /// Types generated from `proto/google/pprof/profile.proto`.

@@ -2,9 +2,10 @@
 //! the debug information of objects firn could not symbolize
 //! (`DebuginfoService`).
 //!
-//! One series per process image, labelled `__name__="parca_agent_cpu"`,
-//! `node`, the external labels, `pid` and `comm`, as Parca Agent labels
-//! them; the per-thread `thread_id` stays a sample label. The network work
+//! One series per label set (see `labels`: `node`, external labels,
+//! `pid`, `comm`, cgroup, container, Kubernetes, after relabeling), named
+//! `__name__="parca_agent_cpu"` as Parca Agent names it; the per-thread
+//! `thread_id` stays a sample label. The network work
 //! runs on its own thread and runtime: the builder thread only puts
 //! requests in a byte-bounded queue, so sampling never waits on the server.
 
@@ -33,7 +34,7 @@ use self::{
 };
 use super::{ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, SeriesProfile};
 use crate::{
-    config::{DebuginfoConfig, MetadataConfig, RemoteStoreConfig},
+    config::{DebuginfoConfig, RemoteStoreConfig},
     process::ObjectFile,
     stats::Stats,
 };
@@ -118,7 +119,6 @@ impl ParcaExporter {
     /// thread; nothing connects until the first push.
     pub fn start(
         remote: &RemoteStoreConfig,
-        metadata: &MetadataConfig,
         debuginfo: &DebuginfoConfig,
         stats: Arc<Stats>,
     ) -> Result<Self, ParcaError> {
@@ -155,7 +155,7 @@ impl ParcaExporter {
         };
         Ok(Self {
             address: remote.address.clone(),
-            series_labels: series_labels(metadata),
+            series_labels: series_labels(),
             queue,
             uploads: debuginfo.upload.then_some(upload_sender),
             shutdown,
@@ -213,24 +213,13 @@ fn requests(
     requests
 }
 
-/// `__name__`, `node`, then the external labels, in that order; each
-/// profile adds its own (`pid`, `comm`).
-fn series_labels(metadata: &MetadataConfig) -> Vec<Label> {
-    let label = |name: &str, value: &str| Label {
-        name: name.to_owned(),
-        value: value.to_owned(),
-    };
-    let mut labels = vec![
-        label("__name__", PROFILE_NAME),
-        label("node", &metadata.node),
-    ];
-    labels.extend(
-        metadata
-            .external_labels
-            .iter()
-            .map(|(name, value)| label(name, value)),
-    );
-    labels
+/// `__name__`, outside relabeling's reach: Parca refuses series without
+/// it. Each profile adds its own labels.
+fn series_labels() -> Vec<Label> {
+    vec![Label {
+        name: "__name__".to_owned(),
+        value: PROFILE_NAME.to_owned(),
+    }]
 }
 
 impl Exporter for ParcaExporter {
@@ -351,11 +340,8 @@ mod tests {
     }
 
     #[test]
-    fn every_series_is_named_and_labelled_with_node_and_external_labels() {
-        let labels = series_labels(&MetadataConfig {
-            node: "node-a".into(),
-            external_labels: vec![("cluster".into(), "prod".into())],
-        });
+    fn every_series_is_named_and_carries_its_profile_labels() {
+        let labels = series_labels();
         let pushes = requests(&labels, vec![profile("1", 10), profile("2", 10)], 1 << 20);
         assert_eq!(pushes.len(), 1);
         let series = &pushes[0].request.series;
@@ -372,8 +358,6 @@ mod tests {
             names,
             [
                 ("__name__", "parca_agent_cpu"),
-                ("node", "node-a"),
-                ("cluster", "prod"),
                 ("pid", "2"),
                 ("comm", "app"),
             ]
@@ -383,10 +367,7 @@ mod tests {
 
     #[test]
     fn large_batches_are_cut_into_several_pushes() {
-        let labels = series_labels(&MetadataConfig {
-            node: "n".into(),
-            external_labels: Vec::new(),
-        });
+        let labels = series_labels();
         let profiles = (0..5).map(|i| profile(&i.to_string(), 400)).collect();
         let pushes = requests(&labels, profiles, 1000);
         let sizes: Vec<usize> = pushes.iter().map(|p| p.profiles).collect();

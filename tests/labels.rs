@@ -1,0 +1,1 @@
+//! End to end: labels (placeholder while the tests are written).
