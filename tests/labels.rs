@@ -1,1 +1,256 @@
-//! End to end: labels (placeholder while the tests are written).
+//! End to end: the labels of real processes. Workloads the test builds are
+//! moved into real cgroups it makes (named as Docker, containerd, CRI-O,
+//! Podman and systemd name theirs, in the v1 and the v2 hierarchy);
+//! relabeling is checked in what reaches a real Parca server.
+
+mod common;
+mod labels_support;
+mod parca_support;
+
+use std::{
+    path::Path,
+    time::{Duration, SystemTime},
+};
+
+use common::*;
+use labels_support::*;
+use parca_support::harness::{Agent, ParcaServer, all_stacks, free_port, log_field};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[test]
+fn containers_and_units_are_named_from_real_cgroups_v1_and_v2() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let h = hierarchies();
+    let uid = pod_uid();
+    let uid_ = uid.replace('-', "_");
+    let ids: Vec<String> = (0..6).map(|_| random_hex(64)).collect();
+    let unit = format!("firn-test-{}.service", random_hex(8));
+    // (hierarchy, cgroup path, container id, systemd unit)
+    let layouts: Vec<(&Path, String, Option<&str>, Option<String>)> = vec![
+        // Docker with cgroupfs, v1.
+        (&h.cpu, format!("docker/{}", ids[0]), Some(&ids[0]), None),
+        // Kubernetes with cgroupfs (containerd, Docker or CRI-O), v1.
+        (
+            &h.cpu,
+            format!("kubepods/burstable/pod{uid}/{}", ids[1]),
+            Some(&ids[1]),
+            None,
+        ),
+        // containerd (CRI) with the systemd driver, v2.
+        (
+            &h.unified,
+            format!(
+                "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid_}.slice/cri-containerd-{}.scope",
+                ids[2]
+            ),
+            Some(&ids[2]),
+            Some(format!("cri-containerd-{}.scope", ids[2])),
+        ),
+        // CRI-O with the systemd driver, v2.
+        (
+            &h.unified,
+            format!(
+                "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{uid_}.slice/crio-{}.scope",
+                ids[3]
+            ),
+            Some(&ids[3]),
+            Some(format!("crio-{}.scope", ids[3])),
+        ),
+        // Podman (rootful, systemd), its container in a child cgroup, v2.
+        (
+            &h.unified,
+            format!("machine.slice/libpod-{}.scope/container", ids[4]),
+            Some(&ids[4]),
+            Some(format!("libpod-{}.scope", ids[4])),
+        ),
+        // Docker with the systemd driver, v2.
+        (
+            &h.unified,
+            format!("system.slice/docker-{}.scope", ids[5]),
+            Some(&ids[5]),
+            Some(format!("docker-{}.scope", ids[5])),
+        ),
+        // A systemd service in systemd's own v1 hierarchy.
+        (
+            &h.systemd,
+            format!("system.slice/{unit}"),
+            None,
+            Some(unit.clone()),
+        ),
+    ];
+    let mut cgroups = TestCgroups(Vec::new());
+    let mut workloads = Vec::new();
+    for (root, path, _, _) in &layouts {
+        let cgroup = TestCgroup::create(root, path);
+        let workload = start_chain(dir.path(), &FP_FLAGS);
+        cgroup.add(workload.pid());
+        cgroups.0.push(cgroup);
+        workloads.push(workload);
+    }
+    let mut args = vec!["--duration".to_owned(), "4s".to_owned()];
+    for workload in &workloads {
+        args.extend(["--pid".to_owned(), workload.pid().to_string()]);
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (_, profile) = record(dir.path(), &args);
+    // On any failure the workloads (declared after the cgroups) are killed
+    // first, so the cgroups are empty when they are removed.
+    let release = kernel_release();
+    for (workload, (_, path, id, unit)) in workloads.iter().zip(&layouts) {
+        let (labels, samples) = labels_of(&profile, workload.pid());
+        assert!(
+            samples > 0,
+            "no samples of the workload in /{path}; labels seen: {labels:?}"
+        );
+        let get = |name: &str| labels.get(name).map(String::as_str);
+        assert_eq!(get("container_id"), *id, "/{path}: {labels:?}");
+        assert_eq!(get("systemd_unit"), unit.as_deref(), "/{path}: {labels:?}");
+        assert_eq!(
+            get("cgroup"),
+            Some(format!("/{path}").as_str()),
+            "{labels:?}"
+        );
+        assert_eq!(get("executable"), Some("chain"), "{labels:?}");
+        assert_eq!(get("comm"), Some("chain"), "{labels:?}");
+        assert_eq!(get("kernel_release"), Some(release.as_str()));
+        assert!(get("node").is_some_and(|n| !n.is_empty()), "{labels:?}");
+        assert!(
+            labels.keys().all(|name| !name.starts_with("__")),
+            "{labels:?}"
+        );
+    }
+}
+
+#[test]
+fn dropped_processes_never_reach_parca_and_relabeled_labels_do() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let parca = ParcaServer::start(&dir.path().join("parca"), free_port());
+    // Two copies of the workload, told apart by their names.
+    let built = build_c(dir.path(), "chain.c", "chain", &FP_FLAGS);
+    let copy = |name: &str| {
+        let path = dir.path().join(name);
+        std::fs::copy(&built, &path).expect("copy");
+        TestProcess::spawn(std::process::Command::new(path).arg("100000"))
+    };
+    let keep = copy("keepme");
+    let drop = copy("dropme");
+    wait_a_moment();
+    let config = dir.path().join("firn.yaml");
+    std::fs::write(
+        &config,
+        "relabel_configs:\n\
+         - source_labels: [comm]\n  regex: drop.*\n  action: drop\n\
+         - target_label: team\n  replacement: profiling\n\
+         - action: labeldrop\n  regex: cgroup\n\
+         - source_labels: [__meta_process_executable_name]\n  target_label: binary\n  action: uppercase\n",
+    )
+    .expect("config file");
+    let start = SystemTime::now();
+    let (keep_pid, drop_pid) = (keep.pid().to_string(), drop.pid().to_string());
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
+            "--remote-store-address",
+            &parca.address(),
+            "--remote-store-insecure",
+            "--profiling-duration",
+            "3s",
+            "--config-path",
+            config.to_str().expect("utf-8"),
+            "--pid",
+            &keep_pid,
+            "--pid",
+            &drop_pid,
+        ],
+        &[],
+    );
+    std::thread::sleep(Duration::from_secs(12));
+    let stopped = agent.stop();
+    let log = &stopped.log;
+    assert!(stopped.status.success(), "{log}");
+    assert!(
+        log_field(log, "firn agent stopped", "remote_profiles_sent").unwrap_or(0) > 0,
+        "{log}"
+    );
+    assert!(
+        log_field(log, "firn agent stopped", "samples_dropped_relabel").unwrap_or(0) > 0,
+        "the dropped process's samples are counted:\n{log}"
+    );
+
+    let (start, end) = (start - MINUTE, SystemTime::now() + MINUTE);
+    let mut query = parca.query();
+    let comms = query.values("comm", start, end);
+    assert!(comms.iter().any(|c| c == "keepme"), "comm values {comms:?}");
+    assert!(
+        !comms.iter().any(|c| c == "dropme"),
+        "the dropped process reached Parca: {comms:?}"
+    );
+    let pids = query.values("pid", start, end);
+    assert_eq!(pids, [keep_pid], "only the kept process");
+    let dropped = query.merged("{comm=\"dropme\"}", start, end);
+    assert!(dropped.sample.is_empty(), "samples of the dropped process");
+    let kept = all_stacks(&query.merged("{comm=\"keepme\"}", start, end));
+    let (share, total) = chain_share(&kept, &CHAIN);
+    assert!(
+        total > 0 && share >= 0.85,
+        "{total} samples, {:.0}% chain:\n{}",
+        share * 100.0,
+        describe(&kept)
+    );
+    assert_eq!(query.values("team", start, end), ["profiling"]);
+    assert_eq!(query.values("binary", start, end), ["KEEPME"]);
+    assert!(query.values("cgroup", start, end).is_empty(), "labeldrop");
+    assert_eq!(query.values("executable", start, end), ["keepme"]);
+    assert_eq!(
+        query.values("kernel_release", start, end),
+        [kernel_release()]
+    );
+    assert!(
+        query
+            .values("__meta_process_cmdline", start, end)
+            .is_empty(),
+        "discovery labels are removed"
+    );
+}
+
+#[test]
+fn an_invalid_relabel_config_stops_firn_at_start_naming_the_rule() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("firn.yaml");
+    for (text, expected) in [
+        (
+            "relabel_configs:\n- action: keep\n  source_labels: [comm]\n- action: replace\n  source_labels: [comm]\n",
+            "relabel_configs[1]",
+        ),
+        (
+            "relabel_configs:\n- action: drop\n  regex: \"(unclosed\"\n",
+            "relabel_configs[0]",
+        ),
+        ("relabel_configs:\n- action: dropp\n", "dropp"),
+        ("relabel_configs:\n- sourcelabels: [comm]\n", "sourcelabels"),
+        ("relabel_config: []\n", "relabel_config"),
+    ] {
+        std::fs::write(&config, text).expect("config file");
+        for command in [&[][..], &["record"][..]] {
+            let output = firn()
+                .args(command)
+                .arg("--config-path")
+                .arg(&config)
+                .output()
+                .expect("firn runs");
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{text}\n{stderr}");
+            assert!(stderr.contains(expected), "{text}\nstderr: {stderr}");
+        }
+    }
+    let output = firn()
+        .args(["--config-path", "/nonexistent/firn.yaml"])
+        .output()
+        .expect("firn runs");
+    assert_eq!(output.status.code(), Some(2));
+}

@@ -81,6 +81,14 @@ impl Authority {
         Self { pem_path, ca }
     }
 
+    /// A server configuration for HTTP/1.1 (an HTTPS server of a test's
+    /// own) with a certificate this CA signed.
+    pub fn https_config(&self) -> rustls::ServerConfig {
+        let mut config = self.server_config();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config
+    }
+
     fn server_config(&self) -> rustls::ServerConfig {
         let key = KeyPair::generate().expect("server key");
         let params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])

@@ -175,6 +175,8 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         debuginfo_uploads = totals.debuginfo_uploads,
         debuginfo_upload_failures = totals.debuginfo_upload_failures,
         debuginfo_uploads_skipped = totals.debuginfo_uploads_skipped,
+        samples_dropped_relabel = totals.samples_dropped_relabel,
+        kubernetes_watch_errors = totals.kubernetes_watch_errors,
         "firn agent stopped"
     );
     Ok(())
@@ -265,6 +267,7 @@ fn build_loop(
                     remote_failures = delta.remote_send_failures,
                     remote_dropped = delta.remote_profiles_dropped,
                     remote_queue_bytes = now.remote_queue_bytes,
+                    dropped_relabel = delta.samples_dropped_relabel,
                     "{}",
                     receipt.action
                 );
