@@ -261,7 +261,12 @@ impl Api {
     }
 
     async fn list(&self) -> Result<objects::PodList, KubernetesError> {
-        let path = format!("/api/v1/pods?fieldSelector={}&limit=0", self.selector);
+        // Version 0: served from the API server's cache rather than etcd,
+        // which matters with one agent per node; the watch catches up.
+        let path = format!(
+            "/api/v1/pods?fieldSelector={}&resourceVersion=0",
+            self.selector
+        );
         let response = tokio::time::timeout(LIST_TIMEOUT, async {
             let response = self.get(&path).await?;
             let status = response.status();
