@@ -94,6 +94,9 @@ impl Pipeline {
             Ok(Record::Exit(event)) => {
                 Stats::inc(&self.stats.process_events);
                 self.processes.on_exit(event.tgid);
+                // Its samples came before this event and hold their
+                // metadata; a process reusing the pid must not inherit it.
+                self.metadata.forget(event.tgid);
             }
             Err(error) => {
                 Stats::inc(&self.stats.records_malformed);

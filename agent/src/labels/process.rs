@@ -170,8 +170,8 @@ impl MetadataReader {
         (metadata, true)
     }
 
-    /// The process executed a new program: its command line and
-    /// executable changed.
+    /// The process executed a new program (its command line and
+    /// executable changed) or exited (its pid may be reused).
     pub fn forget(&mut self, tgid: u32) {
         self.processes.remove(&tgid);
     }
