@@ -295,7 +295,7 @@ fn an_api_server_whose_certificate_is_not_trusted_gets_no_token() {
     let warnings: Vec<&str> = stopped
         .log
         .lines()
-        .filter(|line| line.contains("WARN") && line.contains("pods of this node"))
+        .filter(|line| line.contains("level=warn") && line.contains("pods of this node"))
         .collect();
     assert_eq!(
         warnings.len(),

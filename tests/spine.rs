@@ -307,7 +307,12 @@ fn agent_writes_a_profile_per_interval_and_flushes_on_sigint() {
     let _workload = start_chain(dir.path(), &FP_FLAGS);
     let store = dir.path().join("store");
     let agent = firn()
-        .args(["--profiling-duration", "2s", "--local-store-directory"])
+        .args([
+            "--http-address=127.0.0.1:0",
+            "--profiling-duration",
+            "2s",
+            "--local-store-directory",
+        ])
         .arg(&store)
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -1,11 +1,14 @@
 //! Loading and attaching firn's BPF programs, and reading their counters.
 
-use std::{io, os::fd::OwnedFd};
+use std::{
+    io,
+    os::fd::{AsFd, AsRawFd, OwnedFd},
+};
 
 use agent_common::{BpfConfig, Counter, MAX_PID_FILTER, names};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap as BpfHashMap, IterableMap, Map, MapData, PerCpuArray, RingBuf},
     programs::{
         PerfEvent, RawTracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -61,6 +64,11 @@ pub enum BpfError {
     #[error("could not list the online CPUs ({what})")]
     OnlineCpus {
         what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("could not open the BPF counters for the metrics endpoint")]
+    Probe {
         #[source]
         source: io::Error,
     },
@@ -269,16 +277,49 @@ impl BpfSampler {
     }
 
     pub fn counters(&self) -> BpfCounters {
-        let mut totals = BpfCounters::default();
-        for counter in Counter::ALL {
-            match self.counters.get(&(counter as u32), 0) {
-                Ok(per_cpu) => {
-                    totals.values[counter as usize] = per_cpu.iter().copied().sum();
-                }
-                Err(error) => warn!(?counter, %error, "could not read a BPF counter"),
-            }
-        }
-        totals
+        read_counters(&self.counters)
+    }
+
+    /// A reader of the counters and the sampler's run time for another
+    /// thread, with file descriptors of its own so it never touches the
+    /// sampling side.
+    pub fn probe(&self) -> Result<BpfProbe, BpfError> {
+        let map_error = |source| BpfError::Map {
+            name: names::COUNTERS,
+            source,
+        };
+        let map_fd = self
+            .counters
+            .map()
+            .fd()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| BpfError::Probe { source })?;
+        let counters = PerCpuArray::try_from(Map::PerCpuArray(
+            MapData::from_fd(map_fd).map_err(map_error)?,
+        ))
+        .map_err(map_error)?;
+        let name = names::PROG_SAMPLE;
+        let program: &PerfEvent = self
+            .ebpf
+            .program(name)
+            .ok_or(BpfError::Missing {
+                kind: "program",
+                name,
+            })?
+            .try_into()
+            .map_err(|source| BpfError::Program { name, source })?;
+        let program = program
+            .fd()
+            .map_err(|source| BpfError::Program { name, source })?
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|source| BpfError::Probe { source })?;
+        Ok(BpfProbe {
+            counters,
+            program,
+            stats_held: self.stats.is_some(),
+        })
     }
 
     /// Total run time of the sampling program since it was loaded, when the
@@ -292,6 +333,71 @@ impl BpfSampler {
             run_count: info.run_count(),
         })
     }
+}
+
+/// Read-only access to the BPF side for the metrics endpoint.
+pub struct BpfProbe {
+    counters: PerCpuArray<MapData, u64>,
+    /// The sampling program.
+    program: OwnedFd,
+    /// Whether firn turned the kernel's run-time statistics on (which
+    /// needs CAP_SYS_ADMIN); else only `kernel.bpf_stats_enabled` does.
+    stats_held: bool,
+}
+
+impl std::fmt::Debug for BpfProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BpfProbe")
+            .field("stats_held", &self.stats_held)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BpfProbe {
+    pub fn counters(&self) -> BpfCounters {
+        read_counters(&self.counters)
+    }
+
+    /// The sampling program's run time so far, from the kernel's fdinfo of
+    /// the program (the same figures `bpf_prog_info` holds); `None` while
+    /// the kernel does not account it.
+    pub fn run_time(&self) -> Option<ProgramRunTime> {
+        let accounted = self.stats_held
+            || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+                .is_ok_and(|value| value.trim() == "1");
+        if !accounted {
+            return None;
+        }
+        let fd = self.program.as_raw_fd();
+        let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+        parse_run_time(&fdinfo)
+    }
+}
+
+fn parse_run_time(fdinfo: &str) -> Option<ProgramRunTime> {
+    let field = |name: &str| {
+        fdinfo
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|value| value.trim().parse::<u64>().ok())
+    };
+    Some(ProgramRunTime {
+        run_time_ns: field("run_time_ns")?,
+        run_count: field("run_cnt")?,
+    })
+}
+
+fn read_counters(map: &PerCpuArray<MapData, u64>) -> BpfCounters {
+    let mut totals = BpfCounters::default();
+    for counter in Counter::ALL {
+        match map.get(&(counter as u32), 0) {
+            Ok(per_cpu) => {
+                totals.values[counter as usize] = per_cpu.iter().copied().sum();
+            }
+            Err(error) => warn!(?counter, %error, "could not read a BPF counter"),
+        }
+    }
+    totals
 }
 
 /// The program `name` as its concrete type.
@@ -350,6 +456,20 @@ mod tests {
         assert_eq!(default_ring_buffer_bytes(6), 8 << 20);
         assert_eq!(default_ring_buffer_bytes(64), 64 << 20);
         assert_eq!(default_ring_buffer_bytes(4096), 256 << 20);
+    }
+
+    #[test]
+    fn run_time_is_read_from_fdinfo() {
+        let fdinfo = "pos:\t0\nflags:\t02000002\nprog_type:\t7\nprog_id:\t42\n\
+                      run_time_ns:\t123456\nrun_cnt:\t789\nrecursion_misses:\t0\n";
+        assert_eq!(
+            parse_run_time(fdinfo),
+            Some(ProgramRunTime {
+                run_time_ns: 123_456,
+                run_count: 789
+            })
+        );
+        assert_eq!(parse_run_time("pos:\t0\nflags:\t0\n"), None);
     }
 
     #[test]

@@ -1,13 +1,15 @@
 //! Command line: clap derive types, converted into the plain `config`
 //! structs. Bad flags make clap exit with status 2 and a usage message.
 
-use std::{path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod file;
 mod labels;
 mod remote;
 
+pub use file::{ArgsError, parse_args};
 pub use labels::KubernetesArgs;
 pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
 
@@ -39,6 +41,25 @@ pub struct Cli {
     /// directive such as `firn=debug`).
     #[arg(long, global = true, default_value = "info", env = "FIRN_LOG_LEVEL")]
     pub log_level: String,
+
+    /// Log lines as logfmt (`key=value`) or JSON objects, on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormatArg::Logfmt, env = "FIRN_LOG_FORMAT")]
+    pub log_format: LogFormatArg,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormatArg {
+    Logfmt,
+    Json,
+}
+
+impl From<LogFormatArg> for crate::logging::LogFormat {
+    fn from(arg: LogFormatArg) -> Self {
+        match arg {
+            LogFormatArg::Logfmt => Self::Logfmt,
+            LogFormatArg::Json => Self::Json,
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -104,13 +125,19 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub kubernetes: KubernetesArgs,
 
-    /// A YAML configuration file; its `relabel_configs` (Prometheus
-    /// relabeling) apply to every series.
+    /// A YAML configuration file: `relabel_configs` (Prometheus
+    /// relabeling, applied to every series) and any of these flags, keyed
+    /// by name without the dashes (`profiling-duration: 10s`); flags given
+    /// on the command line win.
     #[arg(long, value_name = "FILE")]
     pub config_path: Option<PathBuf>,
 
     #[command(flatten)]
     pub debuginfo: DebuginfoArgs,
+
+    /// Where /metrics (Prometheus), /healthy and /ready are served.
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7071")]
+    pub http_address: SocketAddr,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -130,8 +157,9 @@ pub struct RecordArgs {
     #[arg(long, value_name = "FILE")]
     pub flamegraph: Option<PathBuf>,
 
-    /// A YAML configuration file; its `relabel_configs` apply to the
-    /// samples' labels (a dropped process is left out).
+    /// A YAML configuration file: `relabel_configs` apply to the samples'
+    /// labels (a dropped process is left out), and any of these flags,
+    /// keyed by name without the dashes; the command line wins.
     #[arg(long, value_name = "FILE")]
     pub config_path: Option<PathBuf>,
 }
@@ -197,6 +225,7 @@ impl TryFrom<&AgentArgs> for AgentConfig {
                 metadata
             },
             debuginfo: args.debuginfo.config(),
+            http_address: args.http_address,
         })
     }
 }

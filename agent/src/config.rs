@@ -1,7 +1,7 @@
 //! Plain configuration, built from the command line (`cli`) and consumed by
 //! the pipeline. Nothing here parses or validates flags.
 
-use std::{fmt, path::PathBuf, time::Duration};
+use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 
 /// What the BPF side samples and how.
 #[derive(Clone, Debug)]
@@ -86,6 +86,8 @@ pub struct AgentConfig {
     /// relabeling.
     pub metadata: MetadataConfig,
     pub debuginfo: DebuginfoConfig,
+    /// Where /metrics, /healthy and /ready are served.
+    pub http_address: SocketAddr,
 }
 
 #[derive(Clone, Debug)]

@@ -3,7 +3,8 @@
 //! The stages, in the order data flows through them: [`bpf`] (load and
 //! attach) -> [`sampler`] (ring buffer records) -> [`process`] (maps,
 //! objects, exec/exit) -> [`unwind`] -> [`aggregate`] -> [`symbolize`] ->
-//! [`labels`] -> [`pprof`] -> [`output`]. [`session`] drives them.
+//! [`labels`] -> [`pprof`] -> [`output`]. [`session`] drives them; the
+//! agent's [`http`] endpoint serves [`metrics`] from [`stats`].
 
 pub mod aggregate;
 pub mod bpf;
@@ -12,7 +13,10 @@ pub mod cli;
 pub mod config;
 pub mod config_file;
 pub mod elf;
+pub mod http;
 pub mod labels;
+pub mod logging;
+pub mod metrics;
 pub mod output;
 pub mod pprof;
 pub mod privileges;

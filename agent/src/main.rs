@@ -2,14 +2,13 @@
 
 mod commands;
 
-use std::{io::IsTerminal, process::ExitCode};
+use std::process::ExitCode;
 
-use clap::Parser;
 use firn::{
-    cli::{Cli, Command},
+    cli::{ArgsError, Command, parse_args},
     config::{AgentConfig, RecordConfig},
+    logging,
 };
-use tracing_subscriber::EnvFilter;
 
 /// Exit status for bad flags or configuration (as clap uses).
 const EXIT_USAGE: u8 = 2;
@@ -27,19 +26,26 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let filter = match EnvFilter::try_new(&cli.log_level) {
-        Ok(filter) => filter,
-        Err(error) => {
-            eprintln!("error: invalid --log-level `{}`: {error}", cli.log_level);
+    let cli = match parse_args(std::env::args_os()) {
+        Ok(cli) => cli,
+        // Usage errors exit 2, --help and --version 0.
+        Err(ArgsError::Clap(error)) => error.exit(),
+        Err(ArgsError::ConfigFile(error)) => {
+            eprintln!("error: {}", error_chain(&error));
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    let filter = match logging::filter(&cli.log_level) {
+        Ok(filter) => filter,
+        Err(error) => {
+            eprintln!("error: {}", error_chain(&error));
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    if let Err(error) = logging::init(filter, cli.log_format.into()) {
+        eprintln!("error: {}", error_chain(&error));
+        return ExitCode::FAILURE;
+    }
 
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -9,11 +9,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use agent_common::MAX_STACK_DEPTH;
 use tracing::{debug, warn};
 
 use crate::{
     aggregate::{AggregatedProfile, Aggregator, UnwoundSample},
-    bpf::{BpfCounters, BpfError, BpfSampler, ProgramRunTime},
+    bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
     config::{Limits, SamplingConfig},
     labels::{MetadataLimits, MetadataReader},
     process::{ProcessTable, ProcessTableStats},
@@ -85,7 +86,10 @@ impl Pipeline {
     /// Handles one ring buffer record.
     pub fn handle(&mut self, bytes: &[u8]) {
         match sampler::decode(bytes) {
-            Ok(Record::Sample(sample)) => self.sample(sample),
+            Ok(Record::Sample(sample)) => {
+                self.count_truncated(&sample);
+                self.sample(sample);
+            }
             Ok(Record::Exec(event)) => {
                 Stats::inc(&self.stats.process_events);
                 self.processes.on_exec(event.tgid, &event.comm.to_string());
@@ -143,6 +147,17 @@ impl Pipeline {
         });
     }
 
+    /// Stacks that filled the BPF stack walk's buffer were most likely cut
+    /// there (the outermost frames are missing).
+    fn count_truncated(&self, sample: &RawSample) {
+        if sample.kernel_stack.len() >= MAX_STACK_DEPTH {
+            Stats::inc(&self.stats.stacks_truncated_kernel);
+        }
+        if sample.user_stack.len() >= MAX_STACK_DEPTH {
+            Stats::inc(&self.stats.stacks_truncated_user);
+        }
+    }
+
     fn housekeeping(&mut self) {
         let now = Instant::now();
         if now.duration_since(self.last_expire) >= EXPIRE_INTERVAL {
@@ -184,6 +199,11 @@ impl Session {
 
     pub fn bpf_counters(&self) -> BpfCounters {
         self.bpf.counters()
+    }
+
+    /// Read access to the BPF counters for another thread (metrics).
+    pub fn bpf_probe(&self) -> Result<BpfProbe, BpfError> {
+        self.bpf.probe()
     }
 
     pub fn sampler_run_time(&self) -> Option<ProgramRunTime> {
@@ -272,13 +292,34 @@ fn raise_open_file_limit() {
 
 /// Completes on SIGINT or SIGTERM.
 pub async fn shutdown_signal() -> io::Result<&'static str> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    Ok(tokio::select! {
-        _ = interrupt.recv() => "SIGINT",
-        _ = terminate.recv() => "SIGTERM",
-    })
+    Ok(ShutdownSignal::install()?.recv().await)
+}
+
+/// SIGINT and SIGTERM, caught from the moment this is made: a signal that
+/// comes while the BPF programs load is kept for the loop (rather than
+/// killing the process before it can clean up).
+pub struct ShutdownSignal {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignal {
+    /// Must be called within a tokio runtime.
+    pub fn install() -> io::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
+    }
+
+    /// The name of the next signal; cancel-safe.
+    pub async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "SIGINT",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Counters every stage updates: what was seen, dropped, unknown, cached.
 //! Nothing is lost silently; the summaries log these and the metrics
-//! endpoint exposes them.
+//! endpoint exposes them (a new counter needs its row in
+//! `metrics::table`, which a test enforces).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -123,6 +124,13 @@ counters! {
     kubernetes_watch_errors,
     /// Pods not indexed because the index was full.
     kubernetes_pods_skipped,
+    /// Samples whose kernel or user stack filled the BPF stack walk's
+    /// 127 frames, so its outermost frames are most likely missing.
+    stacks_truncated_kernel,
+    stacks_truncated_user,
+    /// Processes and objects in the process table: gauges, not counters.
+    processes_tracked,
+    objects_tracked,
 }
 
 impl Stats {

@@ -269,6 +269,10 @@ pub struct Stopped {
 impl Agent {
     pub fn start(log: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut command = firn();
+        // Several agents run at once: each takes a free port for /metrics.
+        if !args.iter().any(|arg| arg.starts_with("--http-address")) {
+            command.arg("--http-address=127.0.0.1:0");
+        }
         command
             .args(args)
             .env_remove("PARCA_BEARER_TOKEN")

@@ -12,10 +12,12 @@ use firn::{
     aggregate::AggregatedProfile,
     bpf::{BpfCounters, ProgramRunTime},
     config::AgentConfig,
+    http::{Health, HttpServer},
     labels::{KubernetesWatcher, Labeler, PodIndex},
+    metrics::Metrics,
     output::{Exporter, LocalStore, build_batch, parca::ParcaExporter},
     process::ProcessTableStats,
-    session::{Session, shutdown_signal},
+    session::{Session, ShutdownSignal},
     stats::Stats,
     symbolize::Symbolizer,
 };
@@ -26,8 +28,13 @@ use super::{lost_samples, period_ns, stack_failures, unknown_frames};
 /// Intervals waiting to be built; beyond this the newest is dropped and
 /// counted rather than letting memory grow.
 const BUILD_QUEUE: usize = 2;
-/// How long shutdown waits for the last profile to be built and written
-/// or pushed (with whatever else is still queued for the server).
+/// From SIGINT/SIGTERM to exit: the last drain of the ring buffer, the
+/// last profile built and written or pushed (with whatever else is still
+/// queued for the server). Within the 10 s orchestrators usually allow.
+const SHUTDOWN_BUDGET: Duration = Duration::from_secs(9);
+/// What the exporter keeps of the budget to stop its thread and report.
+const EXPORTER_MARGIN: Duration = Duration::from_millis(500);
+/// Used only if the builder stops on its own (no shutdown deadline set).
 const FLUSH_DEADLINE: Duration = Duration::from_secs(8);
 
 /// One interval handed from the sampling loop to the builder thread.
@@ -39,12 +46,26 @@ struct Interval {
 }
 
 pub async fn run(config: &AgentConfig) -> Result<()> {
+    // First, so a signal while the BPF programs load is not fatal.
+    let mut signals = ShutdownSignal::install().context("could not watch for SIGINT/SIGTERM")?;
     let stats = Arc::new(Stats::default());
+    let metrics = Arc::new(Metrics::new(stats.clone()));
+    let health = Arc::new(Health::default());
+    let http = HttpServer::start(config.http_address, metrics.clone(), health.clone())?;
+    info!(
+        address = %http.local_addr(),
+        "serving /metrics, /healthy and /ready"
+    );
     let (exporter, destination): (Box<dyn Exporter>, String) = match &config.remote_store {
         Some(remote) => (
             Box::new(
-                ParcaExporter::start(remote, &config.debuginfo, stats.clone())
-                    .context("could not set up the remote store")?,
+                ParcaExporter::start(
+                    remote,
+                    &config.debuginfo,
+                    stats.clone(),
+                    metrics.push_duration(),
+                )
+                .context("could not set up the remote store")?,
             ),
             format!(
                 "{} ({})",
@@ -67,6 +88,13 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     };
     let (labeler, _kubernetes) = labeler(config, &stats);
     let mut session = Session::start(&config.sampling, &config.limits, stats.clone())?;
+    match session.bpf_probe() {
+        Ok(probe) => metrics.attach_bpf(probe),
+        Err(error) => warn!(
+            error = %anyhow::Error::from(error),
+            "the BPF counters will be missing from /metrics"
+        ),
+    }
     info!(
         cpus = session.cpus(),
         frequency_hz = config.sampling.frequency_hz,
@@ -76,6 +104,8 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         ring_buffer_bytes = session.ring_buffer_bytes(),
         "firn agent started"
     );
+    // Session::start returns once the sampler is attached on every CPU.
+    health.set_ready(true);
 
     let (sender, receiver) = mpsc::sync_channel::<Interval>(BUILD_QUEUE);
     let (done_sender, done_receiver) = mpsc::channel::<()>();
@@ -112,15 +142,13 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         tokio::time::Instant::now() + config.profiling_duration,
         config.profiling_duration,
     );
-    let shutdown = shutdown_signal();
-    tokio::pin!(shutdown);
     let mut counters_before = session.bpf_counters();
-    loop {
+    let stopping_at = loop {
         let stop = session
             .collect_until(async {
                 tokio::select! {
                     _ = ticker.tick() => None,
-                    signal = &mut shutdown => Some(signal),
+                    signal = signals.recv() => Some((signal, Instant::now())),
                 }
             })
             .await
@@ -133,6 +161,9 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
             processes: session.process_table(),
         };
         counters_before = counters;
+        if stop.is_some() {
+            health.set_ready(false);
+        }
         match sender.try_send(interval) {
             Ok(()) => {}
             Err(mpsc::TrySendError::Full(_)) => {
@@ -141,27 +172,27 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
             }
             Err(mpsc::TrySendError::Disconnected(_)) => bail!("the profile builder thread stopped"),
         }
-        match stop {
-            None => {}
-            Some(Ok(signal)) => {
-                info!(
-                    signal,
-                    "shutting down: BPF detached, writing the last profile"
-                );
-                break;
-            }
-            Some(Err(error)) => return Err(error).context("could not watch for SIGINT/SIGTERM"),
+        if let Some((signal, at)) = stop {
+            info!(
+                signal,
+                "shutting down: BPF detached, writing the last profile"
+            );
+            break at;
         }
-    }
+    };
     // Detach the BPF programs first: nothing is sampled from here on.
     drop(session);
-    let _ = deadline.set(Instant::now() + FLUSH_DEADLINE - Duration::from_millis(500));
+    let exit_by = stopping_at + SHUTDOWN_BUDGET;
+    let _ = deadline.set(exit_by - EXPORTER_MARGIN);
     drop(sender);
-    match done_receiver.recv_timeout(FLUSH_DEADLINE) {
+    match done_receiver.recv_timeout(exit_by.saturating_duration_since(Instant::now())) {
         Ok(()) => {
             let _ = builder.join();
         }
-        Err(_) => warn!(deadline = ?FLUSH_DEADLINE, "the last profiles were not delivered in time"),
+        Err(_) => warn!(
+            budget = ?SHUTDOWN_BUDGET,
+            "the last profiles were not delivered in time"
+        ),
     }
     let totals = stats.snapshot();
     info!(

@@ -227,6 +227,9 @@ impl ProcessTable {
         for tgid in expired {
             self.processes.pop(&tgid);
         }
+        // Called every second: often enough for the gauges.
+        Stats::set(&self.stats.processes_tracked, self.processes.len() as u64);
+        Stats::set(&self.stats.objects_tracked, self.objects.len() as u64);
     }
 
     fn insert(&mut self, tgid: u32, image: Arc<ProcessImage>) {

@@ -8,6 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
 use tonic::{Code, Status, codegen::InterceptedService, transport::Channel};
 use tracing::{error, info, warn};
@@ -109,6 +110,7 @@ pub struct Delivery {
     pub request_timeout: Duration,
     pub address: String,
     pub stats: Arc<Stats>,
+    pub push_duration: Histogram,
 }
 
 impl Delivery {
@@ -184,7 +186,10 @@ impl Delivery {
             Stats::inc(&self.stats.remote_send_retries);
         }
         let request = item.request.clone();
-        let status = match tokio::time::timeout(timeout, self.client.write_raw(request)).await {
+        let started = Instant::now();
+        let answer = tokio::time::timeout(timeout, self.client.write_raw(request)).await;
+        self.push_duration.observe(started.elapsed().as_secs_f64());
+        let status = match answer {
             Ok(Ok(_)) => {
                 Stats::add(&self.stats.remote_profiles_sent, item.profiles as u64);
                 if item.attempts > 0 {

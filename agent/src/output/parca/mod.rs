@@ -22,6 +22,7 @@ use std::{
 };
 
 use bytes::Bytes;
+use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, warn};
 
@@ -117,10 +118,12 @@ pub struct ParcaExporter {
 impl ParcaExporter {
     /// Checks the configuration (TLS roots, headers) and starts the network
     /// thread; nothing connects until the first push.
+    /// Every push attempt's duration goes into `push_duration`.
     pub fn start(
         remote: &RemoteStoreConfig,
         debuginfo: &DebuginfoConfig,
         stats: Arc<Stats>,
+        push_duration: Histogram,
     ) -> Result<Self, ParcaError> {
         let request_metadata = RequestMetadata::new(remote)?;
         let target = connect::target(remote)?;
@@ -148,6 +151,7 @@ impl ParcaExporter {
                         shutdown_receiver,
                         upload_receiver,
                         stats,
+                        push_duration,
                     );
                     let _ = done_sender.send(());
                 })
@@ -283,6 +287,7 @@ fn network_thread(
     shutdown: watch::Receiver<Option<Instant>>,
     uploads: mpsc::Receiver<Arc<ObjectFile>>,
     stats: Arc<Stats>,
+    push_duration: Histogram,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -316,6 +321,7 @@ fn network_thread(
             request_timeout: remote.request_timeout,
             address: remote.address.clone(),
             stats,
+            push_duration,
         }
         .run()
         .await;
