@@ -171,3 +171,41 @@ pub fn describe(stacks: &[(Vec<String>, i64)]) -> String {
 pub fn wait_a_moment() {
     std::thread::sleep(Duration::from_millis(300));
 }
+
+/// A program of the Python tools `cargo xtask setup` installs (the
+/// Prometheus client's parser, a Kubernetes schema validator, hadolint) in
+/// a virtualenv of firn's own.
+pub fn python_tool(name: &str) -> PathBuf {
+    let venv = std::env::var_os("FIRN_TOOLS_VENV").map_or_else(
+        || {
+            let home = std::env::var_os("HOME").map_or_else(|| "/root".into(), PathBuf::from);
+            home.join(".cache/firn/venv")
+        },
+        PathBuf::from,
+    );
+    let path = venv.join("bin").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo xtask setup` (or `cargo xtask test`), which installs \
+         the Python tools the tests use into {}",
+        path.display(),
+        venv.display()
+    );
+    path
+}
+
+/// The number of online CPUs, as the kernel counts them.
+pub fn online_cpus() -> usize {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").expect("online CPUs");
+    text.trim()
+        .split(',')
+        .map(|range| match range.split_once('-') {
+            Some((first, last)) => {
+                let first: usize = first.parse().expect("a CPU number");
+                let last: usize = last.parse().expect("a CPU number");
+                last - first + 1
+            }
+            None => 1,
+        })
+        .sum()
+}

@@ -2,6 +2,7 @@
 
 mod bench;
 mod ebpf;
+mod install;
 mod setup;
 mod util;
 
@@ -39,6 +40,9 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Build firn (release) and install it with its systemd unit, config
+    /// and environment file (see `deploy/systemd/`).
+    Install(install::InstallArgs),
     /// Install test prerequisites and run the whole test suite as root.
     Test {
         /// Extra arguments for `cargo test`.
@@ -59,6 +63,7 @@ fn main() -> Result<()> {
             if !packages_only {
                 setup::bpf_toolchain()?;
                 setup::parca_server()?;
+                setup::python_tools()?;
             }
             Ok(())
         }
@@ -67,8 +72,10 @@ fn main() -> Result<()> {
         Command::Test { args } => {
             setup::debian_packages()?;
             setup::parca_server()?;
+            setup::python_tools()?;
             util::run_tests(&root, &args)
         }
+        Command::Install(args) => install::run(&root, &args),
         Command::Bench(args) => {
             setup::debian_packages()?;
             bench::run(&root, &args)

