@@ -25,6 +25,10 @@ impl<K: Hash + Eq + Clone, V> ByteBoundedCache<K, V> {
         self.entries.get(key).map(|(value, _)| value)
     }
 
+    pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.entries.get_mut(key).map(|(value, _)| value)
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -49,6 +53,25 @@ impl<K: Hash + Eq + Clone, V> ByteBoundedCache<K, V> {
             evicted += usize::from(old_key != key);
         }
         self.bytes += bytes;
+        evicted + self.shrink()
+    }
+
+    /// Records that the value at `key` now uses `bytes` (values that grow
+    /// as they are used), marks it most recently used and evicts others
+    /// until the cache fits; returns how many were evicted.
+    pub fn set_bytes(&mut self, key: &K, bytes: usize) -> usize {
+        let Some((_, charged)) = self.entries.get_mut(key) else {
+            return 0;
+        };
+        let old = std::mem::replace(charged, bytes);
+        self.bytes = self.bytes.saturating_sub(old) + bytes;
+        self.shrink()
+    }
+
+    /// Evicts least recently used entries until the cache fits, keeping at
+    /// least one.
+    fn shrink(&mut self) -> usize {
+        let mut evicted = 0;
         while self.bytes > self.max_bytes && self.entries.len() > 1 {
             match self.entries.pop_lru() {
                 Some((_, (_, freed))) => {
@@ -76,6 +99,20 @@ mod tests {
         assert_eq!(cache.get(&"b"), None);
         assert_eq!(cache.bytes(), 80);
         assert_eq!(cache.len(), 2);
+    }
+
+    #[test]
+    fn growing_values_push_out_the_least_recently_used() {
+        let mut cache = ByteBoundedCache::new(100);
+        cache.insert("a", 1, 30);
+        cache.insert("b", 2, 30);
+        assert_eq!(cache.set_bytes(&"missing", 500), 0);
+        *cache.get_mut(&"a").expect("present") = 10;
+        assert_eq!(cache.set_bytes(&"a", 60), 0, "90 bytes still fit");
+        assert_eq!(cache.set_bytes(&"a", 80), 1, "b goes");
+        assert_eq!(cache.get(&"b"), None);
+        assert_eq!(cache.get(&"a"), Some(&10));
+        assert_eq!(cache.bytes(), 80);
     }
 
     #[test]

@@ -3,9 +3,11 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::{AgentConfig, Limits, LocalStoreConfig, RecordConfig, SamplingConfig};
+use crate::config::{
+    AgentConfig, DemangleMode, Limits, LocalStoreConfig, RecordConfig, SamplingConfig, SymbolConfig,
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -68,10 +70,56 @@ pub struct SamplingArgs {
     pub max_stacks_per_profile: u64,
 }
 
+/// `--demangle`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DemangleArg {
+    /// Names as the objects spell them.
+    None,
+    /// Rust without hashes, C++ without parameters and template arguments.
+    Simplified,
+    /// Everything the demangler produces.
+    Full,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SymbolArgs {
+    /// How much of demangled Rust and C++ names to show (the mangled name is
+    /// always kept as the pprof system name).
+    #[arg(long, value_enum, value_name = "MODE", default_value = "simplified")]
+    pub demangle: DemangleArg,
+
+    /// Directories holding separate debug files (comma-separated or
+    /// repeated), searched inside each process's root, then on the host.
+    #[arg(
+        long,
+        value_name = "DIR",
+        value_delimiter = ',',
+        default_value = "/usr/lib/debug"
+    )]
+    pub debuginfo_directories: Vec<PathBuf>,
+
+    /// Memory for ELF symbol tables (e.g. 32MiB).
+    #[arg(long, value_name = "BYTES", default_value = "32MiB", value_parser = parse_cache_bytes)]
+    pub symbol_cache_size: usize,
+
+    /// Memory for parsed DWARF line tables and inline trees; also the most
+    /// compressed DWARF that is decompressed for one object.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_cache_bytes)]
+    pub debuginfo_cache_size: usize,
+
+    /// Memory for JIT perf maps (/tmp/perf-PID.map); also the most read of
+    /// one map.
+    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_cache_bytes)]
+    pub perf_map_cache_size: usize,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct AgentArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
+
+    #[command(flatten)]
+    pub symbols: SymbolArgs,
 
     /// Length of each profile.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
@@ -90,6 +138,9 @@ pub struct AgentArgs {
 pub struct RecordArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
+
+    #[command(flatten)]
+    pub symbols: SymbolArgs,
 
     /// How long to record.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
@@ -123,11 +174,34 @@ impl SamplingArgs {
     }
 }
 
+impl SymbolArgs {
+    fn symbols(&self) -> SymbolConfig {
+        SymbolConfig {
+            demangle: match self.demangle {
+                DemangleArg::None => DemangleMode::None,
+                DemangleArg::Simplified => DemangleMode::Simplified,
+                DemangleArg::Full => DemangleMode::Full,
+            },
+            debuginfo_directories: self.debuginfo_directories.clone(),
+        }
+    }
+
+    fn limits(&self, limits: Limits) -> Limits {
+        Limits {
+            symbol_cache_bytes: self.symbol_cache_size,
+            debuginfo_cache_bytes: self.debuginfo_cache_size,
+            perf_map_cache_bytes: self.perf_map_cache_size,
+            ..limits
+        }
+    }
+}
+
 impl From<&RecordArgs> for RecordConfig {
     fn from(args: &RecordArgs) -> Self {
         Self {
             sampling: args.sampling.sampling(),
-            limits: args.sampling.limits(),
+            limits: args.symbols.limits(args.sampling.limits()),
+            symbols: args.symbols.symbols(),
             duration: args.duration,
             output: args.output.clone(),
             flamegraph: args.flamegraph.clone(),
@@ -139,7 +213,8 @@ impl From<&AgentArgs> for AgentConfig {
     fn from(args: &AgentArgs) -> Self {
         Self {
             sampling: args.sampling.sampling(),
-            limits: args.sampling.limits(),
+            limits: args.symbols.limits(args.sampling.limits()),
+            symbols: args.symbols.symbols(),
             profiling_duration: args.profiling_duration,
             local_store: LocalStoreConfig {
                 directory: args.local_store_directory.clone(),
@@ -178,6 +253,14 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     number
         .checked_mul(multiplier)
         .ok_or_else(|| format!("`{text}` is too large"))
+}
+
+fn parse_cache_bytes(text: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(text)?;
+    if bytes < 1 << 20 {
+        return Err(format!("a cache needs at least 1MiB, not {bytes} bytes"));
+    }
+    usize::try_from(bytes).map_err(|_| format!("`{text}` is too large"))
 }
 
 fn parse_ring_buffer_size(text: &str) -> Result<u32, String> {
@@ -257,6 +340,45 @@ mod tests {
         assert_eq!(config.sampling.pids, vec![42, 43]);
         assert_eq!(config.sampling.frequency_hz, 99);
         assert_eq!(config.output, PathBuf::from("out.pb.gz"));
+        assert_eq!(config.symbols.demangle, DemangleMode::Simplified);
+        assert_eq!(
+            config.symbols.debuginfo_directories,
+            [PathBuf::from("/usr/lib/debug")]
+        );
+        assert_eq!(config.limits.debuginfo_cache_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn symbol_flags_become_a_config() {
+        let cli = Cli::try_parse_from([
+            "firn",
+            "--demangle",
+            "full",
+            "--debuginfo-directories",
+            "/a,/b",
+            "--debuginfo-directories",
+            "/c",
+            "--debuginfo-cache-size",
+            "8MiB",
+            "--perf-map-cache-size",
+            "2MiB",
+            "--symbol-cache-size",
+            "4MiB",
+        ])
+        .expect("valid flags");
+        let config = AgentConfig::from(&cli.agent);
+        assert_eq!(config.symbols.demangle, DemangleMode::Full);
+        assert_eq!(
+            config.symbols.debuginfo_directories,
+            ["/a", "/b", "/c"].map(PathBuf::from)
+        );
+        assert_eq!(config.limits.debuginfo_cache_bytes, 8 << 20);
+        assert_eq!(config.limits.perf_map_cache_bytes, 2 << 20);
+        assert_eq!(config.limits.symbol_cache_bytes, 4 << 20);
+        for (flag, value) in [("--demangle", "pretty"), ("--debuginfo-cache-size", "1KiB")] {
+            let error = Cli::try_parse_from(["firn", flag, value]).expect_err("rejected");
+            assert_eq!(error.exit_code(), 2, "{flag} {value}");
+        }
     }
 
     #[test]

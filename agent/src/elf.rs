@@ -1,10 +1,10 @@
-//! Reading what firn needs from ELF files: build id, load segments, function
-//! symbols. Pure functions over bytes (no I/O), so they are tested on
+//! Reading what firn needs from ELF files: build id, load segments, where
+//! the debug info is, function symbols. Pure functions over bytes (no I/O), so they are tested on
 //! checked-in fixtures and corrupt inputs without root.
 
 use std::{fmt, sync::Arc};
 
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
@@ -15,6 +15,8 @@ pub enum ElfError {
     },
     #[error("not an ELF file (format {format:?})")]
     NotElf { format: object::BinaryFormat },
+    #[error("no ELF data given")]
+    NoInput,
 }
 
 /// The GNU build id of an object, as bytes (cheap to clone: cache keys).
@@ -49,11 +51,24 @@ pub struct LoadSegment {
     pub vaddr: u64,
 }
 
+/// A `.gnu_debuglink`: the file name of the separate debug file and the
+/// CRC-32 of its whole contents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DebugLink {
+    pub name: String,
+    pub crc: u32,
+}
+
 /// What the process table keeps about an object.
 #[derive(Clone, Debug, Default)]
 pub struct ElfLayout {
     pub build_id: Option<BuildId>,
     pub segments: Vec<LoadSegment>,
+    pub debug_link: Option<DebugLink>,
+    /// The object carries its own DWARF (`.debug_info` with contents).
+    pub has_debug_info: bool,
+    /// The object has a `.symtab` (not stripped).
+    pub has_symtab: bool,
 }
 
 impl ElfLayout {
@@ -90,7 +105,28 @@ pub fn read_layout(data: &[u8]) -> Result<ElfLayout, ElfError> {
             }
         })
         .collect();
-    Ok(ElfLayout { build_id, segments })
+    // A link whose name is not UTF-8 or holds a path separator cannot name
+    // a file next to the object; GDB ignores such links too.
+    let debug_link = file.gnu_debuglink().ok().flatten().and_then(|(name, crc)| {
+        let name = std::str::from_utf8(name).ok()?;
+        (!name.is_empty() && !name.contains('/') && name != "." && name != "..").then(|| {
+            DebugLink {
+                name: name.to_owned(),
+                crc,
+            }
+        })
+    });
+    // Debug files stripped of DWARF keep the section header with no bytes.
+    let has_debug_info = file
+        .section_by_name(".debug_info")
+        .is_some_and(|section| section.file_range().is_some_and(|(_, size)| size > 0));
+    Ok(ElfLayout {
+        build_id,
+        segments,
+        debug_link,
+        has_debug_info,
+        has_symtab: file.symbol_table().is_some(),
+    })
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -167,9 +203,30 @@ fn preference(name: &str, global: bool, weak: bool) -> Preference {
 
 /// Function symbols from `.symtab` and `.dynsym`.
 pub fn read_symbols(data: &[u8]) -> Result<SymbolTable, ElfError> {
-    let file = parse(data)?;
+    read_symbols_from(&[data])
+}
+
+/// Function symbols of several files describing one object (a stripped
+/// binary and its separate debug file); fails only when none parses.
+pub fn read_symbols_from(datas: &[&[u8]]) -> Result<SymbolTable, ElfError> {
+    let mut files = Vec::with_capacity(datas.len());
+    let mut first_error = None;
+    for data in datas {
+        match parse(data) {
+            Ok(file) => files.push(file),
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    if files.is_empty() {
+        return Err(first_error.unwrap_or(ElfError::NoInput));
+    }
     let mut candidates: Vec<(u64, u64, Preference, &str)> = Vec::new();
-    for symbol in file.symbols().chain(file.dynamic_symbols()) {
+    for symbol in files
+        .iter()
+        .flat_map(|file| file.symbols().chain(file.dynamic_symbols()))
+    {
         if symbol.kind() != SymbolKind::Text || !symbol.is_definition() || symbol.address() == 0 {
             continue;
         }

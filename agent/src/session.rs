@@ -14,7 +14,7 @@ use tracing::{debug, warn};
 use crate::{
     aggregate::{AggregatedProfile, Aggregator, UnwoundSample},
     bpf::{BpfCounters, BpfError, BpfSampler, ProgramRunTime},
-    config::{Limits, SamplingConfig},
+    config::{Limits, SamplingConfig, SymbolConfig},
     process::{ProcessTable, ProcessTableStats},
     sampler::{self, RawSample, Record, RingReader},
     stats::Stats,
@@ -62,9 +62,14 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub fn new(limits: &Limits, stats: Arc<Stats>) -> Self {
+    pub fn new(limits: &Limits, symbols: &SymbolConfig, stats: Arc<Stats>) -> Self {
         Self {
-            processes: ProcessTable::new(PathBuf::from("/proc"), limits, stats.clone()),
+            processes: ProcessTable::new(
+                PathBuf::from("/proc"),
+                limits,
+                &symbols.debuginfo_directories,
+                stats.clone(),
+            ),
             unwinder: Unwinder::new(limits.unwind_cache_bytes, stats.clone()),
             aggregator: Aggregator::new(limits.max_stacks_per_profile, stats.clone()),
             stats,
@@ -101,8 +106,9 @@ impl Pipeline {
         let user = self
             .unwinder
             .user_frames(&sample, &image, &mut self.processes);
-        // Open every object now, while the process is surely alive; the
-        // profile is symbolized later, possibly after it exited.
+        // Open every object (and debug file, and JIT perf map) now, while
+        // the process is surely alive; the profile is symbolized later,
+        // possibly after it exited.
         for &address in &user {
             if let Some(index) = image.mapping_index(address) {
                 self.processes.object(&image, index);
@@ -134,6 +140,7 @@ impl Session {
     pub fn start(
         sampling: &SamplingConfig,
         limits: &Limits,
+        symbols: &SymbolConfig,
         stats: Arc<Stats>,
     ) -> Result<Self, SessionError> {
         raise_open_file_limit();
@@ -143,7 +150,7 @@ impl Session {
         Ok(Self {
             bpf,
             reader,
-            pipeline: Pipeline::new(limits, stats),
+            pipeline: Pipeline::new(limits, symbols, stats),
         })
     }
 
@@ -267,7 +274,8 @@ mod tests {
     #[test]
     fn vanished_process_yields_unknown_frames_not_a_crash() {
         let stats = Arc::new(Stats::default());
-        let mut pipeline = Pipeline::new(&Limits::default(), stats.clone());
+        let mut pipeline =
+            Pipeline::new(&Limits::default(), &SymbolConfig::default(), stats.clone());
         // Beyond pid_max: no such process can exist.
         let ghost = 4_194_305;
         pipeline.sample(RawSample {
@@ -281,7 +289,8 @@ mod tests {
         assert_eq!(aggregated.samples, 1);
         let mut symbolizer = Symbolizer::new(
             std::path::Path::new("/proc/kallsyms"),
-            1 << 20,
+            &Limits::default(),
+            &SymbolConfig::default(),
             stats.clone(),
         );
         let (profile, summary) = build_profile(&aggregated, 10_000_000, &mut symbolizer, &stats);
@@ -320,7 +329,8 @@ mod tests {
     #[test]
     fn malformed_records_are_counted() {
         let stats = Arc::new(Stats::default());
-        let mut pipeline = Pipeline::new(&Limits::default(), stats.clone());
+        let mut pipeline =
+            Pipeline::new(&Limits::default(), &SymbolConfig::default(), stats.clone());
         pipeline.handle(&[1, 0, 0, 0, 9]);
         pipeline.handle(&[]);
         assert_eq!(stats.snapshot().records_malformed, 2);

@@ -44,7 +44,12 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         config.local_store.max_bytes,
         stats.clone(),
     )?;
-    let mut session = Session::start(&config.sampling, &config.limits, stats.clone())?;
+    let mut session = Session::start(
+        &config.sampling,
+        &config.limits,
+        &config.symbols,
+        stats.clone(),
+    )?;
     info!(
         cpus = session.cpus(),
         frequency_hz = config.sampling.frequency_hz,
@@ -59,11 +64,16 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     let builder = {
         let stats = stats.clone();
         let period = period_ns(config.sampling.frequency_hz);
-        let cache_bytes = config.limits.symbol_cache_bytes;
+        let symbolizer = Symbolizer::new(
+            Path::new("/proc/kallsyms"),
+            &config.limits,
+            &config.symbols,
+            stats.clone(),
+        );
         thread::Builder::new()
             .name("firn-builder".into())
             .spawn(move || {
-                build_loop(receiver, store, period, cache_bytes, stats);
+                build_loop(receiver, store, period, symbolizer, stats);
                 let _ = done_sender.send(());
             })
             .context("could not start the profile builder thread")?
@@ -130,10 +140,9 @@ fn build_loop(
     receiver: mpsc::Receiver<Interval>,
     store: LocalStore,
     period: i64,
-    cache_bytes: usize,
+    mut symbolizer: Symbolizer,
     stats: Arc<Stats>,
 ) {
-    let mut symbolizer = Symbolizer::new(Path::new("/proc/kallsyms"), cache_bytes, stats.clone());
     let mut before = stats.snapshot();
     while let Ok(interval) = receiver.recv() {
         if interval.aggregated.samples == 0 && interval.aggregated.dropped == 0 {

@@ -237,6 +237,16 @@ impl Builder<'_> {
                 }
                 lines
             }
+            // JIT code: named by the process's perf map, if it keeps one.
+            _ if mapping.spec.kind == MappingKind::Anonymous => {
+                let line = image
+                    .perf_map()
+                    .and_then(|perf_map| self.symbolizer.jit(&perf_map, lookup));
+                if line.is_none() {
+                    self.summary.unknown_user_locations += 1;
+                }
+                line.into_iter().collect()
+            }
             _ => {
                 self.summary.unknown_user_locations += 1;
                 Vec::new()
@@ -246,6 +256,9 @@ impl Builder<'_> {
             && let Some(pprof_mapping) = self.mappings.get_mut((mapping_id - 1) as usize)
         {
             pprof_mapping.has_functions = true;
+            pprof_mapping.has_filenames |= lines.iter().any(|line| line.file.is_some());
+            pprof_mapping.has_line_numbers |= lines.iter().any(|line| line.line.is_some());
+            pprof_mapping.has_inline_frames |= lines.len() > 1;
         }
         let id = self.push_location(mapping_id, address, &lines);
         self.location_ids.insert((mapping_id, address), id);
@@ -379,6 +392,10 @@ mod tests {
 
         fn user(&mut self, _object: &ObjectFile, vaddr: u64) -> Vec<Line> {
             vec![Line::named(&format!("u{vaddr:x}"))]
+        }
+
+        fn jit(&mut self, _perf_map: &std::fs::File, address: u64) -> Option<Line> {
+            Some(Line::named(&format!("jit{address:x}")))
         }
 
         fn kernel_build_id(&self) -> Option<&BuildId> {
