@@ -29,6 +29,11 @@ impl<K: Hash + Eq + Clone, V> ByteBoundedCache<K, V> {
         self.entries.get_mut(key).map(|(value, _)| value)
     }
 
+    /// The values, most recently used first, without touching recency.
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.entries.iter().map(|(_, (value, _))| value)
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -66,6 +71,22 @@ impl<K: Hash + Eq + Clone, V> ByteBoundedCache<K, V> {
         let old = std::mem::replace(charged, bytes);
         self.bytes = self.bytes.saturating_sub(old) + bytes;
         self.shrink()
+    }
+
+    /// Evicts least recently used entries until the cache fits, even the
+    /// last one; returns how many were evicted.
+    pub fn trim(&mut self) -> usize {
+        let mut evicted = 0;
+        while self.bytes > self.max_bytes {
+            match self.entries.pop_lru() {
+                Some((_, (_, freed))) => {
+                    self.bytes = self.bytes.saturating_sub(freed);
+                    evicted += 1;
+                }
+                None => break,
+            }
+        }
+        evicted
     }
 
     /// Evicts least recently used entries until the cache fits, keeping at
@@ -122,5 +143,8 @@ mod tests {
         assert_eq!(cache.insert("huge", 2, 500), 1);
         assert_eq!(cache.get(&"huge"), Some(&2));
         assert_eq!(cache.len(), 1);
+        assert_eq!(cache.trim(), 1, "trimming lets even the last one go");
+        assert!(cache.is_empty());
+        assert_eq!(cache.bytes(), 0);
     }
 }

@@ -99,17 +99,17 @@ pub struct SymbolArgs {
     pub debuginfo_directories: Vec<PathBuf>,
 
     /// Memory for ELF symbol tables (e.g. 32MiB).
-    #[arg(long, value_name = "BYTES", default_value = "32MiB", value_parser = parse_cache_bytes)]
+    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_cache_bytes)]
     pub symbol_cache_size: usize,
 
-    /// Memory for parsed DWARF line tables and inline trees; also the most
-    /// compressed DWARF that is decompressed for one object.
-    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_cache_bytes)]
+    /// Memory for parsed DWARF line tables and inline trees. An object whose
+    /// DWARF needs more than this on its own is named from its symbol table.
+    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_cache_bytes)]
     pub debuginfo_cache_size: usize,
 
     /// Memory for JIT perf maps (/tmp/perf-PID.map); also the most read of
     /// one map.
-    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_cache_bytes)]
+    #[arg(long, value_name = "BYTES", default_value = "8MiB", value_parser = parse_cache_bytes)]
     pub perf_map_cache_size: usize,
 }
 
@@ -345,7 +345,7 @@ mod tests {
             config.symbols.debuginfo_directories,
             [PathBuf::from("/usr/lib/debug")]
         );
-        assert_eq!(config.limits.debuginfo_cache_bytes, 64 << 20);
+        assert_eq!(config.limits.debuginfo_cache_bytes, 16 << 20);
     }
 
     #[test]

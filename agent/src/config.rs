@@ -57,9 +57,9 @@ impl Default for Limits {
         Self {
             max_processes: 16_384,
             max_objects: 4_096,
-            symbol_cache_bytes: 32 << 20,
-            debuginfo_cache_bytes: 64 << 20,
-            perf_map_cache_bytes: 16 << 20,
+            symbol_cache_bytes: 16 << 20,
+            debuginfo_cache_bytes: 16 << 20,
+            perf_map_cache_bytes: 8 << 20,
             unwind_cache_bytes: 32 << 20,
             max_stacks_per_profile: 200_000,
             exited_process_grace: Duration::from_secs(30),

@@ -82,9 +82,11 @@ counters! {
     debuginfo_cache_hits,
     debuginfo_cache_misses,
     debuginfo_cache_evictions,
-    /// DWARF that could not be used: malformed or truncated sections, or
-    /// more compressed data than the cache may hold.
+    /// DWARF that could not be used: malformed or truncated sections.
     dwarf_errors,
+    /// Objects whose DWARF would take more than the whole DWARF cache;
+    /// their frames are named from the symbol table.
+    debuginfo_too_large,
     /// Separate debug files that matched their object (build id or CRC).
     debug_files_found,
     /// Debug file candidates that did not match their object or did not

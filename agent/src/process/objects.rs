@@ -21,7 +21,7 @@ use super::{
     maps::{MappingKind, MappingSpec},
 };
 use crate::{
-    elf::{self, BuildId, ElfLayout},
+    elf::{self, BuildId, ElfLayout, SharedBytes},
     stats::Stats,
 };
 
@@ -85,6 +85,16 @@ impl AsRef<[u8]> for ObjectData {
     }
 }
 
+impl SharedBytes for ObjectData {
+    fn release_pages(&self) {
+        if let Self::Mapped(map) = self {
+            // SAFETY: a read-only private file mapping: dropping its pages
+            // loses nothing, they are read back from the file when touched.
+            let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+        }
+    }
+}
+
 /// What caches of parsed object contents are keyed by: the build id when
 /// the object has one (copies of one binary in different places share an
 /// entry), else the file's identity.
@@ -116,6 +126,26 @@ impl ObjectFile {
             ObjectSource::File(file) => unsafe { memmap2::Mmap::map(file) }.map(ObjectData::Mapped),
             ObjectSource::Memory(bytes) => Ok(ObjectData::Memory(bytes.clone())),
         }
+    }
+
+    /// Opens an object by its host path, with its debug files (for tools
+    /// and benchmarks; processes' objects come from the registry).
+    pub fn open(path: &Path, debug_directories: &[PathBuf]) -> Result<Self, ObjectError> {
+        let display = path.display().to_string();
+        let io_error = |source| ObjectError::Io {
+            path: display.clone(),
+            source,
+        };
+        let file = File::open(path).map_err(io_error)?;
+        let meta = file.metadata().map_err(io_error)?;
+        let key = ObjectKey::File {
+            dev: meta.dev(),
+            inode: meta.ino(),
+        };
+        let mut object = Self::from_file(key, &display, file)?;
+        object.debug_files =
+            open_debug_files(Path::new("/"), &display, &object.layout, debug_directories);
+        Ok(object)
     }
 
     fn from_file(key: ObjectKey, path: &str, file: File) -> Result<Self, ObjectError> {
@@ -348,7 +378,7 @@ mod tests {
         let vdso = own_vdso().expect("this process has a vDSO");
         assert!(vdso.build_id().is_some());
         let data = vdso.data().expect("in memory");
-        let symbols = elf::read_symbols(&data).expect("vDSO symbols");
+        let symbols = elf::read_symbols(&elf::Bytes::new(Arc::new(data))).expect("vDSO symbols");
         assert!(!symbols.is_empty());
     }
 

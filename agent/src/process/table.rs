@@ -446,6 +446,79 @@ mod tests {
     }
 
     #[test]
+    fn a_pid_seen_again_after_its_exit_is_read_again() {
+        let stats = Arc::new(Stats::default());
+        let root = tempfile::tempdir().expect("tempdir");
+        let process = root.path().join("42");
+        std::fs::create_dir_all(&process).expect("mkdir");
+        let maps = |path: &str| format!("55d4e0a01000-55d4e0a02000 r-xp 00001000 fe:01 7 {path}\n");
+        std::fs::write(process.join("maps"), maps("/usr/bin/old")).expect("write");
+        let mut table = table(root.path(), stats);
+        assert_eq!(table.image(42, "old").executable(), Some("/usr/bin/old"));
+
+        // The program is replaced without an exec event (pid reuse): still
+        // the cached image while the process has not exited.
+        std::fs::write(process.join("maps"), maps("/usr/bin/new")).expect("write");
+        assert_eq!(table.image(42, "old").executable(), Some("/usr/bin/old"));
+
+        table.on_exit(42);
+        let entry = table
+            .processes
+            .peek_mut(&42)
+            .expect("kept for the grace period");
+        let image = Arc::get_mut(&mut entry.image).expect("no other holder");
+        image.read_at = Instant::now()
+            .checked_sub(REFRESH_INTERVAL)
+            .expect("the clock is past the interval");
+        let fresh = table.image(42, "new");
+        assert_eq!(fresh.executable(), Some("/usr/bin/new"));
+        assert!(
+            table
+                .lookup(42)
+                .is_some_and(|kept| Arc::ptr_eq(&kept, &fresh)),
+            "the new process replaces the exited one"
+        );
+        // Once gone for good, the exited image is what remains.
+        table.on_exit(42);
+        std::fs::remove_dir_all(&process).expect("rm");
+        assert_eq!(table.image(42, "new").executable(), Some("/usr/bin/new"));
+    }
+
+    #[test]
+    fn jit_code_opens_the_perf_map_named_by_the_namespace_pid() {
+        let stats = Arc::new(Stats::default());
+        let root = tempfile::tempdir().expect("tempdir");
+        let process = root.path().join("42");
+        std::fs::create_dir_all(process.join("root/tmp")).expect("mkdir");
+        // Pid 42 on the host is pid 7 in its container.
+        std::fs::write(process.join("status"), "Name:\tnode\nNSpid:\t42\t7\n").expect("write");
+        std::fs::write(
+            process.join("maps"),
+            "7f0000000000-7f0000100000 r-xp 00000000 00:00 0 \n",
+        )
+        .expect("write");
+        let mut table = table(root.path(), stats);
+        let image = table.image(42, "node");
+        assert_eq!(image.mappings[0].spec.kind, MappingKind::Anonymous);
+        assert!(table.object(&image, 0).is_none());
+        assert!(image.perf_map().is_none(), "no perf map written yet");
+
+        std::fs::write(
+            process.join("root/tmp/perf-7.map"),
+            "7f0000000000 10 JS:*f\n",
+        )
+        .expect("write");
+        table.object(&image, 0);
+        assert!(
+            image.perf_map().is_none(),
+            "retried at most once per interval"
+        );
+        image.perf_map.lock().expect("not poisoned").tried_at.take();
+        table.object(&image, 0);
+        assert!(image.perf_map().is_some());
+    }
+
+    #[test]
     fn the_table_is_bounded_and_counts_evictions() {
         let stats = Arc::new(Stats::default());
         let dir = tempfile::tempdir().expect("tempdir");

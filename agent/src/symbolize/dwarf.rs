@@ -10,37 +10,14 @@
 use std::{
     collections::HashSet,
     fmt,
-    ops::Deref,
     panic::{AssertUnwindSafe, catch_unwind},
     sync::Arc,
 };
 
+use gimli::Section as _;
 use object::{CompressionFormat, Object, ObjectSection};
 
-/// Bytes shared by the readers of one context: a memory-mapped file, or a
-/// section decompressed into memory.
-#[derive(Clone)]
-pub struct Bytes(Arc<dyn AsRef<[u8]> + Send + Sync>);
-
-impl Bytes {
-    pub fn new(bytes: Arc<dyn AsRef<[u8]> + Send + Sync>) -> Self {
-        Self(bytes)
-    }
-}
-
-impl Deref for Bytes {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        (*self.0).as_ref()
-    }
-}
-
-impl fmt::Debug for Bytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Bytes({} bytes)", self.len())
-    }
-}
+pub use crate::elf::Bytes;
 
 // SAFETY: the bytes live behind an `Arc` (a mapping or a heap buffer that is
 // never resized), so moving or cloning a `Bytes` never moves them, and
@@ -66,7 +43,7 @@ pub enum DwarfError {
         #[source]
         source: object::Error,
     },
-    #[error("the compressed DWARF needs {bytes} bytes in memory, more than the {limit} allowed")]
+    #[error("indexing this DWARF needs about {bytes} bytes, more than the {limit} allowed")]
     TooLarge { bytes: u64, limit: usize },
     #[error("malformed DWARF")]
     Malformed {
@@ -89,39 +66,64 @@ pub struct DwarfFrame {
 /// More inline levels than this at one address means corrupt DWARF.
 const MAX_INLINE_DEPTH: usize = 64;
 
-/// Estimated heap bytes per byte of a parsed unit's `.debug_info`
-/// (functions and inlined-function trees) and of its line program (one
-/// 24-byte row per one to three opcode bytes). Measured on firn's own debug
-/// build with `cargo xtask bench-symbolize`.
-const INFO_COST: usize = 1;
-const LINE_COST: usize = 10;
-/// The unit index built up front, per unit.
-const UNIT_INDEX_COST: usize = 160;
+// What addr2line's structures cost, estimated from the DWARF's shape. The
+// unit index built up front holds every unit's abbreviations and line
+// program header (file and directory tables); a unit's lines (one 24-byte
+// row per one to three opcode bytes) and functions are parsed when an
+// address first falls in it. Fitted on firn's own debug and release builds
+// and Debian's glibc debug files with `cargo bench -p firn --bench
+// symbolize`, within about 40% of the heap measured there.
+const INDEX_COST_PER_UNIT: usize = 7 << 10;
+const INDEX_COST_PER_ABBREV_BYTE: usize = 6;
+const INDEX_COST_PER_LINE_BYTE: usize = 1;
+const PARSED_COST_PER_LINE_BYTE: usize = 6;
+const PARSED_INFO_BYTES_PER_COST: usize = 2;
 
 /// The sections addr2line reads; the rest are never loaded (which matters
 /// for compressed ones: they would be decompressed for nothing).
-fn needed(id: gimli::SectionId) -> bool {
-    use gimli::SectionId::*;
-    matches!(
-        id,
-        DebugAbbrev
-            | DebugAddr
-            | DebugAranges
-            | DebugInfo
-            | DebugLine
-            | DebugLineStr
-            | DebugRanges
-            | DebugRngLists
-            | DebugStr
-            | DebugStrOffsets
-    )
-}
+const NEEDED: [gimli::SectionId; 10] = [
+    gimli::SectionId::DebugAbbrev,
+    gimli::SectionId::DebugAddr,
+    gimli::SectionId::DebugAranges,
+    gimli::SectionId::DebugInfo,
+    gimli::SectionId::DebugLine,
+    gimli::SectionId::DebugLineStr,
+    gimli::SectionId::DebugRanges,
+    gimli::SectionId::DebugRngLists,
+    gimli::SectionId::DebugStr,
+    gimli::SectionId::DebugStrOffsets,
+];
 
 /// A lazily parsed addr2line context for one object.
 pub struct DwarfInfo {
     context: addr2line::Context<Reader>,
+    /// The file the uncompressed sections are read from.
+    bytes: Bytes,
     units_seen: HashSet<u64>,
     heap_bytes: usize,
+    shape: DwarfShape,
+}
+
+/// How big an object's DWARF is, which predicts what parsing it costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DwarfShape {
+    pub units: usize,
+    pub info_bytes: usize,
+    pub abbrev_bytes: usize,
+    pub line_bytes: usize,
+    /// Compressed sections inflated into memory.
+    pub decompressed_bytes: usize,
+}
+
+impl DwarfShape {
+    /// Estimated heap of the decompressed sections and the unit index.
+    pub fn index_cost(&self) -> usize {
+        self.decompressed_bytes
+            .saturating_add(self.units.saturating_mul(INDEX_COST_PER_UNIT))
+            .saturating_add(self.abbrev_bytes.saturating_mul(INDEX_COST_PER_ABBREV_BYTE))
+            .saturating_add(self.line_bytes.saturating_mul(INDEX_COST_PER_LINE_BYTE))
+            .saturating_add(std::mem::size_of::<DwarfInfo>())
+    }
 }
 
 impl fmt::Debug for DwarfInfo {
@@ -134,16 +136,14 @@ impl fmt::Debug for DwarfInfo {
 }
 
 impl DwarfInfo {
-    /// Indexes the DWARF of the ELF file in `bytes`. Compressed sections
-    /// are decompressed into memory, at most `max_decompressed` bytes.
-    pub fn parse(bytes: Bytes, max_decompressed: usize) -> Result<Self, DwarfError> {
-        catch_unwind(AssertUnwindSafe(|| {
-            Self::parse_inner(bytes, max_decompressed)
-        }))
-        .unwrap_or(Err(DwarfError::Panicked { what: "indexing" }))
+    /// Indexes the DWARF of the ELF file in `bytes`, unless that would take
+    /// more than `max_bytes` of heap (decompressed sections included).
+    pub fn parse(bytes: Bytes, max_bytes: usize) -> Result<Self, DwarfError> {
+        catch_unwind(AssertUnwindSafe(|| Self::parse_inner(bytes, max_bytes)))
+            .unwrap_or(Err(DwarfError::Panicked { what: "indexing" }))
     }
 
-    fn parse_inner(bytes: Bytes, max_decompressed: usize) -> Result<Self, DwarfError> {
+    fn parse_inner(bytes: Bytes, max_bytes: usize) -> Result<Self, DwarfError> {
         let file = object::File::parse(&*bytes).map_err(|source| DwarfError::Elf { source })?;
         let endian = if file.is_little_endian() {
             gimli::RunTimeEndian::Little
@@ -151,10 +151,37 @@ impl DwarfInfo {
             gimli::RunTimeEndian::Big
         };
         let whole = Reader::new(bytes.clone(), endian);
+        // Refuse before inflating anything: what the compressed sections
+        // and the abbreviations alone will take.
+        let mut inflated = 0u64;
+        let mut lower_bound = 0u64;
+        for id in NEEDED {
+            let Some(section) = file.section_by_name(id.name()) else {
+                continue;
+            };
+            let Ok(range) = section.compressed_file_range() else {
+                continue;
+            };
+            if range.format != CompressionFormat::None {
+                inflated = inflated.saturating_add(range.uncompressed_size);
+            }
+            if id == gimli::SectionId::DebugAbbrev {
+                lower_bound = range
+                    .uncompressed_size
+                    .saturating_mul(INDEX_COST_PER_ABBREV_BYTE as u64);
+            }
+        }
+        let lower_bound = lower_bound.saturating_add(inflated);
+        if lower_bound > max_bytes as u64 {
+            return Err(DwarfError::TooLarge {
+                bytes: lower_bound,
+                limit: max_bytes,
+            });
+        }
         let mut decompressed = 0usize;
         let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, DwarfError> {
             let empty = whole.range(0..0);
-            if !needed(id) {
+            if !NEEDED.contains(&id) {
                 return Ok(empty);
             }
             let Some(section) = file.section_by_name(id.name()) else {
@@ -185,10 +212,10 @@ impl DwarfInfo {
                 };
             }
             let total = (decompressed as u64).saturating_add(range.uncompressed_size);
-            if total > max_decompressed as u64 {
+            if total > max_bytes as u64 {
                 return Err(DwarfError::TooLarge {
                     bytes: total,
-                    limit: max_decompressed,
+                    limit: max_bytes,
                 });
             }
             let data = section
@@ -201,21 +228,47 @@ impl DwarfInfo {
             decompressed += data.len();
             Ok(Reader::new(Bytes::new(Arc::new(data)), endian))
         })?;
-        let units = {
-            let mut count = 0usize;
-            let mut headers = dwarf.units();
-            while let Ok(Some(_)) = headers.next() {
-                count += 1;
-            }
-            count
+        let mut shape = DwarfShape {
+            units: 0,
+            info_bytes: dwarf.debug_info.reader().len(),
+            abbrev_bytes: dwarf.debug_abbrev.reader().len(),
+            line_bytes: dwarf.debug_line.reader().len(),
+            decompressed_bytes: decompressed,
         };
+        let mut headers = dwarf.units();
+        while let Ok(Some(_)) = headers.next() {
+            shape.units += 1;
+        }
+        let heap_bytes = shape.index_cost();
+        if heap_bytes > max_bytes {
+            return Err(DwarfError::TooLarge {
+                bytes: heap_bytes as u64,
+                limit: max_bytes,
+            });
+        }
+        let mut dwarf = dwarf;
+        dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
         let context = addr2line::Context::from_dwarf(dwarf)
             .map_err(|source| DwarfError::Malformed { source })?;
+        // Indexing read every unit's header; lookups will read a few units.
+        bytes.release_pages();
         Ok(Self {
             context,
+            bytes,
             units_seen: HashSet::new(),
-            heap_bytes: decompressed + units * UNIT_INDEX_COST + std::mem::size_of::<Self>(),
+            heap_bytes,
+            shape,
         })
+    }
+
+    /// Lets the kernel drop the file pages lookups have touched.
+    pub fn release_pages(&self) {
+        self.bytes.release_pages();
+    }
+
+    /// Sizes of what was indexed.
+    pub fn shape(&self) -> DwarfShape {
+        self.shape
     }
 
     /// Estimated heap bytes of the context, growing as units are parsed.
@@ -246,8 +299,8 @@ impl DwarfInfo {
                 .map_or(0, |program| program.header().raw_program_buf().len());
             self.heap_bytes = self
                 .heap_bytes
-                .saturating_add(info.saturating_mul(INFO_COST))
-                .saturating_add(lines.saturating_mul(LINE_COST));
+                .saturating_add(info / PARSED_INFO_BYTES_PER_COST)
+                .saturating_add(lines.saturating_mul(PARSED_COST_PER_LINE_BYTE));
         }
         let mut iter = self
             .context

@@ -15,7 +15,7 @@ use lru::LruCache;
 use tracing::{debug, warn};
 
 pub use demangle::{DemangleMode, demangle};
-pub use dwarf::{Bytes, DwarfError, DwarfFrame, DwarfInfo};
+pub use dwarf::{Bytes, DwarfError, DwarfFrame, DwarfInfo, DwarfShape};
 pub use kallsyms::{Kallsyms, KallsymsError, KernelSymbol, kernel_build_id, parse_build_id_note};
 pub use perfmap::{PerfMapTable, ReadReport, parse_line as parse_perf_map_line};
 
@@ -73,6 +73,17 @@ pub trait FrameSymbolizer {
     fn jit(&mut self, perf_map: &File, address: u64) -> Option<Line>;
     /// The kernel's build id, for its pprof mapping.
     fn kernel_build_id(&self) -> Option<&BuildId>;
+    /// A profile was built: caches may give back what the build made them
+    /// grow beyond their size.
+    fn end_of_profile(&mut self) {}
+}
+
+/// What the symbolizer's caches hold, in (estimated) heap bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheBytes {
+    pub symbols: usize,
+    pub debuginfo: usize,
+    pub perf_maps: usize,
 }
 
 pub struct Symbolizer {
@@ -86,8 +97,11 @@ pub struct Symbolizer {
     debug_choices: LruCache<ObjectKey, Option<usize>>,
     /// By the perf map file's (device, inode).
     perf_maps: ByteBoundedCache<(u64, u64), PerfMapTable>,
-    max_decompressed: usize,
+    /// The most one object's DWARF may take (the whole cache).
+    max_dwarf_bytes: usize,
     perf_map_max_bytes: u64,
+    /// DWARF was dropped since the last profile: its heap can be returned.
+    dwarf_freed: bool,
     stats: Arc<Stats>,
 }
 
@@ -120,14 +134,24 @@ impl Symbolizer {
                 NonZeroUsize::new(DEBUG_CHOICES).unwrap_or(NonZeroUsize::MIN),
             ),
             perf_maps: ByteBoundedCache::new(limits.perf_map_cache_bytes),
-            max_decompressed: limits.debuginfo_cache_bytes,
+            max_dwarf_bytes: limits.debuginfo_cache_bytes,
             perf_map_max_bytes: limits.perf_map_cache_bytes as u64,
+            dwarf_freed: false,
             stats,
         }
     }
 
     pub fn kernel_range(&self) -> Option<(u64, u64)> {
         self.kernel.as_ref()?.range()
+    }
+
+    /// Bytes held by each cache, for summaries and benchmarks.
+    pub fn cache_bytes(&self) -> CacheBytes {
+        CacheBytes {
+            symbols: self.symbols.bytes(),
+            debuginfo: self.dwarf.bytes(),
+            perf_maps: self.perf_maps.bytes(),
+        }
     }
 
     /// The bytes of the object's separate debug file, the first candidate
@@ -178,14 +202,19 @@ impl Symbolizer {
                 return None;
             }
         };
+        let mut inputs = vec![Bytes::new(Arc::new(data))];
         // A stripped object keeps its full symbol table in the debug file.
-        let debug = if object.layout.has_symtab {
-            None
-        } else {
-            self.debug_data(object)
-        };
-        let inputs: Vec<&[u8]> = std::iter::once(&*data).chain(debug.as_deref()).collect();
-        let table = match elf::read_symbols_from(&inputs) {
+        if !object.layout.has_symtab
+            && let Some(debug) = self.debug_data(object)
+        {
+            inputs.push(Bytes::new(Arc::new(debug)));
+        }
+        let table = elf::read_symbols_from(&inputs);
+        // Reading touched every symbol; lookups touch a few names.
+        for input in &inputs {
+            input.release_pages();
+        }
+        let table = match table {
             Ok(table) => table,
             Err(error) => {
                 Stats::inc(&self.stats.symbol_table_errors);
@@ -207,8 +236,16 @@ impl Symbolizer {
         } else {
             self.debug_data(object)?
         };
-        match DwarfInfo::parse(Bytes::new(Arc::new(data)), self.max_decompressed) {
-            Ok(info) => Some(info),
+        match DwarfInfo::parse(Bytes::new(Arc::new(data)), self.max_dwarf_bytes) {
+            Ok(info) => {
+                debug!(path = object.path, shape = ?info.shape(), bytes = info.heap_bytes(), "DWARF indexed");
+                Some(info)
+            }
+            Err(error @ DwarfError::TooLarge { .. }) => {
+                Stats::inc(&self.stats.debuginfo_too_large);
+                debug!(path = object.path, %error, "DWARF too large for --debuginfo-cache-size");
+                None
+            }
             Err(error) => {
                 Stats::inc(&self.stats.dwarf_errors);
                 debug!(path = object.path, error = %error_chain(&error), "DWARF unusable");
@@ -227,6 +264,7 @@ impl Symbolizer {
             let info = self.load_dwarf(object);
             let bytes = info.as_ref().map_or(64, DwarfInfo::heap_bytes);
             let evicted = self.dwarf.insert(key.clone(), info, bytes);
+            self.dwarf_freed |= evicted > 0;
             Stats::add(&self.stats.debuginfo_cache_evictions, evicted as u64);
         }
         let Some(Some(info)) = self.dwarf.get_mut(&key) else {
@@ -235,12 +273,23 @@ impl Symbolizer {
         let result = info.frames(vaddr);
         let bytes = info.heap_bytes();
         let evicted = self.dwarf.set_bytes(&key, bytes);
+        self.dwarf_freed |= evicted > 0;
         Stats::add(&self.stats.debuginfo_cache_evictions, evicted as u64);
         result.unwrap_or_else(|error| {
             Stats::inc(&self.stats.dwarf_errors);
             debug!(path = object.path, vaddr, error = %error_chain(&error), "DWARF lookup failed");
             Vec::new()
         })
+    }
+}
+
+/// A DWARF context is hundreds of thousands of small allocations; once
+/// freed they would stay in the allocator's arenas (firn's RSS) for good.
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim has no preconditions; it only returns free memory.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -336,6 +385,21 @@ impl FrameSymbolizer for Symbolizer {
 
     fn kernel_build_id(&self) -> Option<&BuildId> {
         self.kernel_build_id.as_ref()
+    }
+
+    /// A context that grew past the whole cache while one profile was
+    /// built (its units parsed) is kept for that build only.
+    fn end_of_profile(&mut self) {
+        let evicted = self.dwarf.trim();
+        Stats::add(&self.stats.debuginfo_cache_evictions, evicted as u64);
+        // The units a profile's lookups read stay parsed in the heap; their
+        // file pages need not stay in firn's RSS until the next profile.
+        for info in self.dwarf.values().flatten() {
+            info.release_pages();
+        }
+        if std::mem::take(&mut self.dwarf_freed) || evicted > 0 {
+            release_freed_heap();
+        }
     }
 }
 

@@ -220,7 +220,11 @@ fn compressed_dwarf_is_decompressed_within_its_budget() {
         frames(&symbolizer.user(&object(2, INLINE_CHAIN_COMPRESSED), start + 0x20)),
         [("burn_leaf".to_owned(), None)]
     );
-    assert_eq!(stats.snapshot().dwarf_errors, 1);
+    let snapshot = stats.snapshot();
+    assert_eq!(
+        (snapshot.debuginfo_too_large, snapshot.dwarf_errors),
+        (1, 0)
+    );
 }
 
 /// Copies of `elf` with the bytes of `section` damaged in several ways.
@@ -349,8 +353,14 @@ fn jit_frames_come_from_the_perf_map_and_its_growth() {
 
 #[test]
 fn the_dwarf_cache_is_bounded_and_counts_evictions() {
+    // Room for one fixture's DWARF at a time, not two.
+    let one = |elf: &[u8]| {
+        DwarfInfo::parse(Bytes::new(Arc::new(elf.to_vec())), usize::MAX)
+            .expect("indexes")
+            .heap_bytes()
+    };
     let limits = Limits {
-        debuginfo_cache_bytes: 4096,
+        debuginfo_cache_bytes: one(INLINE_CHAIN).max(one(TEMPLATES)) + 1024,
         ..Limits::default()
     };
     let (mut symbolizer, stats) = symbolizer_with(&limits, DemangleMode::Simplified);
@@ -368,7 +378,46 @@ fn the_dwarf_cache_is_bounded_and_counts_evictions() {
         "each object pushes the other out"
     );
     assert!(snapshot.debuginfo_cache_evictions >= 5);
-    assert!(symbolizer.dwarf.bytes() > 0);
+    symbolizer.end_of_profile();
+    assert!(symbolizer.dwarf.bytes() <= limits.debuginfo_cache_bytes);
+    assert_eq!(snapshot.debuginfo_too_large, 0);
+
+    // An object whose DWARF alone exceeds the cache is not indexed at all.
+    let tiny = Limits {
+        debuginfo_cache_bytes: 1024,
+        ..Limits::default()
+    };
+    let (mut symbolizer, stats) = symbolizer_with(&tiny, DemangleMode::Simplified);
+    assert_eq!(
+        frames(&symbolizer.user(&chain, leaf + 0x20)),
+        [("burn_leaf".to_owned(), None)],
+        "the symbol table still names it"
+    );
+    assert_eq!(stats.snapshot().debuginfo_too_large, 1);
+}
+
+#[test]
+fn a_context_grown_past_the_cache_is_dropped_after_the_profile() {
+    let base = DwarfInfo::parse(Bytes::new(Arc::new(INLINE_CHAIN.to_vec())), usize::MAX)
+        .expect("indexes")
+        .heap_bytes();
+    let limits = Limits {
+        debuginfo_cache_bytes: base + 1,
+        ..Limits::default()
+    };
+    let (mut symbolizer, stats) = symbolizer_with(&limits, DemangleMode::Simplified);
+    let (leaf, _) = function_range(INLINE_CHAIN, "burn_leaf");
+    assert_eq!(
+        symbolizer.user(&object(1, INLINE_CHAIN), leaf + 0x20).len(),
+        2
+    );
+    assert!(
+        symbolizer.dwarf.bytes() > limits.debuginfo_cache_bytes,
+        "parsing a unit made it grow"
+    );
+    symbolizer.end_of_profile();
+    assert_eq!(symbolizer.dwarf.bytes(), 0);
+    assert_eq!(stats.snapshot().debuginfo_cache_evictions, 1);
 }
 
 #[test]
