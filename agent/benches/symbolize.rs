@@ -93,6 +93,7 @@ fn function_addresses(path: &Path, count: usize) -> Vec<u64> {
     let file = object::File::parse(bytes.as_slice()).expect("an ELF object");
     let mut functions: Vec<(u64, u64)> = file
         .symbols()
+        .chain(file.dynamic_symbols())
         .filter(|s| s.kind() == SymbolKind::Text && s.size() > 0 && s.address() > 0)
         .map(|s| (s.address(), s.size()))
         .collect();

@@ -1,8 +1,12 @@
 //! A least-recently-used cache bounded by the bytes its values use.
 
-use std::{hash::Hash, num::NonZeroUsize};
+use std::hash::Hash;
 
 use lru::LruCache;
+
+/// The byte bound is the real limit; this only keeps tiny values from
+/// piling up without end.
+const MAX_ENTRIES: usize = 65_536;
 
 pub struct ByteBoundedCache<K: Hash + Eq, V> {
     entries: LruCache<K, (V, usize)>,
@@ -13,9 +17,9 @@ pub struct ByteBoundedCache<K: Hash + Eq, V> {
 impl<K: Hash + Eq + Clone, V> ByteBoundedCache<K, V> {
     pub fn new(max_bytes: usize) -> Self {
         Self {
-            // The byte bound is the real limit; the entry count only keeps
-            // tiny values from piling up without end.
-            entries: LruCache::new(NonZeroUsize::new(65_536).unwrap_or(NonZeroUsize::MIN)),
+            // Grows with use: a bounded LruCache would allocate its whole
+            // table up front.
+            entries: LruCache::unbounded(),
             bytes: 0,
             max_bytes,
         }
@@ -51,13 +55,17 @@ impl<K: Hash + Eq + Clone, V> ByteBoundedCache<K, V> {
     /// is still kept (alone), so a huge object is usable once.
     pub fn insert(&mut self, key: K, value: V, bytes: usize) -> usize {
         let mut evicted = 0;
-        // `push` hands back the old value of the same key, or the entry the
-        // count limit pushed out; only the latter is an eviction.
-        if let Some((old_key, (_, old_bytes))) = self.entries.push(key.clone(), (value, bytes)) {
+        // `push` hands back the old value of the same key, if any.
+        if let Some((_, (_, old_bytes))) = self.entries.push(key, (value, bytes)) {
             self.bytes = self.bytes.saturating_sub(old_bytes);
-            evicted += usize::from(old_key != key);
         }
         self.bytes += bytes;
+        while self.entries.len() > MAX_ENTRIES
+            && let Some((_, (_, freed))) = self.entries.pop_lru()
+        {
+            self.bytes = self.bytes.saturating_sub(freed);
+            evicted += 1;
+        }
         evicted + self.shrink()
     }
 

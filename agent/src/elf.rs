@@ -215,6 +215,13 @@ impl SymbolTable {
             + self.sources.capacity() * std::mem::size_of::<Bytes>()
     }
 
+    /// Lets the kernel drop the file pages lookups have touched.
+    pub fn release_pages(&self) {
+        for source in &self.sources {
+            source.release_pages();
+        }
+    }
+
     fn name(&self, entry: &SymbolEntry) -> &str {
         let start = usize::try_from(entry.name_offset).unwrap_or(usize::MAX);
         self.sources
@@ -242,21 +249,23 @@ impl SymbolTable {
 }
 
 /// Ordering key among names at one address: lower is preferred.
-type Preference = (u8, usize, usize);
+type Preference = u64;
 
 /// Which of several names at one address to show: global before weak
 /// before local, then fewer leading underscores, then the shorter name
-/// (`write` rather than `__libc_write`).
+/// (`write` rather than `__libc_write`). Packed in one integer: the
+/// candidates of a large library are hundreds of thousands.
 fn preference(name: &str, global: bool, weak: bool) -> Preference {
-    let binding = if global && !weak {
+    let binding: u64 = if global && !weak {
         0
     } else if weak {
         1
     } else {
         2
     };
-    let underscores = name.bytes().take_while(|&b| b == b'_').count();
-    (binding, underscores, name.len())
+    let underscores = name.bytes().take_while(|&b| b == b'_').count().min(0xffff) as u64;
+    let len = name.len().min(0xffff_ffff) as u64;
+    binding << 48 | underscores << 32 | len
 }
 
 /// Function symbols from `.symtab` and `.dynsym`.
@@ -280,11 +289,17 @@ pub fn read_symbols_from(inputs: &[Bytes]) -> Result<SymbolTable, ElfError> {
     if files.is_empty() {
         return Err(first_error.unwrap_or(ElfError::NoInput));
     }
-    let mut candidates: Vec<(u64, u64, Preference, usize, &str)> = Vec::new();
+    // Sized up front: doubling a vector of a few hundred thousand
+    // candidates would briefly hold both copies.
+    let upper_bound = files
+        .iter()
+        .map(|(_, file)| file.symbols().count() + file.dynamic_symbols().count())
+        .sum();
+    let mut candidates: Vec<(u64, u64, Preference, u32, &str)> = Vec::with_capacity(upper_bound);
     for (source, symbol) in files.iter().flat_map(|(source, file)| {
         file.symbols()
             .chain(file.dynamic_symbols())
-            .map(move |symbol| (*source, symbol))
+            .map(move |symbol| (*source as u32, symbol))
     }) {
         if symbol.kind() != SymbolKind::Text || !symbol.is_definition() || symbol.address() == 0 {
             continue;
@@ -305,11 +320,11 @@ pub fn read_symbols_from(inputs: &[Bytes]) -> Result<SymbolTable, ElfError> {
     };
     for (address, size, _, source, name) in candidates {
         // Names are slices of their file's string table.
-        let base = inputs[source].as_ptr() as usize;
+        let base = inputs[source as usize].as_ptr() as usize;
         let Some(offset) = (name.as_ptr() as usize).checked_sub(base) else {
             continue;
         };
-        let (Ok(name_len), Ok(source)) = (u32::try_from(name.len()), u32::try_from(source)) else {
+        let Ok(name_len) = u32::try_from(name.len()) else {
             continue;
         };
         table.entries.push(SymbolEntry {

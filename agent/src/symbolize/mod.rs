@@ -392,10 +392,13 @@ impl FrameSymbolizer for Symbolizer {
     fn end_of_profile(&mut self) {
         let evicted = self.dwarf.trim();
         Stats::add(&self.stats.debuginfo_cache_evictions, evicted as u64);
-        // The units a profile's lookups read stay parsed in the heap; their
-        // file pages need not stay in firn's RSS until the next profile.
+        // What a profile's lookups read stays parsed in the heap; the file
+        // pages behind it need not stay in firn's RSS until the next one.
         for info in self.dwarf.values().flatten() {
             info.release_pages();
+        }
+        for table in self.symbols.values() {
+            table.release_pages();
         }
         if std::mem::take(&mut self.dwarf_freed) || evicted > 0 {
             release_freed_heap();
