@@ -90,7 +90,8 @@ fn assert_debugger_quality(profile: &Profile, pid: u32) {
     let samples = samples_of(profile, pid);
     let named = names(&samples);
     let (share, total) = chain_share(&named, &CHAIN);
-    assert!(total >= 150, "too few samples of the workload: {total}");
+    // ~300 on an idle machine; the shares below are what is checked.
+    assert!(total >= 60, "too few samples of the workload: {total}");
     assert!(
         share >= 0.90,
         "only {:.1}% of {total} samples hold the chain:\n{}",
@@ -394,7 +395,13 @@ fn node_perf_map_names_javascript_functions() {
          outerCaller();\n",
     )
     .expect("script");
-    let node = TestProcess::spawn(Command::new("node").arg("--perf-basic-prof").arg(&script));
+    // Node also writes a v8 log into its working directory.
+    let node = TestProcess::spawn(
+        Command::new("node")
+            .current_dir(dir.path())
+            .arg("--perf-basic-prof")
+            .arg(&script),
+    );
     let _perf_map = RemoveOnDrop(PathBuf::from(format!("/tmp/perf-{}.map", node.pid())));
     // Let V8 compile the hot function.
     std::thread::sleep(Duration::from_millis(1_500));
@@ -402,7 +409,7 @@ fn node_perf_map_names_javascript_functions() {
     let (_, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
     let stacks = stacks_of(&profile, node.pid());
     let total: i64 = stacks.iter().map(|(_, count)| count).sum();
-    assert!(total >= 150, "node should be busy: {total} samples");
+    assert!(total >= 60, "node should be busy: {total} samples");
     // V8 may inline hotLoop into outerCaller; either is the script's code.
     let from_script = |name: &String| {
         name.starts_with("JS:")
