@@ -13,8 +13,17 @@ pub const BPF_LINKER_VERSION: &str = "0.13.0";
 pub const PARCA_VERSION: &str = "v0.28.0";
 
 /// Packages the tests and benchmarks use: a C compiler for the test
-/// workloads, `perf` as the benchmark peer, `bpftool` to inspect programs.
-const DEBIAN_PACKAGES: &[&str] = &["gcc", "libc6-dev", "linux-perf", "bpftool"];
+/// workloads, binutils (`objcopy`, `strip`) to split off debug files, Node
+/// for the JIT perf map test, `perf` as the benchmark peer, `bpftool` to
+/// inspect programs.
+const DEBIAN_PACKAGES: &[&str] = &[
+    "gcc",
+    "libc6-dev",
+    "binutils",
+    "nodejs",
+    "linux-perf",
+    "bpftool",
+];
 
 pub fn debian_packages() -> Result<()> {
     let missing: Vec<&str> = DEBIAN_PACKAGES
