@@ -14,7 +14,8 @@ pub use labels::KubernetesArgs;
 pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
 
 use crate::config::{
-    AgentConfig, Limits, LocalStoreConfig, MetadataConfig, RecordConfig, SamplingConfig,
+    AgentConfig, DemangleMode, Limits, LocalStoreConfig, MetadataConfig, RecordConfig,
+    SamplingConfig, SymbolConfig,
 };
 
 #[derive(Parser, Debug)]
@@ -99,10 +100,56 @@ pub struct SamplingArgs {
     pub max_stacks_per_profile: u64,
 }
 
+/// `--demangle`.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DemangleArg {
+    /// Names as the objects spell them.
+    None,
+    /// Rust without hashes, C++ without parameters and template arguments.
+    Simplified,
+    /// Everything the demangler produces.
+    Full,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SymbolArgs {
+    /// How much of demangled Rust and C++ names to show (the mangled name is
+    /// always kept as the pprof system name).
+    #[arg(long, value_enum, value_name = "MODE", default_value = "simplified")]
+    pub demangle: DemangleArg,
+
+    /// Directories holding separate debug files (comma-separated or
+    /// repeated), searched inside each process's root, then on the host.
+    #[arg(
+        long,
+        value_name = "DIR",
+        value_delimiter = ',',
+        default_value = "/usr/lib/debug"
+    )]
+    pub debuginfo_directories: Vec<PathBuf>,
+
+    /// Memory for ELF symbol tables (e.g. 32MiB).
+    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_cache_bytes)]
+    pub symbol_cache_size: usize,
+
+    /// Memory for parsed DWARF line tables and inline trees. An object whose
+    /// DWARF needs more than this on its own is named from its symbol table.
+    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_cache_bytes)]
+    pub debuginfo_cache_size: usize,
+
+    /// Memory for JIT perf maps (/tmp/perf-PID.map); also the most read of
+    /// one map.
+    #[arg(long, value_name = "BYTES", default_value = "8MiB", value_parser = parse_cache_bytes)]
+    pub perf_map_cache_size: usize,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct AgentArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
+
+    #[command(flatten)]
+    pub symbols: SymbolArgs,
 
     /// Length of each profile.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
@@ -145,6 +192,9 @@ pub struct RecordArgs {
     #[command(flatten)]
     pub sampling: SamplingArgs,
 
+    #[command(flatten)]
+    pub symbols: SymbolArgs,
+
     /// How long to record.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub duration: Duration,
@@ -183,13 +233,36 @@ impl SamplingArgs {
     }
 }
 
+impl SymbolArgs {
+    fn symbols(&self) -> SymbolConfig {
+        SymbolConfig {
+            demangle: match self.demangle {
+                DemangleArg::None => DemangleMode::None,
+                DemangleArg::Simplified => DemangleMode::Simplified,
+                DemangleArg::Full => DemangleMode::Full,
+            },
+            debuginfo_directories: self.debuginfo_directories.clone(),
+        }
+    }
+
+    fn limits(&self, limits: Limits) -> Limits {
+        Limits {
+            symbol_cache_bytes: self.symbol_cache_size,
+            debuginfo_cache_bytes: self.debuginfo_cache_size,
+            perf_map_cache_bytes: self.perf_map_cache_size,
+            ..limits
+        }
+    }
+}
+
 impl TryFrom<&RecordArgs> for RecordConfig {
     type Error = ConfigError;
 
     fn try_from(args: &RecordArgs) -> Result<Self, ConfigError> {
         Ok(Self {
             sampling: args.sampling.sampling(),
-            limits: args.sampling.limits(),
+            limits: args.symbols.limits(args.sampling.limits()),
+            symbols: args.symbols.symbols(),
             metadata: MetadataConfig {
                 node: remote::host_name().unwrap_or_else(|_| "localhost".into()),
                 external_labels: Vec::new(),
@@ -211,7 +284,8 @@ impl TryFrom<&AgentArgs> for AgentConfig {
     fn try_from(args: &AgentArgs) -> Result<Self, ConfigError> {
         Ok(Self {
             sampling: args.sampling.sampling(),
-            limits: args.sampling.limits(),
+            limits: args.symbols.limits(args.sampling.limits()),
+            symbols: args.symbols.symbols(),
             profiling_duration: args.profiling_duration,
             local_store: LocalStoreConfig {
                 directory: args.local_store_directory.clone(),
@@ -224,7 +298,7 @@ impl TryFrom<&AgentArgs> for AgentConfig {
                 metadata.kubernetes = args.kubernetes.config(&metadata.node)?;
                 metadata
             },
-            debuginfo: args.debuginfo.config(),
+            debuginfo: args.debuginfo.config(&args.symbols.debuginfo_directories),
             http_address: args.http_address,
         })
     }
@@ -259,6 +333,14 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     number
         .checked_mul(multiplier)
         .ok_or_else(|| format!("`{text}` is too large"))
+}
+
+fn parse_cache_bytes(text: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(text)?;
+    if bytes < 1 << 20 {
+        return Err(format!("a cache needs at least 1MiB, not {bytes} bytes"));
+    }
+    usize::try_from(bytes).map_err(|_| format!("`{text}` is too large"))
 }
 
 fn parse_ring_buffer_size(text: &str) -> Result<u32, String> {
@@ -338,6 +420,45 @@ mod tests {
         assert_eq!(config.sampling.pids, vec![42, 43]);
         assert_eq!(config.sampling.frequency_hz, 99);
         assert_eq!(config.output, PathBuf::from("out.pb.gz"));
+        assert_eq!(config.symbols.demangle, DemangleMode::Simplified);
+        assert_eq!(
+            config.symbols.debuginfo_directories,
+            [PathBuf::from("/usr/lib/debug")]
+        );
+        assert_eq!(config.limits.debuginfo_cache_bytes, 16 << 20);
+    }
+
+    #[test]
+    fn symbol_flags_become_a_config() {
+        let cli = Cli::try_parse_from([
+            "firn",
+            "--demangle",
+            "full",
+            "--debuginfo-directories",
+            "/a,/b",
+            "--debuginfo-directories",
+            "/c",
+            "--debuginfo-cache-size",
+            "8MiB",
+            "--perf-map-cache-size",
+            "2MiB",
+            "--symbol-cache-size",
+            "4MiB",
+        ])
+        .expect("valid flags");
+        let config = AgentConfig::try_from(&cli.agent).expect("valid configuration");
+        assert_eq!(config.symbols.demangle, DemangleMode::Full);
+        assert_eq!(
+            config.symbols.debuginfo_directories,
+            ["/a", "/b", "/c"].map(PathBuf::from)
+        );
+        assert_eq!(config.limits.debuginfo_cache_bytes, 8 << 20);
+        assert_eq!(config.limits.perf_map_cache_bytes, 2 << 20);
+        assert_eq!(config.limits.symbol_cache_bytes, 4 << 20);
+        for (flag, value) in [("--demangle", "pretty"), ("--debuginfo-cache-size", "1KiB")] {
+            let error = Cli::try_parse_from(["firn", flag, value]).expect_err("rejected");
+            assert_eq!(error.exit_code(), 2, "{flag} {value}");
+        }
     }
 
     #[test]

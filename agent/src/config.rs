@@ -3,6 +3,8 @@
 
 use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 
+pub use crate::symbolize::DemangleMode;
+
 /// What the BPF side samples and how.
 #[derive(Clone, Debug)]
 pub struct SamplingConfig {
@@ -36,8 +38,12 @@ pub struct Limits {
     pub max_processes: usize,
     /// Open ELF objects (file handles, build ids) kept.
     pub max_objects: usize,
-    /// Bytes of symbol tables kept in memory.
+    /// Bytes of ELF symbol tables kept in memory.
     pub symbol_cache_bytes: usize,
+    /// Bytes of DWARF (line tables, inline trees; estimated) kept in memory.
+    pub debuginfo_cache_bytes: usize,
+    /// Bytes of JIT perf maps kept in memory; also the most read of one map.
+    pub perf_map_cache_bytes: usize,
     /// Bytes of unwind tables kept in memory.
     pub unwind_cache_bytes: usize,
     /// Distinct stacks per profile; samples beyond are counted as dropped.
@@ -51,10 +57,31 @@ impl Default for Limits {
         Self {
             max_processes: 16_384,
             max_objects: 4_096,
-            symbol_cache_bytes: 64 << 20,
+            symbol_cache_bytes: 16 << 20,
+            debuginfo_cache_bytes: 16 << 20,
+            perf_map_cache_bytes: 8 << 20,
             unwind_cache_bytes: 32 << 20,
             max_stacks_per_profile: 200_000,
             exited_process_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// How frames are named.
+#[derive(Clone, Debug)]
+pub struct SymbolConfig {
+    pub demangle: DemangleMode,
+    /// Where separate debug files are looked for (GDB's
+    /// debug-file-directory), inside a process's root first, then on the
+    /// host.
+    pub debuginfo_directories: Vec<PathBuf>,
+}
+
+impl Default for SymbolConfig {
+    fn default() -> Self {
+        Self {
+            demangle: DemangleMode::Simplified,
+            debuginfo_directories: vec![PathBuf::from("/usr/lib/debug")],
         }
     }
 }
@@ -64,6 +91,7 @@ impl Default for Limits {
 pub struct RecordConfig {
     pub sampling: SamplingConfig,
     pub limits: Limits,
+    pub symbols: SymbolConfig,
     /// Sample labels and relabeling (no Kubernetes watch for one recording).
     pub metadata: MetadataConfig,
     pub duration: Duration,
@@ -76,6 +104,7 @@ pub struct RecordConfig {
 pub struct AgentConfig {
     pub sampling: SamplingConfig,
     pub limits: Limits,
+    pub symbols: SymbolConfig,
     /// One profile per interval.
     pub profiling_duration: Duration,
     /// Used when there is no remote store.

@@ -1,10 +1,10 @@
-//! Reading what firn needs from ELF files: build id, load segments, function
-//! symbols. Pure functions over bytes (no I/O), so they are tested on
+//! Reading what firn needs from ELF files: build id, load segments, where
+//! the debug info is, function symbols. Pure functions over bytes (no I/O), so they are tested on
 //! checked-in fixtures and corrupt inputs without root.
 
-use std::{fmt, sync::Arc};
+use std::{fmt, ops::Deref, sync::Arc};
 
-use object::{Object, ObjectSegment, ObjectSymbol, SymbolKind};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
@@ -15,6 +15,53 @@ pub enum ElfError {
     },
     #[error("not an ELF file (format {format:?})")]
     NotElf { format: object::BinaryFormat },
+    #[error("no ELF data given")]
+    NoInput,
+}
+
+/// Bytes that tables read from an object keep pointing into.
+pub trait SharedBytes: AsRef<[u8]> + Send + Sync {
+    /// Lets the kernel drop the pages of a file mapping from this process
+    /// (they stay in the page cache and fault back in when touched), so a
+    /// one-pass read of a large object does not stay in its RSS. A no-op
+    /// for bytes in memory.
+    fn release_pages(&self) {}
+}
+
+impl SharedBytes for Vec<u8> {}
+impl SharedBytes for &'static [u8] {}
+
+/// The bytes of an object (memory-mapped, or in memory), shared by the
+/// tables read from it so they need not copy what they point into.
+#[derive(Clone)]
+pub struct Bytes(Arc<dyn SharedBytes>);
+
+impl Bytes {
+    pub fn new(bytes: Arc<dyn SharedBytes>) -> Self {
+        Self(bytes)
+    }
+
+    pub fn from_static(bytes: &'static [u8]) -> Self {
+        Self(Arc::new(bytes))
+    }
+
+    pub fn release_pages(&self) {
+        self.0.release_pages();
+    }
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        (*self.0).as_ref()
+    }
+}
+
+impl fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Bytes({} bytes)", self.len())
+    }
 }
 
 /// The GNU build id of an object, as bytes (cheap to clone: cache keys).
@@ -49,11 +96,24 @@ pub struct LoadSegment {
     pub vaddr: u64,
 }
 
+/// A `.gnu_debuglink`: the file name of the separate debug file and the
+/// CRC-32 of its whole contents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DebugLink {
+    pub name: String,
+    pub crc: u32,
+}
+
 /// What the process table keeps about an object.
 #[derive(Clone, Debug, Default)]
 pub struct ElfLayout {
     pub build_id: Option<BuildId>,
     pub segments: Vec<LoadSegment>,
+    pub debug_link: Option<DebugLink>,
+    /// The object carries its own DWARF (`.debug_info` with contents).
+    pub has_debug_info: bool,
+    /// The object has a `.symtab` (not stripped).
+    pub has_symtab: bool,
 }
 
 impl ElfLayout {
@@ -90,22 +150,47 @@ pub fn read_layout(data: &[u8]) -> Result<ElfLayout, ElfError> {
             }
         })
         .collect();
-    Ok(ElfLayout { build_id, segments })
+    // A link whose name is not UTF-8 or holds a path separator cannot name
+    // a file next to the object; GDB ignores such links too.
+    let debug_link = file.gnu_debuglink().ok().flatten().and_then(|(name, crc)| {
+        let name = std::str::from_utf8(name).ok()?;
+        (!name.is_empty() && !name.contains('/') && name != "." && name != "..").then(|| {
+            DebugLink {
+                name: name.to_owned(),
+                crc,
+            }
+        })
+    });
+    // Debug files stripped of DWARF keep the section header with no bytes.
+    let has_debug_info = file
+        .section_by_name(".debug_info")
+        .is_some_and(|section| section.file_range().is_some_and(|(_, size)| size > 0));
+    Ok(ElfLayout {
+        build_id,
+        segments,
+        debug_link,
+        has_debug_info,
+        has_symtab: file.symbol_table().is_some(),
+    })
 }
 
 #[derive(Clone, Copy, Debug)]
 struct SymbolEntry {
     address: u64,
     size: u64,
-    name_start: u32,
+    /// The name's place in its source file's string table.
+    name_offset: u64,
     name_len: u32,
+    source: u32,
 }
 
-/// Function symbols of one object, sorted by address, names in one arena.
+/// Function symbols of one object, sorted by address. Names are not
+/// copied: they are read from the files' string tables, which stay mapped
+/// (a large C++ or Rust library has megabytes of them).
 #[derive(Debug, Default)]
 pub struct SymbolTable {
     entries: Vec<SymbolEntry>,
-    names: String,
+    sources: Vec<Bytes>,
 }
 
 /// A symbol that covers an address.
@@ -126,7 +211,24 @@ impl SymbolTable {
 
     /// Approximate heap bytes, for cache accounting.
     pub fn heap_bytes(&self) -> usize {
-        self.entries.capacity() * std::mem::size_of::<SymbolEntry>() + self.names.capacity()
+        self.entries.capacity() * std::mem::size_of::<SymbolEntry>()
+            + self.sources.capacity() * std::mem::size_of::<Bytes>()
+    }
+
+    /// Lets the kernel drop the file pages lookups have touched.
+    pub fn release_pages(&self) {
+        for source in &self.sources {
+            source.release_pages();
+        }
+    }
+
+    fn name(&self, entry: &SymbolEntry) -> &str {
+        let start = usize::try_from(entry.name_offset).unwrap_or(usize::MAX);
+        self.sources
+            .get(entry.source as usize)
+            .and_then(|source| source.get(start..start.checked_add(entry.name_len as usize)?))
+            .and_then(|bytes| std::str::from_utf8(bytes).ok())
+            .unwrap_or_default()
     }
 
     /// The function containing `vaddr`: the closest symbol at or below it,
@@ -140,36 +242,65 @@ impl SymbolTable {
             true
         };
         covered.then(|| SymbolHit {
-            name: &self.names
-                [entry.name_start as usize..(entry.name_start + entry.name_len) as usize],
+            name: self.name(entry),
             address: entry.address,
         })
     }
 }
 
 /// Ordering key among names at one address: lower is preferred.
-type Preference = (u8, usize, usize);
+type Preference = u64;
 
 /// Which of several names at one address to show: global before weak
 /// before local, then fewer leading underscores, then the shorter name
-/// (`write` rather than `__libc_write`).
+/// (`write` rather than `__libc_write`). Packed in one integer: the
+/// candidates of a large library are hundreds of thousands.
 fn preference(name: &str, global: bool, weak: bool) -> Preference {
-    let binding = if global && !weak {
+    let binding: u64 = if global && !weak {
         0
     } else if weak {
         1
     } else {
         2
     };
-    let underscores = name.bytes().take_while(|&b| b == b'_').count();
-    (binding, underscores, name.len())
+    let underscores = name.bytes().take_while(|&b| b == b'_').count().min(0xffff) as u64;
+    let len = name.len().min(0xffff_ffff) as u64;
+    binding << 48 | underscores << 32 | len
 }
 
 /// Function symbols from `.symtab` and `.dynsym`.
-pub fn read_symbols(data: &[u8]) -> Result<SymbolTable, ElfError> {
-    let file = parse(data)?;
-    let mut candidates: Vec<(u64, u64, Preference, &str)> = Vec::new();
-    for symbol in file.symbols().chain(file.dynamic_symbols()) {
+pub fn read_symbols(input: &Bytes) -> Result<SymbolTable, ElfError> {
+    read_symbols_from(std::slice::from_ref(input))
+}
+
+/// Function symbols of several files describing one object (a stripped
+/// binary and its separate debug file); fails only when none parses.
+pub fn read_symbols_from(inputs: &[Bytes]) -> Result<SymbolTable, ElfError> {
+    let mut files = Vec::with_capacity(inputs.len());
+    let mut first_error = None;
+    for (source, data) in inputs.iter().enumerate() {
+        match parse(data) {
+            Ok(file) => files.push((source, file)),
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    if files.is_empty() {
+        return Err(first_error.unwrap_or(ElfError::NoInput));
+    }
+    // Sized up front: doubling a vector of a few hundred thousand
+    // candidates would briefly hold both copies.
+    let upper_bound = files
+        .iter()
+        .map(|(_, file)| file.symbols().count() + file.dynamic_symbols().count())
+        .sum();
+    let mut candidates: Vec<(u64, u64, Preference, u32, &str)> = Vec::with_capacity(upper_bound);
+    for (source, symbol) in files.iter().flat_map(|(source, file)| {
+        file.symbols()
+            .chain(file.dynamic_symbols())
+            .map(move |symbol| (*source as u32, symbol))
+    }) {
         if symbol.kind() != SymbolKind::Text || !symbol.is_definition() || symbol.address() == 0 {
             continue;
         }
@@ -178,27 +309,30 @@ pub fn read_symbols(data: &[u8]) -> Result<SymbolTable, ElfError> {
             continue;
         }
         let rank = preference(name, symbol.is_global(), symbol.is_weak());
-        candidates.push((symbol.address(), symbol.size(), rank, name));
+        candidates.push((symbol.address(), symbol.size(), rank, source, name));
     }
     candidates.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.2.cmp(&b.2)));
     candidates.dedup_by_key(|c| c.0);
 
     let mut table = SymbolTable {
         entries: Vec::with_capacity(candidates.len()),
-        names: String::with_capacity(candidates.iter().map(|c| c.3.len()).sum()),
+        sources: inputs.to_vec(),
     };
-    for (address, size, _, name) in candidates {
-        let (Ok(name_start), Ok(name_len)) =
-            (u32::try_from(table.names.len()), u32::try_from(name.len()))
-        else {
-            break;
+    for (address, size, _, source, name) in candidates {
+        // Names are slices of their file's string table.
+        let base = inputs[source as usize].as_ptr() as usize;
+        let Some(offset) = (name.as_ptr() as usize).checked_sub(base) else {
+            continue;
         };
-        table.names.push_str(name);
+        let Ok(name_len) = u32::try_from(name.len()) else {
+            continue;
+        };
         table.entries.push(SymbolEntry {
             address,
             size,
-            name_start,
+            name_offset: offset as u64,
             name_len,
+            source,
         });
     }
     Ok(table)
@@ -218,11 +352,13 @@ pub(crate) mod tests {
         table
             .entries
             .iter()
-            .find(|e| {
-                &table.names[e.name_start as usize..(e.name_start + e.name_len) as usize] == wanted
-            })
+            .find(|e| table.name(e) == wanted)
             .map(|e| e.address)
             .unwrap_or_else(|| panic!("{wanted} not in the symbol table"))
+    }
+
+    fn symbols(elf: &'static [u8]) -> Result<SymbolTable, ElfError> {
+        read_symbols(&Bytes::from_static(elf))
     }
 
     #[test]
@@ -230,7 +366,7 @@ pub(crate) mod tests {
         let layout = read_layout(CHAIN).expect("fixture parses");
         let build_id = layout.build_id.as_ref().expect("gcc writes a build id");
         assert_eq!(build_id.as_bytes().len(), 20);
-        let text = read_symbols(CHAIN).expect("symbols");
+        let text = symbols(CHAIN).expect("symbols");
         let main = address_of(&text, "main");
         // A PIE's text is mapped at its vaddr's file offset.
         let segment = layout
@@ -245,7 +381,7 @@ pub(crate) mod tests {
 
     #[test]
     fn symbols_cover_their_functions() {
-        let table = read_symbols(CHAIN).expect("symbols");
+        let table = symbols(CHAIN).expect("symbols");
         for name in ["main", "level_one", "level_two", "level_three", "burn_leaf"] {
             let start = address_of(&table, name);
             assert_eq!(table.lookup(start).map(|h| h.name), Some(name));
@@ -256,12 +392,9 @@ pub(crate) mod tests {
 
     #[test]
     fn stripped_binary_keeps_only_dynamic_symbols() {
-        let table = read_symbols(CHAIN_STRIPPED).expect("symbols");
+        let table = symbols(CHAIN_STRIPPED).expect("symbols");
         assert!(
-            table.entries.iter().all(|e| {
-                &table.names[e.name_start as usize..(e.name_start + e.name_len) as usize]
-                    != "level_two"
-            }),
+            table.entries.iter().all(|e| table.name(e) != "level_two"),
             "a local function survived stripping"
         );
         let layout = read_layout(CHAIN_STRIPPED).expect("layout");
@@ -276,18 +409,24 @@ pub(crate) mod tests {
     fn corrupt_input_is_an_error() {
         assert!(read_layout(b"").is_err());
         assert!(read_layout(b"\x7fELF garbage").is_err());
-        assert!(read_symbols(&CHAIN[..64]).is_err());
+        assert!(symbols(&CHAIN[..64]).is_err());
         // Every truncation either parses or fails; none panics.
         for len in (0..CHAIN.len()).step_by(97) {
             let _ = read_layout(&CHAIN[..len]);
-            let _ = read_symbols(&CHAIN[..len]);
+            if let Ok(table) = symbols(&CHAIN[..len]) {
+                let _ = table.lookup(0x1139);
+            }
         }
         let mut flipped = CHAIN.to_vec();
         for index in (64..flipped.len()).step_by(61) {
             flipped[index] ^= 0xa5;
         }
         let _ = read_layout(&flipped);
-        let _ = read_symbols(&flipped);
+        if let Ok(table) = read_symbols(&Bytes::new(Arc::new(flipped))) {
+            for entry in &table.entries {
+                let _ = table.lookup(entry.address);
+            }
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 use crate::{
     aggregate::{AggregatedProfile, Aggregator, UnwoundSample},
     bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
-    config::{Limits, SamplingConfig},
+    config::{Limits, SamplingConfig, SymbolConfig},
     labels::{MetadataLimits, MetadataReader},
     process::{ProcessTable, ProcessTableStats},
     sampler::{self, RawSample, Record, RingReader},
@@ -65,9 +65,14 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    pub fn new(limits: &Limits, stats: Arc<Stats>) -> Self {
+    pub fn new(limits: &Limits, symbols: &SymbolConfig, stats: Arc<Stats>) -> Self {
         Self {
-            processes: ProcessTable::new(PathBuf::from("/proc"), limits, stats.clone()),
+            processes: ProcessTable::new(
+                PathBuf::from("/proc"),
+                limits,
+                &symbols.debuginfo_directories,
+                stats.clone(),
+            ),
             metadata: MetadataReader::new(
                 PathBuf::from("/proc"),
                 &MetadataLimits {
@@ -131,8 +136,9 @@ impl Pipeline {
         let user = self
             .unwinder
             .user_frames(&sample, &image, &mut self.processes);
-        // Open every object now, while the process is surely alive; the
-        // profile is symbolized later, possibly after it exited.
+        // Open every object (and debug file, and JIT perf map) now, while
+        // the process is surely alive; the profile is symbolized later,
+        // possibly after it exited.
         for &address in &user {
             if let Some(index) = image.mapping_index(address) {
                 self.processes.object(&image, index);
@@ -176,6 +182,7 @@ impl Session {
     pub fn start(
         sampling: &SamplingConfig,
         limits: &Limits,
+        symbols: &SymbolConfig,
         stats: Arc<Stats>,
     ) -> Result<Self, SessionError> {
         raise_open_file_limit();
@@ -185,7 +192,7 @@ impl Session {
         Ok(Self {
             bpf,
             reader,
-            pipeline: Pipeline::new(limits, stats),
+            pipeline: Pipeline::new(limits, symbols, stats),
         })
     }
 
@@ -335,7 +342,8 @@ mod tests {
     #[test]
     fn vanished_process_yields_unknown_frames_not_a_crash() {
         let stats = Arc::new(Stats::default());
-        let mut pipeline = Pipeline::new(&Limits::default(), stats.clone());
+        let mut pipeline =
+            Pipeline::new(&Limits::default(), &SymbolConfig::default(), stats.clone());
         // Beyond pid_max: no such process can exist.
         let ghost = 4_194_305;
         pipeline.sample(RawSample {
@@ -349,7 +357,8 @@ mod tests {
         assert_eq!(aggregated.samples, 1);
         let mut symbolizer = Symbolizer::new(
             std::path::Path::new("/proc/kallsyms"),
-            1 << 20,
+            &Limits::default(),
+            &SymbolConfig::default(),
             stats.clone(),
         );
         let (profile, summary) = build_profile(&aggregated, 10_000_000, &mut symbolizer, &stats);
@@ -365,15 +374,18 @@ mod tests {
     fn a_drain_pass_yields_even_when_records_never_stop() {
         // Slow records arriving faster than they are handled: the pass must
         // end after its slice and report what is left.
+        // Sleeps only ever run long (a loaded machine), so: at most 7
+        // batches of at least 5 ms fit before the 30 ms check stops it, and
+        // it never stops before its slice is used.
         let mut batches = 0;
+        let started = Instant::now();
         let pending = drain_for(Duration::from_millis(30), |limit| {
             batches += 1;
             std::thread::sleep(Duration::from_millis(5));
             limit
         });
         assert!(pending);
-        // Every batch takes at least 5 ms, so a 30 ms slice ends after at
-        // most 7 of them however loaded the machine is.
+        assert!(started.elapsed() >= Duration::from_millis(30));
         assert!(
             (1..=7).contains(&batches),
             "{batches} batches in a 30 ms slice"
@@ -390,7 +402,8 @@ mod tests {
     #[test]
     fn malformed_records_are_counted() {
         let stats = Arc::new(Stats::default());
-        let mut pipeline = Pipeline::new(&Limits::default(), stats.clone());
+        let mut pipeline =
+            Pipeline::new(&Limits::default(), &SymbolConfig::default(), stats.clone());
         pipeline.handle(&[1, 0, 0, 0, 9]);
         pipeline.handle(&[]);
         assert_eq!(stats.snapshot().records_malformed, 2);

@@ -77,6 +77,30 @@ counters! {
     symbol_cache_hits,
     symbol_cache_misses,
     symbol_cache_evictions,
+    /// ELF symbol tables that could not be read (malformed objects).
+    symbol_table_errors,
+    /// DWARF cache (line tables and inline trees).
+    debuginfo_cache_hits,
+    debuginfo_cache_misses,
+    debuginfo_cache_evictions,
+    /// DWARF that could not be used: malformed or truncated sections.
+    dwarf_errors,
+    /// Objects whose DWARF would take more than the whole DWARF cache;
+    /// their frames are named from the symbol table.
+    debuginfo_too_large,
+    /// Separate debug files that matched their object (build id or CRC).
+    debug_files_found,
+    /// Debug file candidates that did not match their object or did not
+    /// parse.
+    debug_files_rejected,
+    /// JIT perf map cache.
+    perf_map_cache_hits,
+    perf_map_cache_misses,
+    perf_map_cache_evictions,
+    /// Perf map lines that did not parse.
+    perf_map_parse_errors,
+    /// Perf maps larger than the cache may read.
+    perf_maps_truncated,
     /// Unwind table cache.
     unwind_cache_hits,
     unwind_cache_misses,

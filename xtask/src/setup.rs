@@ -13,9 +13,18 @@ pub const BPF_LINKER_VERSION: &str = "0.13.0";
 pub const PARCA_VERSION: &str = "v0.28.0";
 
 /// Packages the tests and benchmarks use: a C compiler for the test
-/// workloads, `perf` as the benchmark peer, `bpftool` to inspect programs,
-/// `systemd-analyze` to verify the unit.
-const DEBIAN_PACKAGES: &[&str] = &["gcc", "libc6-dev", "linux-perf", "bpftool", "systemd"];
+/// workloads, binutils (`objcopy`, `strip`) to split off debug files, Node
+/// for the JIT perf map test, `perf` as the benchmark peer, `bpftool` to
+/// inspect programs, systemd for `systemd-analyze` (verifies the unit).
+const DEBIAN_PACKAGES: &[&str] = &[
+    "gcc",
+    "libc6-dev",
+    "binutils",
+    "nodejs",
+    "linux-perf",
+    "bpftool",
+    "systemd",
+];
 
 /// Python tools the tests use, pinned: the Prometheus client's OpenMetrics
 /// parser (reads /metrics), a Kubernetes schema validator with the schemas

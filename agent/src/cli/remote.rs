@@ -62,16 +62,6 @@ pub struct DebuginfoArgs {
     #[arg(long)]
     pub debuginfo_upload_disable: bool,
 
-    /// Where debug files are looked up by build id
-    /// (`DIR/.build-id/xx/rest.debug`); comma-separated or repeated.
-    #[arg(
-        long,
-        value_name = "DIR",
-        value_delimiter = ',',
-        default_value = "/usr/lib/debug"
-    )]
-    pub debuginfo_directories: Vec<PathBuf>,
-
     /// Uploads at once.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub debuginfo_upload_max_parallel: u64,
@@ -220,10 +210,12 @@ impl MetadataArgs {
 }
 
 impl DebuginfoArgs {
-    pub fn config(&self) -> DebuginfoConfig {
+    /// `directories` are the symbolizer's (`--debuginfo-directories`): the
+    /// debug files firn reads are the ones it can upload.
+    pub fn config(&self, directories: &[PathBuf]) -> DebuginfoConfig {
         DebuginfoConfig {
             upload: !self.debuginfo_upload_disable,
-            directories: self.debuginfo_directories.clone(),
+            directories: directories.to_vec(),
             max_parallel: usize::try_from(self.debuginfo_upload_max_parallel).unwrap_or(1),
             upload_timeout: self.debuginfo_upload_timeout_duration,
         }

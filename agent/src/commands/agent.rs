@@ -87,7 +87,12 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         ),
     };
     let (labeler, _kubernetes) = labeler(config, &stats);
-    let mut session = Session::start(&config.sampling, &config.limits, stats.clone())?;
+    let mut session = Session::start(
+        &config.sampling,
+        &config.limits,
+        &config.symbols,
+        stats.clone(),
+    )?;
     match session.bpf_probe() {
         Ok(probe) => metrics.attach_bpf(probe),
         Err(error) => warn!(
@@ -114,7 +119,12 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     let builder = {
         let stats = stats.clone();
         let period = period_ns(config.sampling.frequency_hz);
-        let cache_bytes = config.limits.symbol_cache_bytes;
+        let symbolizer = Symbolizer::new(
+            Path::new("/proc/kallsyms"),
+            &config.limits,
+            &config.symbols,
+            stats.clone(),
+        );
         let deadline = deadline.clone();
         thread::Builder::new()
             .name("firn-builder".into())
@@ -125,7 +135,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
                     exporter.as_mut(),
                     &labeler,
                     period,
-                    cache_bytes,
+                    symbolizer,
                     stats,
                 );
                 let deadline = deadline
@@ -246,10 +256,9 @@ fn build_loop(
     exporter: &mut dyn Exporter,
     labeler: &Labeler,
     period: i64,
-    cache_bytes: usize,
+    mut symbolizer: Symbolizer,
     stats: Arc<Stats>,
 ) {
-    let mut symbolizer = Symbolizer::new(Path::new("/proc/kallsyms"), cache_bytes, stats.clone());
     let mut before = stats.snapshot();
     while let Ok(interval) = receiver.recv() {
         if interval.aggregated.samples == 0 && interval.aggregated.dropped == 0 {
@@ -270,7 +279,7 @@ fn build_loop(
             &stats,
         );
         let profiles = batch.profiles.len();
-        let unsymbolized_objects = batch.unsymbolized_objects.len();
+        let unsymbolized_objects = batch.unsymbolized_objects;
         let exported = exporter.export(batch);
         let now = stats.snapshot();
         let delta = now.since(&before);

@@ -18,7 +18,12 @@ use super::{lost_samples, period_ns, stack_failures, unknown_frames};
 
 pub async fn run(config: &RecordConfig) -> Result<()> {
     let stats = Arc::new(Stats::default());
-    let mut session = Session::start(&config.sampling, &config.limits, stats.clone())?;
+    let mut session = Session::start(
+        &config.sampling,
+        &config.limits,
+        &config.symbols,
+        stats.clone(),
+    )?;
     info!(
         cpus = session.cpus(),
         frequency_hz = config.sampling.frequency_hz,
@@ -46,7 +51,8 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
 
     let mut symbolizer = Symbolizer::new(
         Path::new("/proc/kallsyms"),
-        config.limits.symbol_cache_bytes,
+        &config.limits,
+        &config.symbols,
         stats.clone(),
     );
     let stacks = aggregated.stacks.len();

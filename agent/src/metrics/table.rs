@@ -149,6 +149,26 @@ pub const FAMILIES: &[Family] = &[
         C,
         "Entries the symbolizer caches dropped to stay within their size, by cache.",
     ),
+    family(
+        "symbolizer_errors",
+        C,
+        "Debug information that could not be used, by kind: symbol_table (malformed ELF \
+         symbol tables), dwarf (malformed or truncated DWARF), perf_map (perf map lines \
+         that did not parse).",
+    ),
+    family(
+        "symbolizer_limited",
+        C,
+        "What the symbolizer read only in part to stay within its caches, by reason: \
+         dwarf_too_large (the object's frames are named from its symbol table), \
+         perf_map_truncated (a perf map larger than --perf-map-cache-size).",
+    ),
+    family(
+        "debug_files",
+        C,
+        "Separate debug files looked at, by result: found (matched their object by build \
+         id or CRC), rejected (did not match or did not parse).",
+    ),
     family("cache_hits", C, "Other caches' lookups answered, by cache."),
     family(
         "cache_misses",
@@ -366,6 +386,63 @@ pub const ROWS: &[Row] = &[
         "symbol_cache_evictions",
         "symbolizer_cache_evictions",
         &[("cache", "symbol_table")],
+    ),
+    stat(
+        "debuginfo_cache_hits",
+        "symbolizer_cache_hits",
+        &[("cache", "dwarf")],
+    ),
+    stat(
+        "debuginfo_cache_misses",
+        "symbolizer_cache_misses",
+        &[("cache", "dwarf")],
+    ),
+    stat(
+        "debuginfo_cache_evictions",
+        "symbolizer_cache_evictions",
+        &[("cache", "dwarf")],
+    ),
+    stat(
+        "perf_map_cache_hits",
+        "symbolizer_cache_hits",
+        &[("cache", "perf_map")],
+    ),
+    stat(
+        "perf_map_cache_misses",
+        "symbolizer_cache_misses",
+        &[("cache", "perf_map")],
+    ),
+    stat(
+        "perf_map_cache_evictions",
+        "symbolizer_cache_evictions",
+        &[("cache", "perf_map")],
+    ),
+    stat(
+        "symbol_table_errors",
+        "symbolizer_errors",
+        &[("kind", "symbol_table")],
+    ),
+    stat("dwarf_errors", "symbolizer_errors", &[("kind", "dwarf")]),
+    stat(
+        "perf_map_parse_errors",
+        "symbolizer_errors",
+        &[("kind", "perf_map")],
+    ),
+    stat(
+        "debuginfo_too_large",
+        "symbolizer_limited",
+        &[("reason", "dwarf_too_large")],
+    ),
+    stat(
+        "perf_maps_truncated",
+        "symbolizer_limited",
+        &[("reason", "perf_map_truncated")],
+    ),
+    stat("debug_files_found", "debug_files", &[("result", "found")]),
+    stat(
+        "debug_files_rejected",
+        "debug_files",
+        &[("result", "rejected")],
     ),
     stat(
         "unwind_cache_hits",

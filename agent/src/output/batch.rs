@@ -112,7 +112,8 @@ pub fn build_batch(
     let mut batch = ProfileBatch {
         start,
         profiles: Vec::with_capacity(built.len()),
-        unsymbolized_objects: Vec::new(),
+        debuginfo_candidates: Vec::new(),
+        unsymbolized_objects: 0,
     };
     let mut total = BuildSummary::default();
     let mut seen_objects = HashSet::new();
@@ -123,11 +124,22 @@ pub fn build_batch(
             error!(%error, ?labels, "profile dropped: it breaks the pprof rules (a bug in firn)");
             continue;
         }
+        // Objects with unnamed frames first: the server needs those most.
         for object in unsymbolized_objects(&profile, &group.stacks) {
             if let Some(build_id) = object.build_id()
                 && seen_objects.insert(build_id.clone())
             {
-                batch.unsymbolized_objects.push(object);
+                batch.unsymbolized_objects += 1;
+                batch.debuginfo_candidates.push(object);
+            }
+        }
+        // Then every other object: the server may want it too (it answers
+        // ShouldInitiateUpload), as Parca Agent offers all of them.
+        for object in sampled_objects(&group.stacks) {
+            if let Some(build_id) = object.build_id()
+                && seen_objects.insert(build_id.clone())
+            {
+                batch.debuginfo_candidates.push(object);
             }
         }
         batch.profiles.push(SeriesProfile {
@@ -221,6 +233,29 @@ pub fn unsymbolized_objects(
     objects
 }
 
+/// Every object with a build id that `stacks` have user frames in.
+fn sampled_objects(stacks: &[(StackKey, u64)]) -> Vec<Arc<ObjectFile>> {
+    let mut seen = HashSet::new();
+    let mut objects = Vec::new();
+    for (key, _) in stacks {
+        let image = &key.image.0;
+        for &address in key.user.iter() {
+            let Some(object) = image
+                .mapping_index(address)
+                .and_then(|index| image.mappings[index].object())
+            else {
+                continue;
+            };
+            if let Some(build_id) = object.build_id()
+                && seen.insert(build_id.clone())
+            {
+                objects.push(object.clone());
+            }
+        }
+    }
+    objects
+}
+
 fn add_summary(total: &mut BuildSummary, part: &BuildSummary) {
     total.samples += part.samples;
     total.locations += part.locations;
@@ -261,6 +296,10 @@ mod tests {
             Vec::new()
         }
 
+        fn jit(&mut self, _perf_map: &std::fs::File, _address: u64) -> Option<Line> {
+            None
+        }
+
         fn kernel_build_id(&self) -> Option<&BuildId> {
             None
         }
@@ -273,8 +312,12 @@ mod tests {
         // This test's own process, with real mappings, objects and /proc
         // metadata.
         let stats = Arc::new(Stats::default());
-        let mut table =
-            ProcessTable::new(PathBuf::from("/proc"), &Limits::default(), stats.clone());
+        let mut table = ProcessTable::new(
+            PathBuf::from("/proc"),
+            &Limits::default(),
+            &[],
+            stats.clone(),
+        );
         let mut reader =
             MetadataReader::new(PathBuf::from("/proc"), &MetadataLimits::default(), stats);
         let code: fn() = own_code;
@@ -395,8 +438,8 @@ mod tests {
 
         // Only the object that has a build id and unnamed frames is offered;
         // the process without objects has none to offer.
-        assert_eq!(batch.unsymbolized_objects.len(), 1);
-        let object = &batch.unsymbolized_objects[0];
+        assert_eq!(batch.unsymbolized_objects, 1);
+        let object = &batch.debuginfo_candidates[0];
         assert!(object.build_id().is_some());
         assert_eq!(
             std::fs::canonicalize(&object.path).ok(),

@@ -65,9 +65,12 @@ pub struct SeriesProfile {
 pub struct ProfileBatch {
     pub start: SystemTime,
     pub profiles: Vec<SeriesProfile>,
-    /// Objects (with a build id) holding frames firn could not name, so an
-    /// exporter can have them symbolized elsewhere.
-    pub unsymbolized_objects: Vec<Arc<ObjectFile>>,
+    /// Objects (with a build id) the profiles have frames in, those holding
+    /// frames firn could not name first, so an exporter can offer their
+    /// debug information to a server that symbolizes.
+    pub debuginfo_candidates: Vec<Arc<ObjectFile>>,
+    /// How many of the candidates have frames firn could not name.
+    pub unsymbolized_objects: usize,
 }
 
 /// What an exporter did with a batch, for the interval's log line.

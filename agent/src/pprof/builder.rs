@@ -3,12 +3,16 @@
 //! sample type, non-zero location ids, real mapping ranges and runtime
 //! addresses, lines on every location firn could symbolize.
 
-use std::{collections::HashMap, sync::Arc, time::UNIX_EPOCH};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::UNIX_EPOCH,
+};
 
 use super::proto;
 use crate::{
     aggregate::{AggregatedProfile, StackKey},
-    process::{MappingKind, ProcessImage},
+    process::{MappingKind, ObjectFile, ProcessImage},
     stats::Stats,
     symbolize::{FrameSymbolizer, Line},
 };
@@ -71,6 +75,8 @@ struct Builder<'a> {
     unmapped_ids: HashMap<u64, u64>,
     functions: Vec<proto::Function>,
     function_ids: HashMap<(i64, i64, i64), u64>,
+    /// User frames symbolized ahead, object by object.
+    user_lines: HashMap<(*const ObjectFile, u64), Vec<Line>>,
     summary: BuildSummary,
 }
 
@@ -78,6 +84,17 @@ struct Builder<'a> {
 /// callback; `thread_id` is added after them for threads other than the
 /// main one.
 pub type SampleLabels<'a> = dyn Fn(&StackKey, &mut dyn FnMut(&str, &str)) + 'a;
+
+/// The address to symbolize for a user frame: return addresses (all but
+/// the innermost frame) point after the call, which may be the first
+/// instruction of the next function or line.
+fn lookup_address(address: u64, is_return: bool) -> u64 {
+    if is_return {
+        address.saturating_sub(1)
+    } else {
+        address
+    }
+}
 
 /// Builds the profile of one interval with `pid` and `comm` as sample
 /// labels. `period_ns` is the sampling period (1e9 / frequency).
@@ -112,8 +129,10 @@ pub fn build_labelled_profile(
         unmapped_ids: HashMap::new(),
         functions: Vec::new(),
         function_ids: HashMap::new(),
+        user_lines: HashMap::new(),
         summary: BuildSummary::default(),
     };
+    builder.symbolize_user_frames(aggregated);
     let samples_type = builder.value_type("samples", "count");
     let cpu_type = builder.value_type("cpu", "nanoseconds");
     let mut samples = Vec::with_capacity(aggregated.stacks.len());
@@ -148,6 +167,8 @@ pub fn build_labelled_profile(
         &stats.kernel_frames_unsymbolized,
         summary.unsymbolized_kernel_locations as u64,
     );
+
+    builder.symbolizer.end_of_profile();
 
     let time_nanos = aggregated
         .start
@@ -199,6 +220,36 @@ impl Builder<'_> {
         }
     }
 
+    /// Symbolizes every distinct user frame in object order before the
+    /// profile is assembled: each object's tables are then built at most
+    /// once per profile, even when the caches cannot hold all of them at
+    /// once (frames of big objects interleave in the stacks).
+    fn symbolize_user_frames(&mut self, aggregated: &AggregatedProfile) {
+        let mut seen = HashSet::new();
+        let mut wanted: Vec<(Arc<ObjectFile>, u64)> = Vec::new();
+        for (key, _) in &aggregated.stacks {
+            let image = &key.image.0;
+            for (depth, &address) in key.user.iter().enumerate() {
+                let Some(index) = image.mapping_index(address) else {
+                    continue;
+                };
+                let mapping = &image.mappings[index];
+                let lookup = lookup_address(address, depth > 0);
+                if let (Some(object), Some(vaddr)) =
+                    (mapping.object(), mapping.object_vaddr(lookup))
+                    && seen.insert((Arc::as_ptr(object), vaddr))
+                {
+                    wanted.push((object.clone(), vaddr));
+                }
+            }
+        }
+        wanted.sort_unstable_by_key(|(object, vaddr)| (Arc::as_ptr(object), *vaddr));
+        for (object, vaddr) in wanted {
+            let lines = self.symbolizer.user(&object, vaddr);
+            self.user_lines.insert((Arc::as_ptr(&object), vaddr), lines);
+        }
+    }
+
     /// Location ids, leaf first: kernel frames, then user frames.
     fn stack_locations(&mut self, key: &StackKey) -> Vec<u64> {
         let mut ids = Vec::with_capacity(key.kernel.len() + key.user.len());
@@ -243,18 +294,27 @@ impl Builder<'_> {
             return id;
         }
         let mapping = &image.mappings[index];
-        let lookup = if is_return {
-            address.saturating_sub(1)
-        } else {
-            address
-        };
+        let lookup = lookup_address(address, is_return);
         let lines = match (mapping.object(), mapping.object_vaddr(lookup)) {
             (Some(object), Some(vaddr)) => {
-                let lines = self.symbolizer.user(object, vaddr);
+                let lines = match self.user_lines.get(&(Arc::as_ptr(object), vaddr)) {
+                    Some(lines) => lines.clone(),
+                    None => self.symbolizer.user(object, vaddr),
+                };
                 if lines.is_empty() {
                     self.summary.unsymbolized_user_locations += 1;
                 }
                 lines
+            }
+            // JIT code: named by the process's perf map, if it keeps one.
+            _ if mapping.spec.kind == MappingKind::Anonymous => {
+                let line = image
+                    .perf_map()
+                    .and_then(|perf_map| self.symbolizer.jit(&perf_map, lookup));
+                if line.is_none() {
+                    self.summary.unknown_user_locations += 1;
+                }
+                line.into_iter().collect()
             }
             _ => {
                 self.summary.unknown_user_locations += 1;
@@ -265,6 +325,9 @@ impl Builder<'_> {
             && let Some(pprof_mapping) = self.mappings.get_mut((mapping_id - 1) as usize)
         {
             pprof_mapping.has_functions = true;
+            pprof_mapping.has_filenames |= lines.iter().any(|line| line.file.is_some());
+            pprof_mapping.has_line_numbers |= lines.iter().any(|line| line.line.is_some());
+            pprof_mapping.has_inline_frames |= lines.len() > 1;
         }
         let id = self.push_location(mapping_id, address, &lines);
         self.location_ids.insert((mapping_id, address), id);
@@ -399,6 +462,10 @@ mod tests {
 
         fn user(&mut self, _object: &ObjectFile, vaddr: u64) -> Vec<Line> {
             vec![Line::named(&format!("u{vaddr:x}"))]
+        }
+
+        fn jit(&mut self, _perf_map: &std::fs::File, address: u64) -> Option<Line> {
+            Some(Line::named(&format!("jit{address:x}")))
         }
 
         fn kernel_build_id(&self) -> Option<&BuildId> {

@@ -2,10 +2,14 @@
 //! those mappings, exec/exit tracking, and a grace period for exited
 //! processes.
 
+mod debugfiles;
 mod maps;
 mod objects;
 mod table;
 
+pub use debugfiles::{
+    DebugFile, DebugFileKind, candidate_paths, debug_file_matches, open_debug_files,
+};
 pub use maps::{MappingKind, MappingSpec, MapsError, parse_maps};
 pub use objects::{ContentKey, ObjectData, ObjectFile, ObjectKey, ObjectRegistry};
 pub use table::{Mapping, ProcessImage, ProcessTable, ProcessTableStats};

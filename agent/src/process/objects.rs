@@ -1,6 +1,7 @@
 //! ELF objects behind mappings: opened once per (device, inode), with their
-//! build id and load segments, kept open so they stay readable after the
-//! process that mapped them exits.
+//! build id, load segments and separate debug files, kept open so they stay
+//! readable after the process that mapped them exits (and after its mount
+//! namespace is gone).
 
 use std::{
     fs::File,
@@ -15,9 +16,12 @@ use std::{
 use lru::LruCache;
 use tracing::debug;
 
-use super::maps::{MappingKind, MappingSpec};
+use super::{
+    debugfiles::{DebugFile, open_debug_files},
+    maps::{MappingKind, MappingSpec},
+};
 use crate::{
-    elf::{self, BuildId, ElfLayout},
+    elf::{self, BuildId, ElfLayout, SharedBytes},
     stats::Stats,
 };
 
@@ -42,6 +46,9 @@ pub struct ObjectFile {
     /// The path as the process that mapped it sees it.
     pub path: String,
     pub layout: ElfLayout,
+    /// Candidate separate debug files, best first, not yet checked against
+    /// the object (empty when the object has DWARF of its own).
+    pub debug_files: Vec<DebugFile>,
     source: ObjectSource,
 }
 
@@ -68,6 +75,22 @@ impl Deref for ObjectData {
         match self {
             Self::Mapped(map) => map,
             Self::Memory(bytes) => bytes,
+        }
+    }
+}
+
+impl AsRef<[u8]> for ObjectData {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl SharedBytes for ObjectData {
+    fn release_pages(&self) {
+        if let Self::Mapped(map) = self {
+            // SAFETY: a read-only private file mapping: dropping its pages
+            // loses nothing, they are read back from the file when touched.
+            let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
         }
     }
 }
@@ -105,6 +128,26 @@ impl ObjectFile {
         }
     }
 
+    /// Opens an object by its host path, with its debug files (for tools
+    /// and benchmarks; processes' objects come from the registry).
+    pub fn open(path: &Path, debug_directories: &[PathBuf]) -> Result<Self, ObjectError> {
+        let display = path.display().to_string();
+        let io_error = |source| ObjectError::Io {
+            path: display.clone(),
+            source,
+        };
+        let file = File::open(path).map_err(io_error)?;
+        let meta = file.metadata().map_err(io_error)?;
+        let key = ObjectKey::File {
+            dev: meta.dev(),
+            inode: meta.ino(),
+        };
+        let mut object = Self::from_file(key, &display, file)?;
+        object.debug_files =
+            open_debug_files(Path::new("/"), &display, &object.layout, debug_directories);
+        Ok(object)
+    }
+
     fn from_file(key: ObjectKey, path: &str, file: File) -> Result<Self, ObjectError> {
         // SAFETY: as in `data`.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ObjectError::Io {
@@ -119,6 +162,7 @@ impl ObjectFile {
             key,
             path: path.to_owned(),
             layout,
+            debug_files: Vec::new(),
             source: ObjectSource::File(file),
         })
     }
@@ -132,6 +176,7 @@ impl ObjectFile {
             key,
             path: path.to_owned(),
             layout,
+            debug_files: Vec::new(),
             source: ObjectSource::Memory(bytes),
         })
     }
@@ -165,13 +210,20 @@ pub enum ObjectError {
 /// Open objects by key, bounded; evictions are counted.
 pub struct ObjectRegistry {
     proc_root: PathBuf,
+    /// Where separate debug files are looked for (`/usr/lib/debug`).
+    debug_directories: Vec<PathBuf>,
     objects: LruCache<ObjectKey, Arc<ObjectFile>>,
     vdso: Option<Arc<ObjectFile>>,
     stats: Arc<Stats>,
 }
 
 impl ObjectRegistry {
-    pub fn new(proc_root: PathBuf, capacity: usize, stats: Arc<Stats>) -> Self {
+    pub fn new(
+        proc_root: PathBuf,
+        capacity: usize,
+        debug_directories: Vec<PathBuf>,
+        stats: Arc<Stats>,
+    ) -> Self {
         let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         let vdso = match own_vdso() {
             Ok(vdso) => Some(Arc::new(vdso)),
@@ -182,6 +234,7 @@ impl ObjectRegistry {
         };
         Self {
             proc_root,
+            debug_directories,
             objects: LruCache::new(capacity),
             vdso,
             stats,
@@ -241,7 +294,8 @@ impl ObjectRegistry {
     /// Opens the exact file the process maps: through map_files (works for
     /// deleted files and other mount namespaces, needs CAP_SYS_ADMIN), then
     /// through the process's root, then the host path if its device and
-    /// inode match.
+    /// inode match. Its debug files are looked for in the process's root
+    /// first, then on the host.
     fn open(
         &self,
         pid: u32,
@@ -266,7 +320,14 @@ impl ObjectRegistry {
                     if must_match && !same_inode(&file, mapping) {
                         continue;
                     }
-                    return ObjectFile::from_file(key, &mapping.path, file);
+                    let mut object = ObjectFile::from_file(key, &mapping.path, file)?;
+                    object.debug_files = open_debug_files(
+                        &process_dir.join("root"),
+                        &mapping.path,
+                        &object.layout,
+                        &self.debug_directories,
+                    );
+                    return Ok(object);
                 }
                 Err(error) => last_error = Some(error),
             }
@@ -317,14 +378,15 @@ mod tests {
         let vdso = own_vdso().expect("this process has a vDSO");
         assert!(vdso.build_id().is_some());
         let data = vdso.data().expect("in memory");
-        let symbols = elf::read_symbols(&data).expect("vDSO symbols");
+        let symbols = elf::read_symbols(&elf::Bytes::new(Arc::new(data))).expect("vDSO symbols");
         assert!(!symbols.is_empty());
     }
 
     #[test]
     fn objects_are_opened_once_per_inode() {
         let stats = Arc::new(Stats::default());
-        let mut registry = ObjectRegistry::new(PathBuf::from("/proc"), 8, stats.clone());
+        let mut registry =
+            ObjectRegistry::new(PathBuf::from("/proc"), 8, Vec::new(), stats.clone());
         let pid = std::process::id();
         let maps = super::super::maps::read_maps(Path::new("/proc"), pid).expect("own maps");
         let own = maps
@@ -342,7 +404,8 @@ mod tests {
     fn a_missing_file_is_a_counted_failure() {
         let stats = Arc::new(Stats::default());
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut registry = ObjectRegistry::new(dir.path().to_path_buf(), 8, stats.clone());
+        let mut registry =
+            ObjectRegistry::new(dir.path().to_path_buf(), 8, Vec::new(), stats.clone());
         let mapping = MappingSpec {
             start: 0x1000,
             end: 0x2000,

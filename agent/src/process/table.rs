@@ -1,10 +1,12 @@
-//! Processes by tgid: their current image (mappings and objects), replaced
-//! on exec, kept for a grace period after exit, bounded in number.
+//! Processes by tgid: their current image (mappings, objects, JIT perf
+//! map), replaced on exec, kept for a grace period after exit, bounded in
+//! number.
 
 use std::{
+    fs::File,
     num::NonZeroUsize,
-    path::PathBuf,
-    sync::{Arc, OnceLock},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
 };
 
@@ -12,7 +14,7 @@ use lru::LruCache;
 use tracing::debug;
 
 use super::{
-    maps::{MappingSpec, MapsError, read_maps},
+    maps::{MappingKind, MappingSpec, MapsError, read_maps},
     objects::{ObjectFile, ObjectRegistry},
 };
 use crate::{config::Limits, stats::Stats};
@@ -65,6 +67,15 @@ pub struct ProcessImage {
     /// The maps could not be read: the process had already exited.
     pub gone: bool,
     read_at: Instant,
+    perf_map: Mutex<PerfMapSlot>,
+}
+
+/// The process's `/tmp/perf-PID.map`, opened when its JIT code is first
+/// sampled and kept open so it stays readable after the process exits.
+#[derive(Debug, Default)]
+struct PerfMapSlot {
+    file: Option<Arc<File>>,
+    tried_at: Option<Instant>,
 }
 
 impl ProcessImage {
@@ -75,7 +86,17 @@ impl ProcessImage {
             mappings: specs.into_iter().map(Mapping::new).collect(),
             gone: false,
             read_at: Instant::now(),
+            perf_map: Mutex::default(),
         }
+    }
+
+    /// The perf map of this image's JIT code, if one was found.
+    pub fn perf_map(&self) -> Option<Arc<File>> {
+        self.perf_map
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .file
+            .clone()
     }
 
     fn gone(tgid: u32, comm: String) -> Self {
@@ -123,10 +144,21 @@ pub struct ProcessTable {
 }
 
 impl ProcessTable {
-    pub fn new(proc_root: PathBuf, limits: &Limits, stats: Arc<Stats>) -> Self {
+    /// `debug_directories`: where separate debug files are looked for.
+    pub fn new(
+        proc_root: PathBuf,
+        limits: &Limits,
+        debug_directories: &[PathBuf],
+        stats: Arc<Stats>,
+    ) -> Self {
         let capacity = NonZeroUsize::new(limits.max_processes).unwrap_or(NonZeroUsize::MIN);
         Self {
-            objects: ObjectRegistry::new(proc_root.clone(), limits.max_objects, stats.clone()),
+            objects: ObjectRegistry::new(
+                proc_root.clone(),
+                limits.max_objects,
+                debug_directories.to_vec(),
+                stats.clone(),
+            ),
             proc_root,
             processes: LruCache::new(capacity),
             grace: limits.exited_process_grace,
@@ -148,9 +180,27 @@ impl ProcessTable {
 
     /// The image of `tgid`, reading /proc on first sight. A process that is
     /// already gone gets an empty image (its frames stay unknown).
+    ///
+    /// Samples arrive in order with exit events, so a sample of a tgid whose
+    /// exit was seen comes from a new process that reused the pid (or from a
+    /// thread outliving its leader): its maps are read again, at most once
+    /// per [`REFRESH_INTERVAL`], and the old image is kept if that fails.
     pub fn image(&mut self, tgid: u32, fallback_comm: &str) -> Arc<ProcessImage> {
-        if let Some(image) = self.lookup(tgid) {
-            return image;
+        if let Some(entry) = self.processes.get(&tgid) {
+            let stale = entry.exited_at.is_some()
+                && !entry.image.gone
+                && entry.image.read_at.elapsed() >= REFRESH_INTERVAL;
+            if !stale {
+                return entry.image.clone();
+            }
+            let old = entry.image.clone();
+            let fresh = self.read_image(tgid, fallback_comm);
+            if fresh.gone {
+                return old;
+            }
+            let fresh = Arc::new(fresh);
+            self.insert(tgid, fresh.clone());
+            return fresh;
         }
         let image = Arc::new(self.read_image(tgid, fallback_comm));
         self.insert(tgid, image.clone());
@@ -182,9 +232,15 @@ impl ProcessTable {
         fresh
     }
 
-    /// Opens (once) and returns the object behind a mapping of `image`.
+    /// Opens (once) and returns the object behind a mapping of `image`. For
+    /// JIT code (anonymous executable memory) it opens the process's perf
+    /// map instead and returns no object.
     pub fn object(&mut self, image: &ProcessImage, index: usize) -> Option<Arc<ObjectFile>> {
         let mapping = image.mappings.get(index)?;
+        if mapping.spec.kind == MappingKind::Anonymous {
+            self.open_perf_map(image);
+            return None;
+        }
         mapping
             .object
             .get_or_init(|| match self.objects.resolve(image.tgid, &mapping.spec) {
@@ -195,6 +251,33 @@ impl ProcessTable {
                 }
             })
             .clone()
+    }
+
+    /// Opens `/tmp/perf-PID.map` as the process sees it (PID in its own pid
+    /// namespace, the file through its root), retrying at most once per
+    /// [`REFRESH_INTERVAL`] while it does not exist.
+    fn open_perf_map(&self, image: &ProcessImage) {
+        let mut slot = image
+            .perf_map
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if slot.file.is_some()
+            || slot
+                .tried_at
+                .is_some_and(|at| at.elapsed() < REFRESH_INTERVAL)
+        {
+            return;
+        }
+        slot.tried_at = Some(Instant::now());
+        let process_dir = self.proc_root.join(image.tgid.to_string());
+        let nspid = namespace_pid(&process_dir).unwrap_or(image.tgid);
+        let path = process_dir
+            .join("root/tmp")
+            .join(format!("perf-{nspid}.map"));
+        match File::open(&path) {
+            Ok(file) => slot.file = Some(Arc::new(file)),
+            Err(error) => debug!(pid = image.tgid, %error, "no perf map"),
+        }
     }
 
     /// The process executed a new program: read its new image now, while it
@@ -260,6 +343,19 @@ impl ProcessTable {
     }
 }
 
+/// The process's pid in its own (innermost) pid namespace: the last
+/// `NSpid:` field of its status.
+fn namespace_pid(process_dir: &Path) -> Option<u32> {
+    let status = std::fs::read_to_string(process_dir.join("status")).ok()?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -268,7 +364,7 @@ mod tests {
     use crate::process::MappingKind;
 
     fn table(proc_root: &Path, stats: Arc<Stats>) -> ProcessTable {
-        ProcessTable::new(proc_root.to_path_buf(), &Limits::default(), stats)
+        ProcessTable::new(proc_root.to_path_buf(), &Limits::default(), &[], stats)
     }
 
     fn spec(start: u64, end: u64, path: &str) -> MappingSpec {
@@ -353,6 +449,79 @@ mod tests {
     }
 
     #[test]
+    fn a_pid_seen_again_after_its_exit_is_read_again() {
+        let stats = Arc::new(Stats::default());
+        let root = tempfile::tempdir().expect("tempdir");
+        let process = root.path().join("42");
+        std::fs::create_dir_all(&process).expect("mkdir");
+        let maps = |path: &str| format!("55d4e0a01000-55d4e0a02000 r-xp 00001000 fe:01 7 {path}\n");
+        std::fs::write(process.join("maps"), maps("/usr/bin/old")).expect("write");
+        let mut table = table(root.path(), stats);
+        assert_eq!(table.image(42, "old").executable(), Some("/usr/bin/old"));
+
+        // The program is replaced without an exec event (pid reuse): still
+        // the cached image while the process has not exited.
+        std::fs::write(process.join("maps"), maps("/usr/bin/new")).expect("write");
+        assert_eq!(table.image(42, "old").executable(), Some("/usr/bin/old"));
+
+        table.on_exit(42);
+        let entry = table
+            .processes
+            .peek_mut(&42)
+            .expect("kept for the grace period");
+        let image = Arc::get_mut(&mut entry.image).expect("no other holder");
+        image.read_at = Instant::now()
+            .checked_sub(REFRESH_INTERVAL)
+            .expect("the clock is past the interval");
+        let fresh = table.image(42, "new");
+        assert_eq!(fresh.executable(), Some("/usr/bin/new"));
+        assert!(
+            table
+                .lookup(42)
+                .is_some_and(|kept| Arc::ptr_eq(&kept, &fresh)),
+            "the new process replaces the exited one"
+        );
+        // Once gone for good, the exited image is what remains.
+        table.on_exit(42);
+        std::fs::remove_dir_all(&process).expect("rm");
+        assert_eq!(table.image(42, "new").executable(), Some("/usr/bin/new"));
+    }
+
+    #[test]
+    fn jit_code_opens_the_perf_map_named_by_the_namespace_pid() {
+        let stats = Arc::new(Stats::default());
+        let root = tempfile::tempdir().expect("tempdir");
+        let process = root.path().join("42");
+        std::fs::create_dir_all(process.join("root/tmp")).expect("mkdir");
+        // Pid 42 on the host is pid 7 in its container.
+        std::fs::write(process.join("status"), "Name:\tnode\nNSpid:\t42\t7\n").expect("write");
+        std::fs::write(
+            process.join("maps"),
+            "7f0000000000-7f0000100000 r-xp 00000000 00:00 0 \n",
+        )
+        .expect("write");
+        let mut table = table(root.path(), stats);
+        let image = table.image(42, "node");
+        assert_eq!(image.mappings[0].spec.kind, MappingKind::Anonymous);
+        assert!(table.object(&image, 0).is_none());
+        assert!(image.perf_map().is_none(), "no perf map written yet");
+
+        std::fs::write(
+            process.join("root/tmp/perf-7.map"),
+            "7f0000000000 10 JS:*f\n",
+        )
+        .expect("write");
+        table.object(&image, 0);
+        assert!(
+            image.perf_map().is_none(),
+            "retried at most once per interval"
+        );
+        image.perf_map.lock().expect("not poisoned").tried_at.take();
+        table.object(&image, 0);
+        assert!(image.perf_map().is_some());
+    }
+
+    #[test]
     fn the_table_is_bounded_and_counts_evictions() {
         let stats = Arc::new(Stats::default());
         let dir = tempfile::tempdir().expect("tempdir");
@@ -360,7 +529,7 @@ mod tests {
             max_processes: 2,
             ..Limits::default()
         };
-        let mut table = ProcessTable::new(dir.path().to_path_buf(), &limits, stats.clone());
+        let mut table = ProcessTable::new(dir.path().to_path_buf(), &limits, &[], stats.clone());
         for pid in 1..=5 {
             table.image(pid, "p");
         }

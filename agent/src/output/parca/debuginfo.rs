@@ -1,7 +1,8 @@
-//! Debug information for the server's symbolizer: for each object whose
-//! frames firn sent without names, find a file with symbols or DWARF (a
-//! `.build-id` debug file, else the object itself), ask the server whether
-//! it wants it, and upload it through `parca.debuginfo.v1alpha1`. At most
+//! Debug information for the server's symbolizer: for each object in the
+//! profiles (those whose frames firn sent without names first), find a file
+//! with symbols or DWARF (a `.build-id` debug file, else the object itself),
+//! ask the server whether it wants it, and upload it through
+//! `parca.debuginfo.v1alpha1`. At most
 //! a few uploads at once, one per build id, outcomes remembered in a
 //! bounded table.
 

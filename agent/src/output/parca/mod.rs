@@ -254,7 +254,7 @@ impl Exporter for ParcaExporter {
         }
         Stats::inc(&self.stats.profiles_written);
         if let Some(uploads) = &self.uploads {
-            for object in batch.unsymbolized_objects {
+            for object in batch.debuginfo_candidates {
                 if uploads.try_send(object).is_err() {
                     Stats::inc(&self.stats.debuginfo_uploads_skipped);
                     debug!("debuginfo candidate skipped: the upload backlog is full");

@@ -1,0 +1,331 @@
+//! DWARF line tables and inline frames through addr2line, over the bytes of
+//! an object or of its separate debug file. Pure: bytes in, frames out, no
+//! I/O; so it is tested on fixtures and corrupt inputs without root.
+//!
+//! A context is built lazily: creating one only indexes the compilation
+//! units' address ranges; a unit's lines and functions are parsed the first
+//! time an address falls in it. Its heap use is estimated from what was
+//! parsed so far, for the byte-bounded cache that holds it.
+
+use std::{
+    collections::HashSet,
+    fmt,
+    panic::{AssertUnwindSafe, catch_unwind},
+    sync::Arc,
+};
+
+use gimli::Section as _;
+use object::{CompressionFormat, Object, ObjectSection};
+
+pub use crate::elf::Bytes;
+
+// SAFETY: the bytes live behind an `Arc` (a mapping or a heap buffer that is
+// never resized), so moving or cloning a `Bytes` never moves them, and
+// `deref` returns the same slice for the life of the value.
+unsafe impl gimli::StableDeref for Bytes {}
+// SAFETY: as above; clones share the same allocation.
+unsafe impl gimli::CloneStableDeref for Bytes {}
+
+pub type Reader = gimli::EndianReader<gimli::RunTimeEndian, Bytes>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DwarfError {
+    #[error("not a parsable ELF file")]
+    Elf {
+        #[source]
+        source: object::Error,
+    },
+    #[error("section {section} lies outside the file")]
+    SectionBounds { section: &'static str },
+    #[error("could not decompress {section}")]
+    Decompress {
+        section: &'static str,
+        #[source]
+        source: object::Error,
+    },
+    #[error("indexing this DWARF needs about {bytes} bytes, more than the {limit} allowed")]
+    TooLarge { bytes: u64, limit: usize },
+    #[error("malformed DWARF")]
+    Malformed {
+        #[source]
+        source: gimli::Error,
+    },
+    #[error("the DWARF parser failed on malformed input ({what})")]
+    Panicked { what: &'static str },
+}
+
+/// One source-level frame at an address, as DWARF describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DwarfFrame {
+    /// The linkage (mangled) name when DWARF has one, else the plain name.
+    pub name: Option<String>,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+/// More inline levels than this at one address means corrupt DWARF.
+const MAX_INLINE_DEPTH: usize = 64;
+
+// What addr2line's structures cost, estimated from the DWARF's shape. The
+// unit index built up front holds every unit's abbreviations and line
+// program header (file and directory tables); a unit's lines (one 24-byte
+// row per one to three opcode bytes) and functions are parsed when an
+// address first falls in it. Fitted on firn's own debug and release builds
+// and Debian's glibc debug files with `cargo bench -p firn --bench
+// symbolize`, within about 40% of the heap measured there.
+const INDEX_COST_PER_UNIT: usize = 7 << 10;
+const INDEX_COST_PER_ABBREV_BYTE: usize = 6;
+const INDEX_COST_PER_LINE_BYTE: usize = 1;
+const PARSED_COST_PER_LINE_BYTE: usize = 6;
+const PARSED_INFO_BYTES_PER_COST: usize = 2;
+
+/// The sections addr2line reads; the rest are never loaded (which matters
+/// for compressed ones: they would be decompressed for nothing).
+const NEEDED: [gimli::SectionId; 10] = [
+    gimli::SectionId::DebugAbbrev,
+    gimli::SectionId::DebugAddr,
+    gimli::SectionId::DebugAranges,
+    gimli::SectionId::DebugInfo,
+    gimli::SectionId::DebugLine,
+    gimli::SectionId::DebugLineStr,
+    gimli::SectionId::DebugRanges,
+    gimli::SectionId::DebugRngLists,
+    gimli::SectionId::DebugStr,
+    gimli::SectionId::DebugStrOffsets,
+];
+
+/// A lazily parsed addr2line context for one object.
+pub struct DwarfInfo {
+    context: addr2line::Context<Reader>,
+    /// The file the uncompressed sections are read from.
+    bytes: Bytes,
+    units_seen: HashSet<u64>,
+    heap_bytes: usize,
+    shape: DwarfShape,
+}
+
+/// How big an object's DWARF is, which predicts what parsing it costs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DwarfShape {
+    pub units: usize,
+    pub info_bytes: usize,
+    pub abbrev_bytes: usize,
+    pub line_bytes: usize,
+    /// Compressed sections inflated into memory.
+    pub decompressed_bytes: usize,
+}
+
+impl DwarfShape {
+    /// Estimated heap of the decompressed sections and the unit index.
+    pub fn index_cost(&self) -> usize {
+        self.decompressed_bytes
+            .saturating_add(self.units.saturating_mul(INDEX_COST_PER_UNIT))
+            .saturating_add(self.abbrev_bytes.saturating_mul(INDEX_COST_PER_ABBREV_BYTE))
+            .saturating_add(self.line_bytes.saturating_mul(INDEX_COST_PER_LINE_BYTE))
+            .saturating_add(std::mem::size_of::<DwarfInfo>())
+    }
+}
+
+impl fmt::Debug for DwarfInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DwarfInfo")
+            .field("units_seen", &self.units_seen.len())
+            .field("heap_bytes", &self.heap_bytes)
+            .finish()
+    }
+}
+
+impl DwarfInfo {
+    /// Indexes the DWARF of the ELF file in `bytes`, unless that would take
+    /// more than `max_bytes` of heap (decompressed sections included).
+    pub fn parse(bytes: Bytes, max_bytes: usize) -> Result<Self, DwarfError> {
+        catch_unwind(AssertUnwindSafe(|| Self::parse_inner(bytes, max_bytes)))
+            .unwrap_or(Err(DwarfError::Panicked { what: "indexing" }))
+    }
+
+    fn parse_inner(bytes: Bytes, max_bytes: usize) -> Result<Self, DwarfError> {
+        let file = object::File::parse(&*bytes).map_err(|source| DwarfError::Elf { source })?;
+        let endian = if file.is_little_endian() {
+            gimli::RunTimeEndian::Little
+        } else {
+            gimli::RunTimeEndian::Big
+        };
+        let whole = Reader::new(bytes.clone(), endian);
+        // Refuse before inflating anything: what the compressed sections
+        // and the abbreviations alone will take.
+        let mut inflated = 0u64;
+        let mut lower_bound = 0u64;
+        for id in NEEDED {
+            let Some(section) = file.section_by_name(id.name()) else {
+                continue;
+            };
+            let Ok(range) = section.compressed_file_range() else {
+                continue;
+            };
+            if range.format != CompressionFormat::None {
+                inflated = inflated.saturating_add(range.uncompressed_size);
+            }
+            if id == gimli::SectionId::DebugAbbrev {
+                lower_bound = range
+                    .uncompressed_size
+                    .saturating_mul(INDEX_COST_PER_ABBREV_BYTE as u64);
+            }
+        }
+        let lower_bound = lower_bound.saturating_add(inflated);
+        if lower_bound > max_bytes as u64 {
+            return Err(DwarfError::TooLarge {
+                bytes: lower_bound,
+                limit: max_bytes,
+            });
+        }
+        let mut decompressed = 0usize;
+        let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, DwarfError> {
+            let empty = whole.range(0..0);
+            if !NEEDED.contains(&id) {
+                return Ok(empty);
+            }
+            let Some(section) = file.section_by_name(id.name()) else {
+                return Ok(empty);
+            };
+            let section_name = id.name();
+            let range =
+                section
+                    .compressed_file_range()
+                    .map_err(|source| DwarfError::Decompress {
+                        section: section_name,
+                        source,
+                    })?;
+            if range.format == CompressionFormat::None {
+                // SHT_NOBITS: nothing in the file.
+                let Some((offset, size)) = section.file_range() else {
+                    return Ok(empty);
+                };
+                let start = usize::try_from(offset).ok();
+                let end = start
+                    .zip(usize::try_from(size).ok())
+                    .and_then(|(s, l)| s.checked_add(l));
+                return match (start, end) {
+                    (Some(start), Some(end)) if end <= bytes.len() => Ok(whole.range(start..end)),
+                    _ => Err(DwarfError::SectionBounds {
+                        section: section_name,
+                    }),
+                };
+            }
+            let total = (decompressed as u64).saturating_add(range.uncompressed_size);
+            if total > max_bytes as u64 {
+                return Err(DwarfError::TooLarge {
+                    bytes: total,
+                    limit: max_bytes,
+                });
+            }
+            let data = section
+                .uncompressed_data()
+                .map_err(|source| DwarfError::Decompress {
+                    section: section_name,
+                    source,
+                })?
+                .into_owned();
+            decompressed += data.len();
+            Ok(Reader::new(Bytes::new(Arc::new(data)), endian))
+        })?;
+        let mut shape = DwarfShape {
+            units: 0,
+            info_bytes: dwarf.debug_info.reader().len(),
+            abbrev_bytes: dwarf.debug_abbrev.reader().len(),
+            line_bytes: dwarf.debug_line.reader().len(),
+            decompressed_bytes: decompressed,
+        };
+        let mut headers = dwarf.units();
+        while let Ok(Some(_)) = headers.next() {
+            shape.units += 1;
+        }
+        let heap_bytes = shape.index_cost();
+        if heap_bytes > max_bytes {
+            return Err(DwarfError::TooLarge {
+                bytes: heap_bytes as u64,
+                limit: max_bytes,
+            });
+        }
+        let mut dwarf = dwarf;
+        dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
+        let context = addr2line::Context::from_dwarf(dwarf)
+            .map_err(|source| DwarfError::Malformed { source })?;
+        // Indexing read every unit's header; lookups will read a few units.
+        bytes.release_pages();
+        Ok(Self {
+            context,
+            bytes,
+            units_seen: HashSet::new(),
+            heap_bytes,
+            shape,
+        })
+    }
+
+    /// Lets the kernel drop the file pages lookups have touched.
+    pub fn release_pages(&self) {
+        self.bytes.release_pages();
+    }
+
+    /// Sizes of what was indexed.
+    pub fn shape(&self) -> DwarfShape {
+        self.shape
+    }
+
+    /// Estimated heap bytes of the context, growing as units are parsed.
+    pub fn heap_bytes(&self) -> usize {
+        self.heap_bytes
+    }
+
+    /// Frames at link-time address `vaddr`, innermost (inlined) first, the
+    /// function the code was inlined into last. Empty when no unit covers
+    /// the address.
+    pub fn frames(&mut self, vaddr: u64) -> Result<Vec<DwarfFrame>, DwarfError> {
+        catch_unwind(AssertUnwindSafe(|| self.frames_inner(vaddr)))
+            .unwrap_or(Err(DwarfError::Panicked { what: "lookup" }))
+    }
+
+    fn frames_inner(&mut self, vaddr: u64) -> Result<Vec<DwarfFrame>, DwarfError> {
+        // addr2line probes [vaddr, vaddr + 1).
+        if vaddr == u64::MAX {
+            return Ok(Vec::new());
+        }
+        if let Some(unit) = self.context.find_dwarf_and_unit(vaddr).skip_all_loads()
+            && self.units_seen.insert(unit.header.offset().0 as u64)
+        {
+            let info = unit.header.length_including_self();
+            let lines = unit
+                .line_program
+                .as_ref()
+                .map_or(0, |program| program.header().raw_program_buf().len());
+            self.heap_bytes = self
+                .heap_bytes
+                .saturating_add(info / PARSED_INFO_BYTES_PER_COST)
+                .saturating_add(lines.saturating_mul(PARSED_COST_PER_LINE_BYTE));
+        }
+        let mut iter = self
+            .context
+            .find_frames(vaddr)
+            .skip_all_loads()
+            .map_err(|source| DwarfError::Malformed { source })?;
+        let mut frames = Vec::new();
+        while let Some(frame) = iter
+            .next()
+            .map_err(|source| DwarfError::Malformed { source })?
+        {
+            if frames.len() == MAX_INLINE_DEPTH {
+                break;
+            }
+            let name = frame
+                .function
+                .as_ref()
+                .and_then(|function| function.raw_name().ok())
+                .map(|name| name.into_owned())
+                .filter(|name| !name.is_empty());
+            let (file, line) = frame.location.map_or((None, None), |location| {
+                (location.file.map(str::to_owned), location.line)
+            });
+            frames.push(DwarfFrame { name, file, line });
+        }
+        Ok(frames)
+    }
+}

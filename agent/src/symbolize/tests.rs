@@ -1,0 +1,430 @@
+//! The symbolizer on checked-in fixtures (see fixtures/README.md) and on
+//! corrupt copies of them: no root, no compiler.
+
+use std::{io::Write, path::PathBuf};
+
+use object::{Object, ObjectSection, ObjectSymbol};
+
+use super::*;
+use crate::process::{DebugFile, DebugFileKind, ObjectFile, ObjectKey};
+
+const INLINE_CHAIN: &[u8] = include_bytes!("../../fixtures/inline_chain");
+const INLINE_CHAIN_STRIPPED: &[u8] = include_bytes!("../../fixtures/inline_chain.stripped");
+const INLINE_CHAIN_DEBUG: &[u8] = include_bytes!("../../fixtures/inline_chain.debug");
+const INLINE_CHAIN_COMPRESSED: &[u8] = include_bytes!("../../fixtures/inline_chain.compressed");
+const TEMPLATES: &[u8] = include_bytes!("../../fixtures/templates");
+const SOURCE: &str = include_str!("../../../tests/workloads/inline_chain.c");
+
+/// The 1-based line of `inline_chain.c` holding `marker`.
+fn line_of(marker: &str) -> u32 {
+    SOURCE
+        .lines()
+        .position(|line| line.contains(marker))
+        .map(|index| index as u32 + 1)
+        .unwrap_or_else(|| panic!("no `{marker}` in inline_chain.c"))
+}
+
+/// Start and size of a function symbol.
+fn function_range(elf: &[u8], name: &str) -> (u64, u64) {
+    let file = object::File::parse(elf).expect("fixture parses");
+    file.symbols()
+        .find(|s| s.name() == Ok(name))
+        .map(|s| (s.address(), s.size()))
+        .unwrap_or_else(|| panic!("{name} not in the fixture"))
+}
+
+fn object(inode: u64, bytes: &[u8]) -> ObjectFile {
+    ObjectFile::from_memory(
+        ObjectKey::File { dev: 1, inode },
+        "/fixtures/object",
+        bytes.into(),
+    )
+    .expect("fixture")
+}
+
+fn symbolizer_with(limits: &Limits, demangle: DemangleMode) -> (Symbolizer, Arc<Stats>) {
+    let stats = Arc::new(Stats::default());
+    let config = SymbolConfig {
+        demangle,
+        ..SymbolConfig::default()
+    };
+    let symbolizer = Symbolizer::new(Path::new("/nonexistent"), limits, &config, stats.clone());
+    (symbolizer, stats)
+}
+
+fn fresh() -> (Symbolizer, Arc<Stats>) {
+    symbolizer_with(&Limits::default(), DemangleMode::Simplified)
+}
+
+/// (function, line) of each frame, innermost first.
+fn frames(lines: &[Line]) -> Vec<(String, Option<u32>)> {
+    lines.iter().map(|l| (l.function.clone(), l.line)).collect()
+}
+
+/// Every address of `function` symbolized.
+fn sweep(symbolizer: &mut Symbolizer, object: &ObjectFile, function: &str) -> Vec<Vec<Line>> {
+    let (start, size) = function_range(INLINE_CHAIN, function);
+    (start..start + size)
+        .map(|vaddr| symbolizer.user(object, vaddr))
+        .collect()
+}
+
+fn debug_file(bytes: &[u8], kind: DebugFileKind) -> DebugFile {
+    let mut file = tempfile::tempfile().expect("tempfile");
+    file.write_all(bytes).expect("write");
+    DebugFile::new(PathBuf::from("/fixtures/debug"), kind, file)
+}
+
+#[test]
+fn inline_frames_come_innermost_first_with_files_and_lines() {
+    let (mut symbolizer, stats) = fresh();
+    let object = object(1, INLINE_CHAIN);
+    let leaf = sweep(&mut symbolizer, &object, "burn_leaf");
+    let (begin, end) = (line_of("begin:mix_step"), line_of("end:mix_step"));
+    let inlined: Vec<&Vec<Line>> = leaf.iter().filter(|lines| lines.len() == 2).collect();
+    assert!(inlined.len() >= 5, "most of the loop is mix_step: {leaf:?}");
+    for lines in &inlined {
+        assert_eq!(lines[0].function, "mix_step");
+        let line = lines[0].line.expect("a line");
+        assert!((begin..=end).contains(&line), "mix_step line {line}");
+        assert_eq!(
+            (lines[1].function.as_str(), lines[1].line),
+            ("burn_leaf", Some(line_of("line:burn_leaf"))),
+            "the caller frame is the call site"
+        );
+        for line in lines.iter() {
+            let file = line.file.as_deref().expect("a file");
+            assert!(file.ends_with("tests/workloads/inline_chain.c"), "{file}");
+        }
+    }
+    assert!(
+        leaf.iter()
+            .all(|lines| lines.last().is_some_and(|l| l.function == "burn_leaf")),
+        "every address of burn_leaf ends in burn_leaf: {leaf:?}"
+    );
+
+    for caller in ["level_three", "level_two", "level_one"] {
+        let swept = sweep(&mut symbolizer, &object, caller);
+        assert!(
+            swept
+                .iter()
+                .all(|lines| lines.len() == 1 && lines[0].function == caller)
+        );
+        let call = Some(line_of(&format!("line:{caller}")));
+        assert!(
+            swept.iter().any(|lines| lines[0].line == call),
+            "{caller} has its call line {call:?}: {:?}",
+            swept.iter().map(|l| frames(l)).collect::<Vec<_>>()
+        );
+    }
+    let snapshot = stats.snapshot();
+    assert_eq!(snapshot.debuginfo_cache_misses, 1, "one context per object");
+    assert!(snapshot.debuginfo_cache_hits > 10);
+    assert_eq!(snapshot.dwarf_errors, 0);
+    assert_eq!(
+        snapshot.symbol_cache_misses, 0,
+        "DWARF named everything, the symbol table was not needed"
+    );
+}
+
+#[test]
+fn stripped_binary_gets_names_and_lines_from_its_debug_file() {
+    let (mut symbolizer, stats) = fresh();
+    let full = sweep(&mut symbolizer, &object(1, INLINE_CHAIN), "burn_leaf");
+
+    let mut stripped = object(2, INLINE_CHAIN_STRIPPED);
+    assert!(!stripped.layout.has_debug_info && !stripped.layout.has_symtab);
+    let link = stripped.layout.debug_link.clone().expect("a debuglink");
+    assert_eq!(link.name, "inline_chain.debug");
+    // A stale candidate first: another program's debug file.
+    stripped.debug_files = vec![
+        debug_file(crate::elf::tests::CHAIN, DebugFileKind::BuildId),
+        debug_file(
+            INLINE_CHAIN_DEBUG,
+            DebugFileKind::DebugLink { crc: link.crc },
+        ),
+    ];
+    assert_eq!(sweep(&mut symbolizer, &stripped, "burn_leaf"), full);
+    // Code without DWARF (crt) is named from the debug file's .symtab.
+    let (helper, _) = function_range(INLINE_CHAIN, "deregister_tm_clones");
+    assert_eq!(
+        frames(&symbolizer.user(&stripped, helper)),
+        [("deregister_tm_clones".to_owned(), None)]
+    );
+    let snapshot = stats.snapshot();
+    assert_eq!(
+        (snapshot.debug_files_found, snapshot.debug_files_rejected),
+        (1, 1),
+        "checked once, remembered"
+    );
+
+    // Another copy of the binary (same build id) shares what was read.
+    let copy = object(3, INLINE_CHAIN_STRIPPED);
+    assert_eq!(sweep(&mut symbolizer, &copy, "burn_leaf"), full);
+    // Without its debug file the stripped binary cannot name burn_leaf.
+    let (mut symbolizer, _) = fresh();
+    let (start, _) = function_range(INLINE_CHAIN, "burn_leaf");
+    assert!(symbolizer.user(&copy, start).is_empty());
+}
+
+#[test]
+fn a_debug_file_with_a_wrong_crc_is_rejected() {
+    let (mut symbolizer, stats) = fresh();
+    let mut stripped = object(2, INLINE_CHAIN_STRIPPED);
+    // Neither build id can be trusted here: no build id on our side.
+    stripped.layout.build_id = None;
+    let crc = stripped.layout.debug_link.as_ref().expect("link").crc;
+    stripped.debug_files = vec![debug_file(
+        INLINE_CHAIN_DEBUG,
+        DebugFileKind::DebugLink { crc: crc ^ 1 },
+    )];
+    let (start, _) = function_range(INLINE_CHAIN, "burn_leaf");
+    assert!(symbolizer.user(&stripped, start).is_empty());
+    assert_eq!(stats.snapshot().debug_files_rejected, 1);
+
+    let (mut symbolizer, stats) = fresh();
+    stripped.debug_files = vec![debug_file(
+        INLINE_CHAIN_DEBUG,
+        DebugFileKind::DebugLink { crc },
+    )];
+    assert_eq!(
+        symbolizer
+            .user(&stripped, start)
+            .last()
+            .map(|l| l.function.as_str()),
+        Some("burn_leaf")
+    );
+    assert_eq!(stats.snapshot().debug_files_found, 1);
+}
+
+#[test]
+fn compressed_dwarf_is_decompressed_within_its_budget() {
+    let (mut symbolizer, _) = fresh();
+    let plain = sweep(&mut symbolizer, &object(1, INLINE_CHAIN), "burn_leaf");
+    let compressed = sweep(
+        &mut symbolizer,
+        &object(2, INLINE_CHAIN_COMPRESSED),
+        "burn_leaf",
+    );
+    assert_eq!(compressed, plain);
+
+    // A budget smaller than the decompressed sections: counted, and the
+    // symbol table still names the function.
+    let tiny = Limits {
+        debuginfo_cache_bytes: 256,
+        ..Limits::default()
+    };
+    let (mut symbolizer, stats) = symbolizer_with(&tiny, DemangleMode::Simplified);
+    let (start, _) = function_range(INLINE_CHAIN, "burn_leaf");
+    assert_eq!(
+        frames(&symbolizer.user(&object(2, INLINE_CHAIN_COMPRESSED), start + 0x20)),
+        [("burn_leaf".to_owned(), None)]
+    );
+    let snapshot = stats.snapshot();
+    assert_eq!(
+        (snapshot.debuginfo_too_large, snapshot.dwarf_errors),
+        (1, 0)
+    );
+}
+
+/// Copies of `elf` with the bytes of `section` damaged in several ways.
+fn damaged(elf: &[u8], section: &str) -> Vec<Vec<u8>> {
+    let file = object::File::parse(elf).expect("fixture parses");
+    let Some((offset, size)) = file.section_by_name(section).and_then(|s| s.file_range()) else {
+        return Vec::new();
+    };
+    let (offset, size) = (offset as usize, size as usize);
+    let mut copies = Vec::new();
+    for stride in [1, 3, 7, 29] {
+        let mut copy = elf.to_vec();
+        for byte in copy[offset..offset + size].iter_mut().step_by(stride) {
+            *byte ^= 0x5a;
+        }
+        copies.push(copy);
+    }
+    let mut zeroed = elf.to_vec();
+    zeroed[offset..offset + size].fill(0);
+    copies.push(zeroed);
+    let mut ones = elf.to_vec();
+    ones[offset..offset + size].fill(0xff);
+    copies.push(ones);
+    // The file ends inside the section.
+    copies.push(elf[..offset + size / 2].to_vec());
+    copies
+}
+
+#[test]
+fn corrupt_elf_and_dwarf_are_counted_never_a_panic() {
+    let (start, size) = function_range(INLINE_CHAIN, "burn_leaf");
+    let mut failures = 0;
+    let mut inputs = Vec::new();
+    for section in [
+        ".debug_info",
+        ".debug_abbrev",
+        ".debug_line",
+        ".debug_str",
+        ".debug_line_str",
+        ".debug_aranges",
+        ".debug_rnglists",
+        ".symtab",
+        ".strtab",
+    ] {
+        inputs.extend(damaged(INLINE_CHAIN, section));
+        inputs.extend(damaged(INLINE_CHAIN_COMPRESSED, section));
+    }
+    for len in (0..INLINE_CHAIN.len()).step_by(211) {
+        inputs.push(INLINE_CHAIN[..len].to_vec());
+    }
+    for (index, input) in inputs.iter().enumerate() {
+        let Ok(object) = ObjectFile::from_memory(
+            ObjectKey::File {
+                dev: 9,
+                inode: index as u64,
+            },
+            "/fixtures/corrupt",
+            input.as_slice().into(),
+        ) else {
+            continue;
+        };
+        let (mut symbolizer, stats) = fresh();
+        for vaddr in (start..start + size).chain([0, u64::MAX, 1 << 40]) {
+            let _ = symbolizer.user(&object, vaddr);
+        }
+        let snapshot = stats.snapshot();
+        failures += snapshot.dwarf_errors + snapshot.symbol_table_errors;
+    }
+    assert!(
+        failures >= 10,
+        "damaged inputs are counted as failures, got {failures} over {} inputs",
+        inputs.len()
+    );
+    for garbage in [&b""[..], b"\x7fELF", &[0xff; 4096]] {
+        assert!(DwarfInfo::parse(Bytes::new(Arc::new(garbage.to_vec())), 1 << 20).is_err());
+    }
+}
+
+#[test]
+fn cpp_names_follow_the_demangle_mode() {
+    let mangled = "_ZN4firn11AccumulatorImE3addEmi";
+    let (start, _) = function_range(TEMPLATES, mangled);
+    for (mode, expected) in [
+        (DemangleMode::None, mangled),
+        (DemangleMode::Simplified, "firn::Accumulator::add"),
+        (
+            DemangleMode::Full,
+            "firn::Accumulator<unsigned long>::add(unsigned long, int)",
+        ),
+    ] {
+        let (mut symbolizer, _) = symbolizer_with(&Limits::default(), mode);
+        let lines = symbolizer.user(&object(1, TEMPLATES), start + 4);
+        let outer = lines.last().expect("symbolized");
+        assert_eq!(outer.function, expected, "{mode:?}");
+        assert_eq!(outer.system_name, mangled, "{mode:?}");
+        assert!(outer.line.is_some());
+    }
+}
+
+#[test]
+fn jit_frames_come_from_the_perf_map_and_its_growth() {
+    let (mut symbolizer, stats) = fresh();
+    let mut map = tempfile::tempfile().expect("tempfile");
+    map.write_all(b"7f0000001000 100 JS:*hotLoop /app.js:1:17\ngarbage\n")
+        .expect("write");
+    let name = |line: Option<Line>| line.map(|l| l.function);
+    assert_eq!(
+        name(symbolizer.jit(&map, 0x7f00_0000_1010)),
+        Some("JS:*hotLoop /app.js:1:17".to_owned())
+    );
+    assert_eq!(name(symbolizer.jit(&map, 0x7f00_0000_2010)), None);
+    map.write_all(b"7f0000002000 80 JS:*later /app.js:9:1\n")
+        .expect("write");
+    assert_eq!(
+        name(symbolizer.jit(&map, 0x7f00_0000_2010)),
+        Some("JS:*later /app.js:9:1".to_owned()),
+        "a miss re-reads what was appended"
+    );
+    let snapshot = stats.snapshot();
+    assert_eq!(snapshot.perf_map_parse_errors, 1);
+    assert_eq!(
+        (snapshot.perf_map_cache_misses, snapshot.perf_map_cache_hits),
+        (1, 2)
+    );
+}
+
+#[test]
+fn the_dwarf_cache_is_bounded_and_counts_evictions() {
+    // Room for one fixture's DWARF at a time, not two.
+    let one = |elf: &[u8]| {
+        DwarfInfo::parse(Bytes::new(Arc::new(elf.to_vec())), usize::MAX)
+            .expect("indexes")
+            .heap_bytes()
+    };
+    let limits = Limits {
+        debuginfo_cache_bytes: one(INLINE_CHAIN).max(one(TEMPLATES)) + 1024,
+        ..Limits::default()
+    };
+    let (mut symbolizer, stats) = symbolizer_with(&limits, DemangleMode::Simplified);
+    let chain = object(1, INLINE_CHAIN);
+    let templates = object(2, TEMPLATES);
+    let (leaf, _) = function_range(INLINE_CHAIN, "burn_leaf");
+    let (run, _) = function_range(TEMPLATES, "_ZN4firn3runEi");
+    for _ in 0..3 {
+        assert!(!symbolizer.user(&chain, leaf + 0x20).is_empty());
+        assert!(!symbolizer.user(&templates, run).is_empty());
+    }
+    let snapshot = stats.snapshot();
+    assert_eq!(
+        snapshot.debuginfo_cache_misses, 6,
+        "each object pushes the other out"
+    );
+    assert!(snapshot.debuginfo_cache_evictions >= 5);
+    symbolizer.end_of_profile();
+    assert!(symbolizer.dwarf.bytes() <= limits.debuginfo_cache_bytes);
+    assert_eq!(snapshot.debuginfo_too_large, 0);
+
+    // An object whose DWARF alone exceeds the cache is not indexed at all.
+    let tiny = Limits {
+        debuginfo_cache_bytes: 1024,
+        ..Limits::default()
+    };
+    let (mut symbolizer, stats) = symbolizer_with(&tiny, DemangleMode::Simplified);
+    assert_eq!(
+        frames(&symbolizer.user(&chain, leaf + 0x20)),
+        [("burn_leaf".to_owned(), None)],
+        "the symbol table still names it"
+    );
+    assert_eq!(stats.snapshot().debuginfo_too_large, 1);
+}
+
+#[test]
+fn a_context_grown_past_the_cache_is_dropped_after_the_profile() {
+    let base = DwarfInfo::parse(Bytes::new(Arc::new(INLINE_CHAIN.to_vec())), usize::MAX)
+        .expect("indexes")
+        .heap_bytes();
+    let limits = Limits {
+        debuginfo_cache_bytes: base + 1,
+        ..Limits::default()
+    };
+    let (mut symbolizer, stats) = symbolizer_with(&limits, DemangleMode::Simplified);
+    let (leaf, _) = function_range(INLINE_CHAIN, "burn_leaf");
+    assert_eq!(
+        symbolizer.user(&object(1, INLINE_CHAIN), leaf + 0x20).len(),
+        2
+    );
+    assert!(
+        symbolizer.dwarf.bytes() > limits.debuginfo_cache_bytes,
+        "parsing a unit made it grow"
+    );
+    symbolizer.end_of_profile();
+    assert_eq!(symbolizer.dwarf.bytes(), 0);
+    assert_eq!(stats.snapshot().debuginfo_cache_evictions, 1);
+}
+
+#[test]
+fn kernel_frames_need_kallsyms() {
+    let (mut symbolizer, _) = fresh();
+    assert!(
+        symbolizer.kernel(0xffffffff81000000).is_none(),
+        "no kallsyms loaded"
+    );
+}
