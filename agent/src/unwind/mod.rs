@@ -1,17 +1,32 @@
-//! The unwinder stage: turns a sample's user side into frames. The kernel's
-//! frame-pointer walk is taken as is, except for the leaf: a function without
-//! a frame of its own (most leaves, and any function caught in its prologue
-//! or epilogue) hides its caller from that walk. The leaf's CFI and the copy
-//! of the top of the stack recover it.
+//! The unwinder stage: turns a sample's user side into frames. `dwarf`
+//! unwinds the copied stack frame by frame with the CFI of every object on
+//! it; where it stops short of the outermost frame, the rest is taken from
+//! the kernel's frame-pointer walk if the two meet. How much stack there is
+//! to unwind depends on the process (`mode` decides):
+//!
+//! - Frame pointers: a small copy of the top of the stack. Its CFI unwind
+//!   recovers what the kernel's walk lacks near the leaf (a function
+//!   without a frame of its own hides its caller from the walk) and meets
+//!   the walk below. If it cannot meet the walk, the walk is kept with its
+//!   leaf repaired. Callers without frame pointers seen on the way mark
+//!   the process for DWARF.
+//! - DWARF: the whole copy (16 KiB by default).
 
 mod cfi;
+mod dwarf;
+mod mode;
+mod survey;
 
 use std::{num::NonZeroUsize, sync::Arc};
 
+use agent_common::MAX_STACK_DEPTH;
 use lru::LruCache;
 use tracing::debug;
 
 pub use cfi::{Cfa, CfiContext, CfiError, CfiSource, Rule, UnwindRow};
+pub use dwarf::{Code, CodeLookup, Outcome, StackCopy, Stop, unwind};
+pub use mode::{CopyMapError, CopySizeMap, ProcessUnwinding, UnwindPolicy, is_system_library};
+pub use survey::{FrameSurvey, ObjectFrames, is_go};
 
 use crate::{
     cache::ByteBoundedCache,
@@ -23,6 +38,13 @@ use crate::{
 /// Rows looked up recently, by object and address: stacks repeat the same
 /// return addresses, so most lookups never reach the CFI.
 const ROW_CACHE_ENTRIES: usize = 65_536;
+
+/// Objects whose frame-pointer verdict is remembered.
+const VERDICT_CACHE_ENTRIES: usize = 4_096;
+
+/// Most user frames of one stack: what the kernel's walk may hold, plus the
+/// leaf's caller.
+pub const MAX_USER_FRAMES: usize = MAX_STACK_DEPTH + 1;
 
 /// What leaf repair did to one sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +79,7 @@ pub fn return_address(row: &UnwindRow, ip: u64, sp: u64, bp: u64, stack: &[u8]) 
             };
             sp.checked_add(8 + extra)?
         }
-        Cfa::Unsupported => return None,
+        Cfa::Signal | Cfa::Unsupported => return None,
     };
     match row.ra {
         Rule::CfaOffset(offset) => {
@@ -90,70 +112,39 @@ pub fn repair_leaf(
     LeafRepair::Repaired
 }
 
+/// Joins a DWARF unwind that stopped short to the kernel's frame-pointer
+/// walk: where the walk holds the last address the unwind reached, the
+/// walk's frames beyond it continue the stack. True if frames were added.
+pub fn stitch(frames: &mut Vec<u64>, walk: &[u64]) -> bool {
+    if frames.len() >= MAX_USER_FRAMES {
+        return false;
+    }
+    let Some(&last) = frames.last() else {
+        return false;
+    };
+    // The interrupted instruction only matches the walk's first entry; a
+    // return address never does.
+    let from = usize::from(frames.len() > 1);
+    let Some(position) = walk.iter().skip(from).position(|&a| a == last) else {
+        return false;
+    };
+    let rest = &walk[from + position + 1..];
+    let room = MAX_USER_FRAMES.saturating_sub(frames.len());
+    frames.extend(rest.iter().take(room));
+    !rest.is_empty() && room > 0
+}
+
 /// CFI sources by object (bounded in bytes) and a bounded row cache.
-pub struct Unwinder {
+struct CfiCache {
     sources: ByteBoundedCache<ContentKey, Arc<CfiSource<ObjectData>>>,
     rows: LruCache<(ContentKey, u64), Option<UnwindRow>>,
     context: Box<CfiContext>,
     stats: Arc<Stats>,
 }
 
-impl Unwinder {
-    pub fn new(max_bytes: usize, stats: Arc<Stats>) -> Self {
-        Self {
-            sources: ByteBoundedCache::new(max_bytes),
-            rows: LruCache::new(NonZeroUsize::new(ROW_CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN)),
-            context: Box::new(CfiContext::new()),
-            stats,
-        }
-    }
-
-    /// The sample's user frames, innermost first, with the leaf repaired.
-    pub fn user_frames(
-        &mut self,
-        sample: &RawSample,
-        image: &ProcessImage,
-        processes: &mut ProcessTable,
-    ) -> Vec<u64> {
-        let mut frames = sample.user_stack.clone();
-        let Some(regs) = sample.user_regs else {
-            return frames;
-        };
-        if frames.is_empty() || sample.stack_copy.is_empty() {
-            return frames;
-        }
-        let outcome =
-            self.leaf_row(regs.ip, image, processes)
-                .map_or(LeafRepair::Unavailable, |row| {
-                    repair_leaf(
-                        &mut frames,
-                        &row,
-                        (regs.ip, regs.sp, regs.bp),
-                        &sample.stack_copy,
-                    )
-                });
-        match outcome {
-            LeafRepair::Repaired => Stats::inc(&self.stats.leaf_frames_repaired),
-            LeafRepair::Unavailable => Stats::inc(&self.stats.leaf_repair_failures),
-            LeafRepair::NotNeeded => {}
-        }
-        frames
-    }
-
-    fn leaf_row(
-        &mut self,
-        ip: u64,
-        image: &ProcessImage,
-        processes: &mut ProcessTable,
-    ) -> Option<UnwindRow> {
-        let index = image.mapping_index(ip)?;
-        let object = processes.object(image, index)?;
-        let vaddr = image.mappings[index].object_vaddr(ip)?;
-        self.row(&object, vaddr)
-    }
-
+impl CfiCache {
     /// The unwind rules at `vaddr` of `object`.
-    pub fn row(&mut self, object: &ObjectFile, vaddr: u64) -> Option<UnwindRow> {
+    fn row(&mut self, object: &ObjectFile, vaddr: u64) -> Option<UnwindRow> {
         let key = object.content_key();
         if let Some(row) = self.rows.get(&(key.clone(), vaddr)) {
             Stats::inc(&self.stats.unwind_cache_hits);
@@ -194,6 +185,216 @@ impl Unwinder {
             .insert(key.clone(), source.clone(), source.heap_bytes() + 512);
         Stats::add(&self.stats.unwind_cache_evictions, evicted as u64);
         Some(source)
+    }
+}
+
+/// The code of one process, as the DWARF unwinder asks about it.
+struct ProcessCode<'a> {
+    image: &'a ProcessImage,
+    processes: &'a mut ProcessTable,
+    cfi: &'a mut CfiCache,
+}
+
+impl CodeLookup for ProcessCode<'_> {
+    fn code(&mut self, address: u64) -> Code {
+        let Some(index) = self.image.mapping_index(address) else {
+            return Code::Unmapped;
+        };
+        let Some(object) = self.processes.object(self.image, index) else {
+            return Code::NoCfi;
+        };
+        let mapping = &self.image.mappings[index];
+        let Some(vaddr) = mapping.object_vaddr(address) else {
+            return Code::NoCfi;
+        };
+        match self.cfi.row(&object, vaddr) {
+            Some(row) => Code::Row {
+                row,
+                system: is_system_library(&mapping.spec.path),
+            },
+            None => Code::NoCfi,
+        }
+    }
+}
+
+/// A sample's user frames, innermost first: the interrupted instruction,
+/// then return addresses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unwound {
+    pub frames: Vec<u64>,
+    /// Unwound with frame pointers, yet the stack held callers without
+    /// them: the process needs DWARF.
+    pub needs_dwarf: bool,
+}
+
+/// Unwinds samples; owns the CFI caches.
+pub struct Unwinder {
+    cfi: CfiCache,
+    verdicts: LruCache<ContentKey, ObjectFrames>,
+    stats: Arc<Stats>,
+}
+
+impl Unwinder {
+    pub fn new(max_bytes: usize, stats: Arc<Stats>) -> Self {
+        let entries = |n| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN);
+        Self {
+            cfi: CfiCache {
+                sources: ByteBoundedCache::new(max_bytes),
+                rows: LruCache::new(entries(ROW_CACHE_ENTRIES)),
+                context: Box::new(CfiContext::new()),
+                stats: stats.clone(),
+            },
+            verdicts: LruCache::new(entries(VERDICT_CACHE_ENTRIES)),
+            stats,
+        }
+    }
+
+    /// Unwinds the user side of `sample`.
+    pub fn user_frames(
+        &mut self,
+        sample: &RawSample,
+        image: &ProcessImage,
+        processes: &mut ProcessTable,
+        unwinding: ProcessUnwinding,
+    ) -> Unwound {
+        let Some(regs) = sample.user_regs else {
+            // Kernel threads have no user side; a user task whose registers
+            // could not be read keeps the kernel's walk.
+            if unwinding == ProcessUnwinding::Dwarf && !sample.user_stack.is_empty() {
+                Stats::inc(&self.stats.unwind_without_registers);
+            }
+            return Unwound {
+                frames: sample.user_stack.clone(),
+                needs_dwarf: false,
+            };
+        };
+        let mut frames = Vec::with_capacity(32);
+        let mut code = ProcessCode {
+            image,
+            processes,
+            cfi: &mut self.cfi,
+        };
+        let stack = StackCopy {
+            sp: regs.sp,
+            bytes: &sample.stack_copy,
+        };
+        let outcome = unwind(regs, stack, &mut code, MAX_USER_FRAMES, &mut frames);
+        let stitched = outcome.stop != Stop::Complete && stitch(&mut frames, &sample.user_stack);
+        match unwinding {
+            ProcessUnwinding::Dwarf => {
+                self.count_dwarf(&outcome, stitched);
+                Unwound {
+                    frames,
+                    needs_dwarf: false,
+                }
+            }
+            ProcessUnwinding::FramePointers => {
+                let needs_dwarf = outcome.frameless_callers > 0;
+                if outcome.stop == Stop::Complete || stitched {
+                    if frames.get(..2) != sample.user_stack.get(..2) {
+                        Stats::inc(&self.stats.leaf_frames_repaired);
+                    }
+                    return Unwound {
+                        frames,
+                        needs_dwarf,
+                    };
+                }
+                frames.clear();
+                frames.extend_from_slice(&sample.user_stack);
+                self.repair_walk(&mut frames, sample, image, processes);
+                Unwound {
+                    frames,
+                    needs_dwarf,
+                }
+            }
+        }
+    }
+
+    fn count_dwarf(&self, outcome: &Outcome, stitched: bool) {
+        let stats = &self.stats;
+        Stats::inc(&stats.unwind_dwarf_stacks);
+        Stats::add(&stats.unwind_rbp_frames, u64::from(outcome.rbp_frames));
+        Stats::add(
+            &stats.unwind_signal_frames,
+            u64::from(outcome.signal_frames),
+        );
+        let counter = match outcome.stop {
+            Stop::Complete => &stats.unwind_dwarf_complete,
+            Stop::Truncated => &stats.unwind_truncated,
+            Stop::NoCfi => &stats.unwind_failed_no_cfi,
+            Stop::Unmapped => &stats.unwind_failed_unmapped,
+            Stop::UnsupportedRule => &stats.unwind_failed_unsupported_rule,
+            Stop::NotProgressing => &stats.unwind_failed_not_progressing,
+            Stop::TooDeep => &stats.unwind_failed_too_deep,
+        };
+        Stats::inc(counter);
+        if stitched {
+            Stats::inc(&stats.unwind_stitched);
+        }
+    }
+
+    /// The kernel's frame-pointer walk with the leaf's caller recovered.
+    fn repair_walk(
+        &mut self,
+        frames: &mut Vec<u64>,
+        sample: &RawSample,
+        image: &ProcessImage,
+        processes: &mut ProcessTable,
+    ) {
+        let Some(regs) = sample.user_regs else {
+            return;
+        };
+        if frames.is_empty() || sample.stack_copy.is_empty() {
+            return;
+        }
+        let outcome =
+            self.leaf_row(regs.ip, image, processes)
+                .map_or(LeafRepair::Unavailable, |row| {
+                    repair_leaf(
+                        frames,
+                        &row,
+                        (regs.ip, regs.sp, regs.bp),
+                        &sample.stack_copy,
+                    )
+                });
+        match outcome {
+            LeafRepair::Repaired => Stats::inc(&self.stats.leaf_frames_repaired),
+            LeafRepair::Unavailable => Stats::inc(&self.stats.leaf_repair_failures),
+            LeafRepair::NotNeeded => {}
+        }
+    }
+
+    fn leaf_row(
+        &mut self,
+        ip: u64,
+        image: &ProcessImage,
+        processes: &mut ProcessTable,
+    ) -> Option<UnwindRow> {
+        let index = image.mapping_index(ip)?;
+        let object = processes.object(image, index)?;
+        let vaddr = image.mappings[index].object_vaddr(ip)?;
+        self.row(&object, vaddr)
+    }
+
+    /// The unwind rules at `vaddr` of `object`.
+    pub fn row(&mut self, object: &ObjectFile, vaddr: u64) -> Option<UnwindRow> {
+        self.cfi.row(object, vaddr)
+    }
+
+    /// Whether `object`'s code keeps frame pointers; looked at once per
+    /// object, with bounded work (`survey`).
+    pub fn object_frames(&mut self, object: &ObjectFile) -> ObjectFrames {
+        let key = object.content_key();
+        if let Some(&verdict) = self.verdicts.get(&key) {
+            return verdict;
+        }
+        let verdict = match self.cfi.source(object, &key) {
+            Some(source) => survey::object_frames(&source, &mut self.cfi.context),
+            None => ObjectFrames::Unknown,
+        };
+        debug!(path = object.path, ?verdict, "frame pointers");
+        self.verdicts.put(key, verdict);
+        verdict
     }
 }
 
