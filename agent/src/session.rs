@@ -15,10 +15,10 @@ use crate::{
     aggregate::{AggregatedProfile, Aggregator, UnwoundSample},
     bpf::{BpfCounters, BpfError, BpfSampler, ProgramRunTime},
     config::{Limits, SamplingConfig, UnwindMode},
-    process::{ProcessTable, ProcessTableStats},
+    process::{ProcessImage, ProcessTable, ProcessTableStats},
     sampler::{self, RawSample, Record, RingReader},
     stats::Stats,
-    unwind::{UnwindPolicy, Unwinder},
+    unwind::{UnwindPolicy, Unwinder, Unwound},
 };
 
 /// The reader drains at least this often: the BPF side only wakes it once
@@ -148,18 +148,20 @@ impl Pipeline {
     pub fn sample(&mut self, sample: RawSample) {
         Stats::inc(&self.stats.samples_received);
         let comm = sample.comm.to_string();
-        let image = match sample.user_stack.first() {
+        let mut image = match sample.user_stack.first() {
             Some(&ip) => self.processes.image_covering(sample.tgid, &comm, ip),
             None => self.processes.image(sample.tgid, &comm),
         };
-        let unwinding = self
-            .policy
-            .decide(&image, &mut self.processes, &mut self.unwinder);
-        let unwound = self
-            .unwinder
-            .user_frames(&sample, &image, &mut self.processes, unwinding);
-        if unwound.needs_dwarf {
-            self.policy.require_dwarf(&image);
+        let mut unwound = self.unwind(&sample, &image);
+        // A stack running into code outside the image: the maps were read
+        // before a library was mapped (right after exec, or a dlopen).
+        // Re-read them (at most once a second) and unwind again.
+        if let Some(address) = unwound.unmapped {
+            let fresh = self.processes.image_covering(sample.tgid, &comm, address);
+            if !Arc::ptr_eq(&fresh, &image) {
+                image = fresh;
+                unwound = self.unwind(&sample, &image);
+            }
         }
         let user = unwound.frames;
         // Open every object now, while the process is surely alive; the
@@ -175,6 +177,19 @@ impl Pipeline {
             kernel: sample.kernel_stack,
             user,
         });
+    }
+
+    fn unwind(&mut self, sample: &RawSample, image: &Arc<ProcessImage>) -> Unwound {
+        let unwinding = self
+            .policy
+            .decide(image, &mut self.processes, &mut self.unwinder);
+        let unwound = self
+            .unwinder
+            .user_frames(sample, image, &mut self.processes, unwinding);
+        if unwound.needs_dwarf {
+            self.policy.require_dwarf(image);
+        }
+        unwound
     }
 
     fn housekeeping(&mut self) {

@@ -1,11 +1,14 @@
 /* The chain main > level_one > level_two > level_three > burn_leaf for the
  * unwinding tests, meant to be built without frame pointers
  * (-O2 -fomit-frame-pointer -g). mix_step is inlined into burn_leaf.
+ * level_two's frame is larger than the small stack copy taken for leaf
+ * repair, so only a real stack copy unwinds past it.
  *
  * usage: chain_inline [ROUNDS]                   spin in the chain forever
  *        chain_inline ROUNDS SECONDS [THREADS]   benchmark: THREADS threads
  *            (default: one per CPU) run worker > level_one > ... for
- *            SECONDS, then the total number of chain calls is printed */
+ *            SECONDS (a decimal number), then the total number of chain
+ *            calls is printed */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -37,8 +40,10 @@ __attribute__((noinline)) uint64_t level_three(uint64_t n) {
 }
 
 __attribute__((noinline)) uint64_t level_two(uint64_t n) {
+    volatile unsigned char pad[3000];
+    pad[n % sizeof pad] = 1;
     uint64_t r = level_three(n);
-    sink = r;
+    sink = r + pad[(n >> 3) % sizeof pad];
     return r + 2;
 }
 
@@ -64,13 +69,13 @@ int main(int argc, char **argv) {
             sink = level_one(rounds);
         }
     }
-    int seconds = atoi(argv[2]);
+    double seconds = atof(argv[2]);
     long threads = argc > 3 ? atol(argv[3]) : sysconf(_SC_NPROCESSORS_ONLN);
     if (threads < 1 || threads > 1024) threads = 1;
     pthread_t *ids = calloc(threads, sizeof *ids);
     uint64_t *done = calloc(threads, 64); /* one cache line each */
     for (long t = 0; t < threads; t++) pthread_create(&ids[t], 0, worker, &done[t * 8]);
-    sleep(seconds);
+    usleep((useconds_t)(seconds * 1e6));
     atomic_store(&stop, 1);
     uint64_t total = 0;
     for (long t = 0; t < threads; t++) {

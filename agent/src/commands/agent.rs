@@ -168,6 +168,8 @@ fn build_loop(
                     stack_failures = stack_failures(&interval.bpf),
                     dropped = interval.aggregated.dropped,
                     unknown_frames = unknown_frames(&delta),
+                    dwarf_stacks = delta.unwind_dwarf_stacks,
+                    dwarf_complete = delta.unwind_dwarf_complete,
                     processes = interval.processes.processes,
                     objects = interval.processes.objects,
                     bpf_mean_ns = interval.run_time.map(|r| r.run_time_ns / r.run_count.max(1)),

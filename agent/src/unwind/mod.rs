@@ -17,6 +17,9 @@ mod dwarf;
 mod mode;
 mod survey;
 
+#[cfg(test)]
+mod fixture_tests;
+
 use std::{num::NonZeroUsize, sync::Arc};
 
 use agent_common::MAX_STACK_DEPTH;
@@ -225,6 +228,9 @@ pub struct Unwound {
     /// Unwound with frame pointers, yet the stack held callers without
     /// them: the process needs DWARF.
     pub needs_dwarf: bool,
+    /// The unwind stopped at this address outside every mapping: the image
+    /// may predate a library being mapped.
+    pub unmapped: Option<u64>,
 }
 
 /// Unwinds samples; owns the CFI caches.
@@ -265,7 +271,7 @@ impl Unwinder {
             }
             return Unwound {
                 frames: sample.user_stack.clone(),
-                needs_dwarf: false,
+                ..Unwound::default()
             };
         };
         let mut frames = Vec::with_capacity(32);
@@ -279,6 +285,9 @@ impl Unwinder {
             bytes: &sample.stack_copy,
         };
         let outcome = unwind(regs, stack, &mut code, MAX_USER_FRAMES, &mut frames);
+        let unmapped = (outcome.stop == Stop::Unmapped)
+            .then(|| frames.last().copied())
+            .flatten();
         let stitched = outcome.stop != Stop::Complete && stitch(&mut frames, &sample.user_stack);
         match unwinding {
             ProcessUnwinding::Dwarf => {
@@ -286,6 +295,7 @@ impl Unwinder {
                 Unwound {
                     frames,
                     needs_dwarf: false,
+                    unmapped,
                 }
             }
             ProcessUnwinding::FramePointers => {
@@ -297,6 +307,7 @@ impl Unwinder {
                     return Unwound {
                         frames,
                         needs_dwarf,
+                        unmapped,
                     };
                 }
                 frames.clear();
@@ -305,6 +316,7 @@ impl Unwinder {
                 Unwound {
                     frames,
                     needs_dwarf,
+                    unmapped,
                 }
             }
         }

@@ -325,9 +325,36 @@ mod tests {
         assert_eq!(stats.snapshot().unwind_dwarf_images, 0);
     }
 
+    /// A fixture binary running as a child (killed on drop), and the
+    /// directory its file lives in.
+    struct Child(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
+
+    impl Child {
+        fn spawn(bytes: &[u8]) -> Self {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("workload");
+            std::fs::write(&path, bytes).expect("write the fixture");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            let child = std::process::Command::new(&path)
+                .arg("1000")
+                .spawn()
+                .expect("the fixture runs");
+            // Until the loader has mapped libc, the image is incomplete.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            Self(child, dir)
+        }
+    }
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     #[test]
-    fn this_test_binary_needs_dwarf_and_gets_the_copy() {
-        // Test binaries are built without frame pointers (the Rust default).
+    fn auto_decides_from_the_objects_and_writes_the_map() {
         let (stats, mut processes, mut unwinder) = setup();
         let entries = Arc::new(Mutex::new(Vec::new()));
         let map = FakeMap {
@@ -336,8 +363,18 @@ mod tests {
         };
         let mut policy =
             UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
-        let pid = std::process::id();
-        let image = processes.image(pid, "me");
+
+        let framed = Child::spawn(crate::elf::tests::CHAIN);
+        let image = processes.image(framed.0.id(), "chain");
+        assert_eq!(
+            policy.decide(&image, &mut processes, &mut unwinder),
+            ProcessUnwinding::FramePointers
+        );
+        assert!(entries.lock().expect("lock").is_empty());
+
+        let frameless = Child::spawn(include_bytes!("../../fixtures/chain_inline"));
+        let pid = frameless.0.id();
+        let image = processes.image(pid, "chain_inline");
         assert_eq!(
             policy.decide(&image, &mut processes, &mut unwinder),
             ProcessUnwinding::Dwarf
@@ -345,13 +382,39 @@ mod tests {
         // Decided once per image.
         policy.decide(&image, &mut processes, &mut unwinder);
         assert_eq!(*entries.lock().expect("lock"), [(pid, 8192)]);
-        assert_eq!(stats.snapshot().unwind_dwarf_images, 1);
+        let snapshot = stats.snapshot();
+        assert_eq!(
+            (snapshot.unwind_dwarf_images, snapshot.unwind_fp_images),
+            (1, 1)
+        );
 
         // Exit: the BPF program removed the entry; a sweep leaves live
         // processes alone.
         policy.on_exit(pid);
         policy.sweep(Path::new("/proc"));
         assert_eq!(entries.lock().expect("lock").len(), 1);
+    }
+
+    #[test]
+    fn stacks_without_frame_pointers_switch_a_process_to_dwarf() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let entries = Arc::new(Mutex::new(Vec::new()));
+        let map = FakeMap {
+            entries: entries.clone(),
+            full: false,
+        };
+        let mut policy =
+            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
+        let framed = Child::spawn(crate::elf::tests::CHAIN);
+        let image = processes.image(framed.0.id(), "chain");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        policy.require_dwarf(&image);
+        assert_eq!(
+            policy.decide(&image, &mut processes, &mut unwinder),
+            ProcessUnwinding::Dwarf
+        );
+        assert_eq!(*entries.lock().expect("lock"), [(framed.0.id(), 8192)]);
+        assert_eq!(stats.snapshot().unwind_switched_to_dwarf, 1);
     }
 
     #[test]
@@ -363,7 +426,8 @@ mod tests {
         };
         let mut policy =
             UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
-        let image = processes.image(std::process::id(), "me");
+        let frameless = Child::spawn(include_bytes!("../../fixtures/chain_inline"));
+        let image = processes.image(frameless.0.id(), "chain_inline");
         assert_eq!(
             policy.decide(&image, &mut processes, &mut unwinder),
             ProcessUnwinding::Dwarf
