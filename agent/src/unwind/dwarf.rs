@@ -245,9 +245,11 @@ fn step_rbp(
         return Err(implausible);
     }
     if bp.saturating_add(16) > stack.end() {
-        // Beyond the copy but within a stack's reach: a real frame that did
-        // not fit. Farther: rbp holds something else.
-        return Err(if bp - stack.end() < MAX_STACK_SPAN {
+        // Mapped code beyond the copy but within a stack's reach: a real
+        // frame that did not fit. Farther, or for code firn knows nothing
+        // about, rbp is no evidence of a frame.
+        let within_reach = bp.saturating_sub(stack.end()) < MAX_STACK_SPAN;
+        return Err(if within_reach && implausible == Stop::NoCfi {
             Stop::Truncated
         } else {
             implausible
@@ -436,6 +438,17 @@ mod tests {
         assert_eq!(frames, [0x9050, 0x3008]);
         assert_eq!(outcome.stop, Stop::Complete);
         assert_eq!(outcome.rbp_frames, 1);
+
+        // rbp beyond the copy: for mapped code a frame that did not fit,
+        // for unknown code no evidence of anything.
+        let far = UserRegs {
+            bp: SP + 0x1000,
+            ..regs
+        };
+        let (_, outcome) = run(vec![(0x9000, 0x9100, Code::NoCfi)], far, &stack(&words, 16));
+        assert_eq!(outcome.stop, Stop::Truncated);
+        let (_, outcome) = run(Vec::new(), far, &stack(&words, 16));
+        assert_eq!(outcome.stop, Stop::Unmapped);
 
         // rbp holding a small integer is no frame.
         let code = vec![(0x9000, 0x9100, Code::NoCfi)];

@@ -400,9 +400,15 @@ impl Unwinder {
         if let Some(&verdict) = self.verdicts.get(&key) {
             return verdict;
         }
-        let verdict = match self.cfi.source(object, &key) {
-            Some(source) => survey::object_frames(&source, &mut self.cfi.context),
-            None => ObjectFrames::Unknown,
+        // Go first: its CFI need not be read (or decompressed) to judge.
+        let go = object.data().is_ok_and(|data| is_go(&data));
+        let verdict = if go {
+            ObjectFrames::FramePointers
+        } else {
+            match self.cfi.source(object, &key) {
+                Some(source) => survey::survey(&source, &mut self.cfi.context).verdict(),
+                None => ObjectFrames::Unknown,
+            }
         };
         debug!(path = object.path, ?verdict, "frame pointers");
         self.verdicts.put(key, verdict);

@@ -51,24 +51,14 @@ impl FrameSurvey {
 }
 
 /// Go binaries keep frame pointers on amd64, but their CFI describes frames
-/// relative to rsp only, so the survey would call them frame-pointer-less.
+/// relative to rsp only, so the survey would call them frame-pointer-less:
+/// callers ask this first.
 pub fn is_go(data: &[u8]) -> bool {
     object::File::parse(data).is_ok_and(|file| {
         [".go.buildinfo", ".note.go.buildid", ".gopclntab"]
             .iter()
             .any(|name| file.section_by_name(name).is_some())
     })
-}
-
-/// The verdict for an object, from its bytes and CFI.
-pub fn object_frames<D: Deref<Target = [u8]>>(
-    source: &CfiSource<D>,
-    context: &mut CfiContext,
-) -> ObjectFrames {
-    if is_go(source.data()) {
-        return ObjectFrames::FramePointers;
-    }
-    survey(source, context).verdict()
 }
 
 pub fn survey<D: Deref<Target = [u8]>>(
@@ -168,7 +158,7 @@ mod tests {
         let mut truncated = CHAIN[..CHAIN.len() / 2].to_vec();
         truncated.extend_from_slice(&[0xff; 64]);
         if let Ok(source) = CfiSource::new(&truncated[..]) {
-            let _ = object_frames(&source, &mut CfiContext::new());
+            let _ = survey(&source, &mut CfiContext::new()).verdict();
         }
     }
 }
