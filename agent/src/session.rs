@@ -148,22 +148,15 @@ impl Pipeline {
     pub fn sample(&mut self, sample: RawSample) {
         Stats::inc(&self.stats.samples_received);
         let comm = sample.comm.to_string();
-        let mut image = match sample.user_stack.first() {
+        let image = match sample.user_stack.first() {
             Some(&ip) => self.processes.image_covering(sample.tgid, &comm, ip),
             None => self.processes.image(sample.tgid, &comm),
         };
-        let mut unwound = self.unwind(&sample, &image);
-        // A stack running into code outside the image: the maps were read
-        // before a library was mapped (right after exec, or a dlopen).
-        // Re-read them (at most once a second) and unwind again.
-        if let Some(address) = unwound.unmapped {
-            let fresh = self.processes.image_covering(sample.tgid, &comm, address);
-            if !Arc::ptr_eq(&fresh, &image) {
-                image = fresh;
-                unwound = self.unwind(&sample, &image);
-            }
-        }
-        let user = unwound.frames;
+        let Unwound {
+            frames: user,
+            image,
+            ..
+        } = self.unwind(&sample, image);
         // Open every object now, while the process is surely alive; the
         // profile is symbolized later, possibly after it exited.
         for &address in &user {
@@ -179,15 +172,15 @@ impl Pipeline {
         });
     }
 
-    fn unwind(&mut self, sample: &RawSample, image: &Arc<ProcessImage>) -> Unwound {
+    fn unwind(&mut self, sample: &RawSample, image: Arc<ProcessImage>) -> Unwound {
         let unwinding = self
             .policy
-            .decide(image, &mut self.processes, &mut self.unwinder);
+            .decide(&image, &mut self.processes, &mut self.unwinder);
         let unwound = self
             .unwinder
             .user_frames(sample, image, &mut self.processes, unwinding);
         if unwound.needs_dwarf {
-            self.policy.require_dwarf(image);
+            self.policy.require_dwarf(&unwound.image);
         }
         unwound
     }

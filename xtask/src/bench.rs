@@ -173,7 +173,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         let script = median(perf_script_cpu.iter().copied());
         println!(
             "{:<36}{:>12}{:>18.3}",
-            "  + perf script (unwind, symbolize)", "", script
+            "  + perf script --no-inline", "", script
         );
         println!(
             "{:<36}{:>12.3}{:>18.3}",

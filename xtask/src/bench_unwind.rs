@@ -87,7 +87,9 @@ pub fn firn_complete_share(root: &Path, profile: &Path) -> Result<(u64, u64)> {
 /// perf that does what firn does while recording.
 pub fn perf_script(data: &Path) -> Result<((u64, u64), f64)> {
     let mut child = Command::new("perf")
-        .args(["script", "-F", "comm,tid,ip,sym", "-i"])
+        // Without inline frames (perf would run addr2line on every object),
+        // as firn's profile here has none either.
+        .args(["script", "--no-inline", "-F", "comm,tid,ip,sym", "-i"])
         .arg(data)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

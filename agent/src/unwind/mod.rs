@@ -34,7 +34,7 @@ pub use survey::{FrameSurvey, ObjectFrames, is_go};
 use crate::{
     cache::ByteBoundedCache,
     process::{ContentKey, ObjectData, ObjectFile, ProcessImage, ProcessTable},
-    sampler::RawSample,
+    sampler::{Comm, RawSample},
     stats::Stats,
 };
 
@@ -193,17 +193,38 @@ impl CfiCache {
 
 /// The code of one process, as the DWARF unwinder asks about it.
 struct ProcessCode<'a> {
-    image: &'a ProcessImage,
+    image: Arc<ProcessImage>,
     processes: &'a mut ProcessTable,
     cfi: &'a mut CfiCache,
+    comm: Comm,
+    refreshed: bool,
+}
+
+impl ProcessCode<'_> {
+    fn mapping_index(&mut self, address: u64) -> Option<usize> {
+        if let Some(index) = self.image.mapping_index(address) {
+            return Some(index);
+        }
+        // The maps may predate a library being mapped (read right after
+        // exec, or before a dlopen): re-read them, once per unwind and at
+        // most once a second per process.
+        if self.refreshed {
+            return None;
+        }
+        self.refreshed = true;
+        self.image =
+            self.processes
+                .image_covering(self.image.tgid, &self.comm.to_string(), address);
+        self.image.mapping_index(address)
+    }
 }
 
 impl CodeLookup for ProcessCode<'_> {
     fn code(&mut self, address: u64) -> Code {
-        let Some(index) = self.image.mapping_index(address) else {
+        let Some(index) = self.mapping_index(address) else {
             return Code::Unmapped;
         };
-        let Some(object) = self.processes.object(self.image, index) else {
+        let Some(object) = self.processes.object(&self.image, index) else {
             return Code::NoCfi;
         };
         let mapping = &self.image.mappings[index];
@@ -222,15 +243,15 @@ impl CodeLookup for ProcessCode<'_> {
 
 /// A sample's user frames, innermost first: the interrupted instruction,
 /// then return addresses.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Unwound {
     pub frames: Vec<u64>,
+    /// The image the frames belong to: the one given, or a fresh read of
+    /// the process's maps if the stack ran into code outside it.
+    pub image: Arc<ProcessImage>,
     /// Unwound with frame pointers, yet the stack held callers without
     /// them: the process needs DWARF.
     pub needs_dwarf: bool,
-    /// The unwind stopped at this address outside every mapping: the image
-    /// may predate a library being mapped.
-    pub unmapped: Option<u64>,
 }
 
 /// Unwinds samples; owns the CFI caches.
@@ -259,7 +280,7 @@ impl Unwinder {
     pub fn user_frames(
         &mut self,
         sample: &RawSample,
-        image: &ProcessImage,
+        image: Arc<ProcessImage>,
         processes: &mut ProcessTable,
         unwinding: ProcessUnwinding,
     ) -> Unwound {
@@ -271,7 +292,8 @@ impl Unwinder {
             }
             return Unwound {
                 frames: sample.user_stack.clone(),
-                ..Unwound::default()
+                image,
+                needs_dwarf: false,
             };
         };
         let mut frames = Vec::with_capacity(32);
@@ -279,46 +301,39 @@ impl Unwinder {
             image,
             processes,
             cfi: &mut self.cfi,
+            comm: sample.comm,
+            refreshed: false,
         };
         let stack = StackCopy {
             sp: regs.sp,
             bytes: &sample.stack_copy,
         };
         let outcome = unwind(regs, stack, &mut code, MAX_USER_FRAMES, &mut frames);
-        let unmapped = (outcome.stop == Stop::Unmapped)
-            .then(|| frames.last().copied())
-            .flatten();
+        let image = code.image;
         let stitched = outcome.stop != Stop::Complete && stitch(&mut frames, &sample.user_stack);
-        match unwinding {
-            ProcessUnwinding::Dwarf => {
-                self.count_dwarf(&outcome, stitched);
-                Unwound {
-                    frames,
-                    needs_dwarf: false,
-                    unmapped,
-                }
+        if unwinding == ProcessUnwinding::Dwarf {
+            self.count_dwarf(&outcome, stitched);
+            return Unwound {
+                frames,
+                image,
+                needs_dwarf: false,
+            };
+        }
+        let needs_dwarf = outcome.frameless_callers > 0;
+        if outcome.stop == Stop::Complete || stitched {
+            if frames.get(..2) != sample.user_stack.get(..2) {
+                Stats::inc(&self.stats.leaf_frames_repaired);
             }
-            ProcessUnwinding::FramePointers => {
-                let needs_dwarf = outcome.frameless_callers > 0;
-                if outcome.stop == Stop::Complete || stitched {
-                    if frames.get(..2) != sample.user_stack.get(..2) {
-                        Stats::inc(&self.stats.leaf_frames_repaired);
-                    }
-                    return Unwound {
-                        frames,
-                        needs_dwarf,
-                        unmapped,
-                    };
-                }
-                frames.clear();
-                frames.extend_from_slice(&sample.user_stack);
-                self.repair_walk(&mut frames, sample, image, processes);
-                Unwound {
-                    frames,
-                    needs_dwarf,
-                    unmapped,
-                }
-            }
+        } else {
+            // The unwind and the walk do not meet: the walk, leaf repaired.
+            frames.clear();
+            frames.extend_from_slice(&sample.user_stack);
+            self.repair_walk(&mut frames, sample, &image, processes);
+        }
+        Unwound {
+            frames,
+            image,
+            needs_dwarf,
         }
     }
 
