@@ -13,11 +13,14 @@ pub const MAX_STACK_DEPTH: usize = 127;
 /// Length of `task_struct::comm`.
 pub const COMM_LEN: usize = 16;
 
-/// Granularity of the user stack copy. A read that crosses the end of the
-/// stack mapping fails as a whole, so the copy proceeds in chunks aligned
-/// to this size in the address space (pages end on a chunk boundary) and
-/// keeps every chunk read before the first failure.
+/// Granularity of the user stack copy's size.
 pub const STACK_COPY_CHUNK: usize = 512;
+
+/// The user stack is read a page at a time: a read that crosses the end of
+/// the stack mapping fails as a whole, mappings end on page boundaries, so
+/// page-aligned reads keep everything up to the end with the fewest helper
+/// calls.
+pub const STACK_READ_BYTES: usize = 4096;
 
 /// Largest value of a per-CPU map the kernel accepts (`PCPU_MIN_UNIT_SIZE`).
 pub const PERCPU_VALUE_LIMIT: usize = 32 * 1024;
@@ -224,4 +227,4 @@ const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 32);
 const _: () = assert!(core::mem::size_of::<BpfConfig>() == 24);
 const _: () = assert!(MAX_STACK_COPY.is_multiple_of(STACK_COPY_CHUNK));
 const _: () = assert!(core::mem::size_of::<SampleScratch>() <= PERCPU_VALUE_LIMIT);
-const _: () = assert!(MAX_STACK_COPY >= 16 * 1024);
+const _: () = assert!(MAX_STACK_COPY >= 16 * 1024 + STACK_READ_BYTES);

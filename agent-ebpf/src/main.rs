@@ -20,7 +20,7 @@ use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
 
 use agent_common::{
     BpfConfig, COMM_LEN, Counter, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH,
-    MAX_UNWIND_PROCESSES, ProcessRecord, RecordKind, STACK_COPY_CHUNK, SampleRecord, SampleScratch,
+    MAX_UNWIND_PROCESSES, ProcessRecord, RecordKind, STACK_READ_BYTES, SampleRecord, SampleScratch,
     UserRegs, sample_flags,
 };
 use aya_ebpf::{
@@ -219,37 +219,35 @@ unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option
     })
 }
 
-/// Copies about `wanted` bytes of user stack from `sp` up, stopping at the
-/// first chunk that cannot be read (the end of the stack mapping). The first
-/// read runs up to the next chunk boundary so that every later chunk is
-/// aligned: mappings end on page boundaries, so the failing chunk lies
-/// wholly beyond the mapping and nothing readable is left behind. Returns
-/// the number of bytes copied.
+/// Copies up to `wanted` bytes of user stack from `sp` up, a page at a
+/// time, stopping at the first page that cannot be read (the end of the
+/// stack mapping). The first read runs up to the next page boundary, so
+/// later reads never straddle the end of the mapping and nothing readable
+/// is left behind. Returns the number of bytes copied.
 #[inline(always)]
 unsafe fn copy_user_stack(scratch: *mut SampleScratch, sp: u64, wanted: u32) -> usize {
     let wanted = wanted as usize;
-    if wanted == 0 {
-        return 0;
-    }
     let stack = unsafe { addr_of_mut!((*scratch).stack) } as *mut u8;
-    let head = (STACK_COPY_CHUNK - (sp as usize & (STACK_COPY_CHUNK - 1))) & (STACK_COPY_CHUNK - 1);
-    if head > 0 {
-        let ret =
-            unsafe { bpf_probe_read_user(stack as *mut c_void, head as u32, sp as *const c_void) };
-        if ret != 0 {
-            count(Counter::StackCopyShort);
-            return 0;
-        }
-    }
-    let mut copied = head;
-    for _ in 0..(MAX_STACK_COPY / STACK_COPY_CHUNK) {
-        if copied >= wanted || copied > MAX_STACK_COPY - STACK_COPY_CHUNK {
+    let head = (STACK_READ_BYTES - (sp as usize & (STACK_READ_BYTES - 1))) & (STACK_READ_BYTES - 1);
+    let mut copied = 0usize;
+    for _ in 0..(MAX_STACK_COPY / STACK_READ_BYTES + 1) {
+        // The bound keeps every read inside the buffer for the verifier; it
+        // only bites when more than MAX_STACK_COPY - a page is wanted.
+        if copied >= wanted || copied > MAX_STACK_COPY - STACK_READ_BYTES {
             break;
+        }
+        let mut size = if copied == 0 && head != 0 {
+            head
+        } else {
+            STACK_READ_BYTES
+        };
+        if size > wanted - copied {
+            size = wanted - copied;
         }
         let ret = unsafe {
             bpf_probe_read_user(
                 stack.add(copied) as *mut c_void,
-                STACK_COPY_CHUNK as u32,
+                size as u32,
                 (sp + copied as u64) as *const c_void,
             )
         };
@@ -257,7 +255,7 @@ unsafe fn copy_user_stack(scratch: *mut SampleScratch, sp: u64, wanted: u32) -> 
             count(Counter::StackCopyShort);
             break;
         }
-        copied += STACK_COPY_CHUNK;
+        copied += size;
     }
     copied
 }
