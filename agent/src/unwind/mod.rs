@@ -502,4 +502,64 @@ mod tests {
         assert_eq!(read_stack_u64(&copy, 0x100, 0x80), None);
         assert_eq!(read_stack_u64(&copy, 0x100, u64::MAX), None);
     }
+
+    /// Garbage registers and stacks of a live process: every DWARF unwind
+    /// is counted under exactly one reason, none panics.
+    #[test]
+    fn corrupt_samples_are_counted_under_one_reason() {
+        use agent_common::UserRegs;
+
+        use crate::{config::Limits, process::ProcessTable};
+
+        let stats = Arc::new(Stats::default());
+        let mut processes = ProcessTable::new("/proc".into(), &Limits::default(), stats.clone());
+        let mut unwinder = Unwinder::new(1 << 20, stats.clone());
+        let pid = std::process::id();
+        let image = processes.image(pid, "test");
+        let code = corrupt_samples_are_counted_under_one_reason as *const () as usize as u64;
+        let mut samples = 0;
+        for (index, ip) in [0, 1, code, code + 3, u64::MAX].into_iter().enumerate() {
+            for seed in 0..20u64 {
+                let words: Vec<u64> = (0..64)
+                    .map(|i| match (i + seed + index as u64) % 4 {
+                        0 => code + i,
+                        1 => 0x7ffd_0000 + i * 8,
+                        2 => 0,
+                        _ => i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                    })
+                    .collect();
+                let sample = RawSample {
+                    tgid: pid,
+                    tid: pid,
+                    user_stack: vec![ip, code],
+                    user_regs: Some(UserRegs {
+                        ip,
+                        sp: 0x7ffd_0000,
+                        bp: 0x7ffd_0000 + seed * 8,
+                    }),
+                    stack_copy: stack(&words),
+                    ..RawSample::default()
+                };
+                let unwound = unwinder.user_frames(
+                    &sample,
+                    image.clone(),
+                    &mut processes,
+                    ProcessUnwinding::Dwarf,
+                );
+                assert!(!unwound.frames.is_empty() && unwound.frames.len() <= MAX_USER_FRAMES);
+                samples += 1;
+            }
+        }
+        let s = stats.snapshot();
+        assert_eq!(s.unwind_dwarf_stacks, samples);
+        let reasons = s.unwind_dwarf_complete
+            + s.unwind_truncated
+            + s.unwind_failed_no_cfi
+            + s.unwind_failed_unmapped
+            + s.unwind_failed_unsupported_rule
+            + s.unwind_failed_not_progressing
+            + s.unwind_failed_too_deep;
+        assert_eq!(reasons, samples, "{s:?}");
+        assert!(s.unwind_failed_unmapped > 0, "{s:?}");
+    }
 }
