@@ -405,8 +405,10 @@ mod tests {
             limit
         });
         assert!(pending);
+        // A loaded machine oversleeps: only the upper bound says the pass
+        // stopped; fewer batches just mean longer ones.
         assert!(
-            (6..=20).contains(&batches),
+            (1..=20).contains(&batches),
             "{batches} batches in a 30 ms slice"
         );
         let mut calls = 0;
