@@ -13,13 +13,26 @@ pub const MAX_STACK_DEPTH: usize = 127;
 /// Length of `task_struct::comm`.
 pub const COMM_LEN: usize = 16;
 
-/// Granularity of the user stack copy. A read that crosses the end of the
-/// stack mapping fails as a whole, so the copy proceeds in chunks and keeps
-/// every chunk read before the first failure.
+/// Granularity of the user stack copy's size.
 pub const STACK_COPY_CHUNK: usize = 512;
 
-/// Upper bound of the user stack copy carried by one sample.
-pub const MAX_STACK_COPY: usize = 16 * 1024;
+/// The user stack is read a page at a time: a read that crosses the end of
+/// the stack mapping fails as a whole, mappings end on page boundaries, so
+/// page-aligned reads keep everything up to the end with the fewest helper
+/// calls.
+pub const STACK_READ_BYTES: usize = 4096;
+
+/// Largest value of a per-CPU map the kernel accepts (`PCPU_MIN_UNIT_SIZE`).
+pub const PERCPU_VALUE_LIMIT: usize = 32 * 1024;
+
+/// Upper bound of the user stack copy carried by one sample: what fits next
+/// to the record in the per-CPU scratch buffer.
+pub const MAX_STACK_COPY: usize = (PERCPU_VALUE_LIMIT - core::mem::size_of::<SampleRecord>())
+    / STACK_COPY_CHUNK
+    * STACK_COPY_CHUNK;
+
+/// Most processes with their own stack copy size in `UNWIND_COPY`.
+pub const MAX_UNWIND_PROCESSES: u32 = 16_384;
 
 /// Most PIDs the in-kernel PID filter holds.
 pub const MAX_PID_FILTER: u32 = 1024;
@@ -31,6 +44,7 @@ pub mod names {
     pub const PID_FILTER: &str = "PID_FILTER";
     pub const SCRATCH: &str = "SCRATCH";
     pub const CONFIG: &str = "CONFIG";
+    pub const UNWIND_COPY: &str = "UNWIND_COPY";
     pub const PROG_SAMPLE: &str = "sample_cpu";
     pub const PROG_EXEC: &str = "process_exec";
     pub const PROG_EXIT: &str = "process_exit";
@@ -148,10 +162,12 @@ pub enum Counter {
     ProcessEventsLost = 9,
     /// The scratch buffer was unavailable (cannot happen on a sane kernel).
     ScratchUnavailable = 10,
+    /// A new image could not get the full stack copy: `UNWIND_COPY` full.
+    UnwindCopyMapFull = 11,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 11;
+    pub const COUNT: u32 = 12;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Self::SamplesSeen,
         Self::SamplesWritten,
@@ -164,6 +180,7 @@ impl Counter {
         Self::StackCopyShort,
         Self::ProcessEventsLost,
         Self::ScratchUnavailable,
+        Self::UnwindCopyMapFull,
     ];
 }
 
@@ -174,9 +191,14 @@ impl Counter {
 pub struct BpfConfig {
     /// Non-zero: only processes whose tgid is in `PID_FILTER` are sampled.
     pub filter_pids: u32,
-    /// Bytes of user stack to copy per sample, a multiple of
-    /// [`STACK_COPY_CHUNK`], at most [`MAX_STACK_COPY`].
+    /// Bytes of user stack to copy per sample for processes without an
+    /// entry in `UNWIND_COPY`, a multiple of [`STACK_COPY_CHUNK`], at most
+    /// [`MAX_STACK_COPY`].
     pub stack_copy_bytes: u32,
+    /// Non-zero: a process that executes a new image gets this copy size in
+    /// `UNWIND_COPY` until the daemon has looked at the image and decided.
+    pub exec_copy_bytes: u32,
+    pub reserved: u32,
     /// Wake the reader once this many bytes are waiting in the ring buffer;
     /// below that the daemon drains on its own timer.
     pub wakeup_bytes: u64,
@@ -186,6 +208,8 @@ impl BpfConfig {
     pub const DEFAULT: Self = Self {
         filter_pids: 0,
         stack_copy_bytes: 0,
+        exec_copy_bytes: 0,
+        reserved: 0,
         wakeup_bytes: 0,
     };
 }
@@ -200,5 +224,7 @@ mod user {
 const _: () = assert!(core::mem::size_of::<UserRegs>() == 24);
 const _: () = assert!(core::mem::size_of::<SampleRecord>() == 88 + 2 * 8 * MAX_STACK_DEPTH);
 const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 32);
-const _: () = assert!(core::mem::size_of::<BpfConfig>() == 16);
+const _: () = assert!(core::mem::size_of::<BpfConfig>() == 24);
 const _: () = assert!(MAX_STACK_COPY.is_multiple_of(STACK_COPY_CHUNK));
+const _: () = assert!(core::mem::size_of::<SampleScratch>() <= PERCPU_VALUE_LIMIT);
+const _: () = assert!(MAX_STACK_COPY >= 16 * 1024 + STACK_READ_BYTES);

@@ -4,19 +4,24 @@
 //! one event per online CPU. It records who was running (tgid, tid, comm,
 //! cgroup), the kernel and user stacks (frame-pointer walks done by the
 //! kernel), the user registers and a copy of the top of the user stack, so
-//! the daemon can repair or replace the frame-pointer walk with CFI.
+//! the daemon can repair or replace the frame-pointer walk with CFI. How
+//! much stack is copied is decided per process: `UNWIND_COPY` (written by
+//! the daemon) holds the size for processes unwound with DWARF; everyone
+//! else gets the small default the leaf repair needs.
 //!
 //! `process_exec` / `process_exit` tell the daemon when a process image
 //! changes or goes away, in the same ring buffer and therefore in order with
-//! the samples.
+//! the samples. They also keep `UNWIND_COPY` in step: a fresh image gets the
+//! full copy until the daemon has decided, an exited process loses its entry.
 #![no_std]
 #![no_main]
 
 use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
 
 use agent_common::{
-    BpfConfig, COMM_LEN, Counter, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH, ProcessRecord,
-    RecordKind, STACK_COPY_CHUNK, SampleRecord, SampleScratch, UserRegs, sample_flags,
+    BpfConfig, COMM_LEN, Counter, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH,
+    MAX_UNWIND_PROCESSES, ProcessRecord, RecordKind, STACK_READ_BYTES, SampleRecord, SampleScratch,
+    UserRegs, sample_flags,
 };
 use aya_ebpf::{
     EbpfContext,
@@ -52,6 +57,11 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT
 /// tgids to sample when `CONFIG.filter_pids` is set.
 #[map]
 static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 0);
+
+/// Stack copy size per tgid, for processes that differ from
+/// `CONFIG.stack_copy_bytes` (those unwound with DWARF).
+#[map]
+static UNWIND_COPY: HashMap<u32, u32> = HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
 
 const STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
 const RECORD_BYTES: usize = size_of::<SampleRecord>();
@@ -157,7 +167,11 @@ unsafe fn record_sample(
         if let Some(regs) = unsafe { user_regs(ctx, record) } {
             record.user_regs = regs;
             record.flags |= sample_flags::USER_REGS_VALID;
-            copied = unsafe { copy_user_stack(scratch, regs.sp, config.stack_copy_bytes) };
+            let wanted = match unsafe { UNWIND_COPY.get(&tgid) } {
+                Some(&bytes) => bytes,
+                None => config.stack_copy_bytes,
+            };
+            copied = unsafe { copy_user_stack(scratch, regs.sp, wanted) };
             record.stack_copy_len = copied as u32;
         } else {
             count(Counter::UserRegsFailed);
@@ -205,31 +219,43 @@ unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option
     })
 }
 
-/// Copies up to `wanted` bytes of user stack from `sp` up, chunk by chunk,
-/// stopping at the first chunk that cannot be read (the end of the stack
-/// mapping). Returns the number of bytes copied.
+/// Copies up to `wanted` bytes of user stack from `sp` up, a page at a
+/// time, stopping at the first page that cannot be read (the end of the
+/// stack mapping). The first read runs up to the next page boundary, so
+/// later reads never straddle the end of the mapping and nothing readable
+/// is left behind. Returns the number of bytes copied.
 #[inline(always)]
 unsafe fn copy_user_stack(scratch: *mut SampleScratch, sp: u64, wanted: u32) -> usize {
     let wanted = wanted as usize;
     let stack = unsafe { addr_of_mut!((*scratch).stack) } as *mut u8;
+    let head = (STACK_READ_BYTES - (sp as usize & (STACK_READ_BYTES - 1))) & (STACK_READ_BYTES - 1);
     let mut copied = 0usize;
-    for chunk in 0..(MAX_STACK_COPY / STACK_COPY_CHUNK) {
-        let offset = chunk * STACK_COPY_CHUNK;
-        if offset >= wanted {
+    for _ in 0..(MAX_STACK_COPY / STACK_READ_BYTES + 1) {
+        // The bound keeps every read inside the buffer for the verifier; it
+        // only bites when more than MAX_STACK_COPY - a page is wanted.
+        if copied >= wanted || copied > MAX_STACK_COPY - STACK_READ_BYTES {
             break;
+        }
+        let mut size = if copied == 0 && head != 0 {
+            head
+        } else {
+            STACK_READ_BYTES
+        };
+        if size > wanted - copied {
+            size = wanted - copied;
         }
         let ret = unsafe {
             bpf_probe_read_user(
-                stack.add(offset) as *mut c_void,
-                STACK_COPY_CHUNK as u32,
-                (sp + offset as u64) as *const c_void,
+                stack.add(copied) as *mut c_void,
+                size as u32,
+                (sp + copied as u64) as *const c_void,
             )
         };
         if ret != 0 {
             count(Counter::StackCopyShort);
             break;
         }
-        copied = offset + STACK_COPY_CHUNK;
+        copied += size;
     }
     copied
 }
@@ -247,6 +273,18 @@ fn wakeup_flag(config: &BpfConfig) -> u64 {
 
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
+    let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    let config = config();
+    // The daemon has not seen this image yet; until it decides, the image
+    // is unwound as if it had no frame pointers.
+    if config.exec_copy_bytes != 0
+        && wanted(&config, tgid)
+        && UNWIND_COPY
+            .insert(&tgid, &config.exec_copy_bytes, 0)
+            .is_err()
+    {
+        count(Counter::UnwindCopyMapFull);
+    }
     process_event(RecordKind::Exec);
     0
 }
@@ -255,7 +293,11 @@ pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
 pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     // sched_process_exit fires per thread; the process ends with its leader.
-    if (pid_tgid >> 32) as u32 == pid_tgid as u32 {
+    let tgid = (pid_tgid >> 32) as u32;
+    if tgid == pid_tgid as u32 {
+        // Done here rather than by the daemon so that no entry outlives its
+        // process even when the exit event is lost.
+        let _ = UNWIND_COPY.remove(&tgid);
         process_event(RecordKind::Exit);
     }
     0

@@ -16,7 +16,11 @@ use aya::{
 };
 use tracing::{debug, warn};
 
-use crate::{config::SamplingConfig, privileges};
+use crate::{
+    config::{SamplingConfig, UnwindMode},
+    privileges,
+    unwind::{CopyMapError, CopySizeMap},
+};
 
 /// The BPF object built from `agent-ebpf/` (see `cargo xtask build-ebpf`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../bpf/firn.bpf.o");
@@ -137,12 +141,7 @@ impl BpfSampler {
         let ring_buffer_bytes = config
             .ring_buffer_bytes
             .unwrap_or_else(|| default_ring_buffer_bytes(cpus.len()));
-        let bpf_config = BpfConfig {
-            filter_pids: u32::from(!config.pids.is_empty()),
-            stack_copy_bytes: config.leaf_stack_copy_bytes,
-            // Wake the reader at an eighth full; it drains on a timer too.
-            wakeup_bytes: u64::from(ring_buffer_bytes / 8),
-        };
+        let bpf_config = bpf_config(config, ring_buffer_bytes);
         let mut ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, &bpf_config, true)
             .map_max_entries(names::EVENTS, ring_buffer_bytes)
@@ -206,8 +205,12 @@ impl BpfSampler {
         // Process events first, so no exec is missed between the first
         // sample and the hooks being in place.
         sampler.attach_process_events()?;
-        sampler.attach_sampler(config.frequency_hz)?;
         Ok(sampler)
+    }
+
+    /// Starts sampling every CPU; until then only process events flow.
+    pub fn start_sampling(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
+        self.attach_sampler(frequency_hz)
     }
 
     fn attach_process_events(&mut self) -> Result<(), BpfError> {
@@ -266,6 +269,18 @@ impl BpfSampler {
             name: names::EVENTS,
             source,
         })
+    }
+
+    /// Takes the map of per-process stack copy sizes out, for the unwind
+    /// policy to own.
+    pub fn take_copy_size_map(&mut self) -> Result<BpfCopySizeMap, BpfError> {
+        let name = names::UNWIND_COPY;
+        let map = self
+            .ebpf
+            .take_map(name)
+            .ok_or(BpfError::Missing { kind: "map", name })?;
+        let map = BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name, source })?;
+        Ok(BpfCopySizeMap { map })
     }
 
     pub fn cpus(&self) -> &[u32] {
@@ -414,6 +429,44 @@ where
         .map_err(|source| BpfError::Program { name, source })
 }
 
+/// What the BPF program is told before it is loaded.
+fn bpf_config(config: &SamplingConfig, ring_buffer_bytes: u32) -> BpfConfig {
+    let (stack_copy_bytes, exec_copy_bytes) = match config.unwind {
+        UnwindMode::FramePointers => (config.leaf_stack_copy_bytes, 0),
+        UnwindMode::Dwarf => (config.stack_copy_bytes, 0),
+        UnwindMode::Auto => (config.leaf_stack_copy_bytes, config.stack_copy_bytes),
+    };
+    BpfConfig {
+        filter_pids: u32::from(!config.pids.is_empty()),
+        stack_copy_bytes,
+        exec_copy_bytes,
+        reserved: 0,
+        // Wake the reader at an eighth full; it drains on a timer too.
+        wakeup_bytes: u64::from(ring_buffer_bytes / 8),
+    }
+}
+
+/// `UNWIND_COPY`: stack copy sizes of the processes unwound with DWARF.
+pub struct BpfCopySizeMap {
+    map: BpfHashMap<MapData, u32, u32>,
+}
+
+impl CopySizeMap for BpfCopySizeMap {
+    fn set(&mut self, tgid: u32, bytes: u32) -> Result<(), CopyMapError> {
+        self.map
+            .insert(tgid, bytes, 0)
+            .map_err(|source| CopyMapError {
+                tgid,
+                source: Box::new(source),
+            })
+    }
+
+    fn remove(&mut self, tgid: u32) {
+        // Absent already (the process exited) is fine.
+        let _ = self.map.remove(&tgid);
+    }
+}
+
 fn default_ring_buffer_bytes(cpus: usize) -> u32 {
     let wanted = (cpus.max(1) as u64) << 20;
     let bytes = wanted.clamp(4 << 20, 256 << 20).next_power_of_two();
@@ -470,6 +523,24 @@ mod tests {
             })
         );
         assert_eq!(parse_run_time("pos:\t0\nflags:\t0\n"), None);
+    }
+
+    #[test]
+    fn copy_sizes_follow_the_unwind_mode() {
+        let mut config = SamplingConfig {
+            leaf_stack_copy_bytes: 1024,
+            stack_copy_bytes: 16384,
+            ..SamplingConfig::default()
+        };
+        let sizes = |config: &SamplingConfig| {
+            let bpf = bpf_config(config, 1 << 22);
+            (bpf.stack_copy_bytes, bpf.exec_copy_bytes)
+        };
+        assert_eq!(sizes(&config), (1024, 16384));
+        config.unwind = UnwindMode::FramePointers;
+        assert_eq!(sizes(&config), (1024, 0));
+        config.unwind = UnwindMode::Dwarf;
+        assert_eq!(sizes(&config), (16384, 0));
     }
 
     #[test]

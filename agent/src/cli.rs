@@ -15,7 +15,7 @@ pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStor
 
 use crate::config::{
     AgentConfig, DemangleMode, Limits, LocalStoreConfig, MetadataConfig, RecordConfig,
-    SamplingConfig, SymbolConfig,
+    SamplingConfig, SymbolConfig, UnwindMode,
 };
 
 #[derive(Parser, Debug)]
@@ -91,9 +91,20 @@ pub struct SamplingArgs {
     pub ring_buffer_size: Option<u32>,
 
     /// Bytes of user stack copied per sample to unwind leaf frames with CFI
-    /// (a multiple of 512, at most 16384; 0 disables leaf repair).
+    /// (a multiple of 512; 0 disables leaf repair).
     #[arg(long, value_name = "BYTES", default_value_t = 1024, value_parser = parse_stack_copy_bytes)]
     pub leaf_stack_copy_bytes: u32,
+
+    /// How user stacks are unwound: `auto` decides per process (DWARF where
+    /// its code lacks frame pointers), `fp` walks frame pointers only,
+    /// `dwarf` unwinds every process with DWARF CFI.
+    #[arg(long, value_name = "MODE", value_enum, default_value_t = UnwindArg::Auto)]
+    pub unwind: UnwindArg,
+
+    /// Bytes of user stack copied per sample of a process unwound with
+    /// DWARF (e.g. 16KiB; a multiple of 512, at most 29.5 KiB).
+    #[arg(long, value_name = "BYTES", default_value = "16KiB", value_parser = parse_stack_copy_bytes)]
+    pub stack_copy_bytes: u32,
 
     /// Most distinct stacks in one profile; samples beyond are counted as dropped.
     #[arg(long, value_name = "N", default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
@@ -141,6 +152,23 @@ pub struct SymbolArgs {
     /// one map.
     #[arg(long, value_name = "BYTES", default_value = "8MiB", value_parser = parse_cache_bytes)]
     pub perf_map_cache_size: usize,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnwindArg {
+    Auto,
+    Fp,
+    Dwarf,
+}
+
+impl From<UnwindArg> for UnwindMode {
+    fn from(arg: UnwindArg) -> Self {
+        match arg {
+            UnwindArg::Auto => Self::Auto,
+            UnwindArg::Fp => Self::FramePointers,
+            UnwindArg::Dwarf => Self::Dwarf,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -221,6 +249,8 @@ impl SamplingArgs {
             pids: self.pids.clone(),
             ring_buffer_bytes: self.ring_buffer_size,
             leaf_stack_copy_bytes: self.leaf_stack_copy_bytes,
+            unwind: self.unwind.into(),
+            stack_copy_bytes: self.stack_copy_bytes,
         }
     }
 
@@ -420,6 +450,8 @@ mod tests {
         assert_eq!(config.sampling.pids, vec![42, 43]);
         assert_eq!(config.sampling.frequency_hz, 99);
         assert_eq!(config.output, PathBuf::from("out.pb.gz"));
+        assert_eq!(config.sampling.unwind, UnwindMode::Auto);
+        assert_eq!(config.sampling.stack_copy_bytes, 16384);
         assert_eq!(config.symbols.demangle, DemangleMode::Simplified);
         assert_eq!(
             config.symbols.debuginfo_directories,
@@ -458,6 +490,30 @@ mod tests {
         for (flag, value) in [("--demangle", "pretty"), ("--debuginfo-cache-size", "1KiB")] {
             let error = Cli::try_parse_from(["firn", flag, value]).expect_err("rejected");
             assert_eq!(error.exit_code(), 2, "{flag} {value}");
+        }
+    }
+
+    #[test]
+    fn unwind_flags_become_a_config() {
+        let cli = Cli::try_parse_from(["firn", "--unwind", "dwarf", "--stack-copy-bytes", "8KiB"])
+            .expect("valid flags");
+        let config = AgentConfig::try_from(&cli.agent).expect("valid configuration");
+        assert_eq!(config.sampling.unwind, UnwindMode::Dwarf);
+        assert_eq!(config.sampling.stack_copy_bytes, 8192);
+        let cli = Cli::try_parse_from(["firn", "--unwind", "fp"]).expect("valid flags");
+        assert_eq!(
+            AgentConfig::try_from(&cli.agent)
+                .expect("valid configuration")
+                .sampling
+                .unwind,
+            UnwindMode::FramePointers
+        );
+        for args in [
+            vec!["firn", "--unwind", "lbr"],
+            vec!["firn", "--stack-copy-bytes", "1000"],
+            vec!["firn", "--stack-copy-bytes", "64KiB"],
+        ] {
+            assert!(Cli::try_parse_from(&args).is_err(), "{args:?}");
         }
     }
 

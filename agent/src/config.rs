@@ -18,6 +18,10 @@ pub struct SamplingConfig {
     /// User stack bytes copied per sample for unwinding the leaf frame with
     /// CFI (frame-pointer walks lose the caller of a leaf without a frame).
     pub leaf_stack_copy_bytes: u32,
+    /// How user stacks are unwound.
+    pub unwind: UnwindMode,
+    /// User stack bytes copied per sample of a process unwound with DWARF.
+    pub stack_copy_bytes: u32,
 }
 
 impl Default for SamplingConfig {
@@ -27,8 +31,22 @@ impl Default for SamplingConfig {
             pids: Vec::new(),
             ring_buffer_bytes: None,
             leaf_stack_copy_bytes: 1024,
+            unwind: UnwindMode::Auto,
+            stack_copy_bytes: 16 * 1024,
         }
     }
+}
+
+/// How user stacks are unwound.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnwindMode {
+    /// Per process: DWARF where its code lacks frame pointers.
+    #[default]
+    Auto,
+    /// The kernel's frame-pointer walk, leaf repaired with CFI.
+    FramePointers,
+    /// DWARF CFI over a copy of the stack, for every process.
+    Dwarf,
 }
 
 /// Sizes of every cache and queue.

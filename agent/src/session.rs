@@ -10,17 +10,17 @@ use std::{
 };
 
 use agent_common::MAX_STACK_DEPTH;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     aggregate::{AggregatedProfile, Aggregator, UnwoundSample},
     bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
-    config::{Limits, SamplingConfig, SymbolConfig},
+    config::{Limits, SamplingConfig, SymbolConfig, UnwindMode},
     labels::{MetadataLimits, MetadataReader},
-    process::{ProcessTable, ProcessTableStats},
+    process::{ProcessImage, ProcessTable, ProcessTableStats},
     sampler::{self, RawSample, Record, RingReader},
     stats::Stats,
-    unwind::Unwinder,
+    unwind::{UnwindPolicy, Unwinder, Unwound},
 };
 
 /// The reader drains at least this often: the BPF side only wakes it once
@@ -35,6 +35,11 @@ const DRAIN_BATCH: usize = 256;
 const DRAIN_SLICE: Duration = Duration::from_millis(50);
 /// Longest the final drain may take after the deadline.
 const FINAL_DRAIN: Duration = Duration::from_secs(2);
+/// How often map entries of vanished processes are looked for.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+/// Longest `--unwind auto` spends at start deciding for the processes
+/// already running; the rest are decided on their first sample.
+const PRECLASSIFY_BUDGET: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -59,13 +64,18 @@ pub struct Pipeline {
     pub processes: ProcessTable,
     metadata: MetadataReader,
     unwinder: Unwinder,
+    policy: UnwindPolicy,
     aggregator: Aggregator,
     stats: Arc<Stats>,
     last_expire: Instant,
+    last_sweep: Instant,
 }
 
 impl Pipeline {
+    /// Unwinds with `--unwind auto` and no BPF map until
+    /// [`Self::with_unwind`] says otherwise.
     pub fn new(limits: &Limits, symbols: &SymbolConfig, stats: Arc<Stats>) -> Self {
+        let defaults = SamplingConfig::default();
         Self {
             processes: ProcessTable::new(
                 PathBuf::from("/proc"),
@@ -82,10 +92,46 @@ impl Pipeline {
                 stats.clone(),
             ),
             unwinder: Unwinder::new(limits.unwind_cache_bytes, stats.clone()),
+            policy: UnwindPolicy::new(
+                defaults.unwind,
+                defaults.stack_copy_bytes,
+                limits.max_processes,
+                stats.clone(),
+            ),
             aggregator: Aggregator::new(limits.max_stacks_per_profile, stats.clone()),
             stats,
             last_expire: Instant::now(),
+            last_sweep: Instant::now(),
         }
+    }
+
+    pub fn with_unwind(mut self, policy: UnwindPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Decides how to unwind each of `tgids` (`--unwind auto`), so that
+    /// processes running before firn get their stack copy from the first
+    /// sample. Stops after `budget`; returns how many it decided.
+    pub fn preclassify(&mut self, tgids: impl IntoIterator<Item = u32>, budget: Duration) -> usize {
+        if self.policy.mode() != UnwindMode::Auto {
+            return 0;
+        }
+        let started = Instant::now();
+        let mut decided = 0;
+        for tgid in tgids {
+            if started.elapsed() >= budget {
+                break;
+            }
+            let image = self.processes.image(tgid, "");
+            if image.gone || image.mappings.is_empty() {
+                continue;
+            }
+            self.policy
+                .decide(&image, &mut self.processes, &mut self.unwinder);
+            decided += 1;
+        }
+        decided
     }
 
     /// Handles one ring buffer record.
@@ -99,6 +145,13 @@ impl Pipeline {
                 Stats::inc(&self.stats.process_events);
                 self.processes.on_exec(event.tgid, &event.comm.to_string());
                 self.metadata.forget(event.tgid);
+                self.policy.on_exec(event.tgid);
+                // Decide now, while the new image is fresh: until then the
+                // BPF program copies its whole stack.
+                if let Some(image) = self.processes.lookup(event.tgid) {
+                    self.policy
+                        .decide(&image, &mut self.processes, &mut self.unwinder);
+                }
             }
             Ok(Record::Exit(event)) => {
                 Stats::inc(&self.stats.process_events);
@@ -106,6 +159,7 @@ impl Pipeline {
                 // Its samples came before this event and hold their
                 // metadata; a process reusing the pid must not inherit it.
                 self.metadata.forget(event.tgid);
+                self.policy.on_exit(event.tgid);
             }
             Err(error) => {
                 Stats::inc(&self.stats.records_malformed);
@@ -133,9 +187,11 @@ impl Pipeline {
                 self.processes.object(&image, index);
             }
         }
-        let user = self
-            .unwinder
-            .user_frames(&sample, &image, &mut self.processes);
+        let Unwound {
+            frames: user,
+            image,
+            ..
+        } = self.unwind(&sample, image);
         // Open every object (and debug file, and JIT perf map) now, while
         // the process is surely alive; the profile is symbolized later,
         // possibly after it exited.
@@ -164,11 +220,28 @@ impl Pipeline {
         }
     }
 
+    fn unwind(&mut self, sample: &RawSample, image: Arc<ProcessImage>) -> Unwound {
+        let unwinding = self
+            .policy
+            .decide(&image, &mut self.processes, &mut self.unwinder);
+        let unwound = self
+            .unwinder
+            .user_frames(sample, image, &mut self.processes, unwinding);
+        if unwound.needs_dwarf {
+            self.policy.require_dwarf(&unwound.image);
+        }
+        unwound
+    }
+
     fn housekeeping(&mut self) {
         let now = Instant::now();
         if now.duration_since(self.last_expire) >= EXPIRE_INTERVAL {
             self.processes.expire(now);
             self.last_expire = now;
+        }
+        if now.duration_since(self.last_sweep) >= SWEEP_INTERVAL {
+            self.policy.sweep(std::path::Path::new("/proc"));
+            self.last_sweep = now;
         }
     }
 
@@ -189,10 +262,30 @@ impl Session {
         let mut bpf = BpfSampler::load(sampling)?;
         let ring = bpf.take_ring_buffer()?;
         let reader = RingReader::new(ring).map_err(|source| SessionError::Ring { source })?;
+        let mut policy = UnwindPolicy::new(
+            sampling.unwind,
+            sampling.stack_copy_bytes,
+            limits.max_processes,
+            stats.clone(),
+        );
+        if sampling.unwind == UnwindMode::Auto {
+            policy = policy.with_map(Box::new(bpf.take_copy_size_map()?));
+        }
+        let mut pipeline = Pipeline::new(limits, symbols, stats).with_unwind(policy);
+        if sampling.unwind == UnwindMode::Auto {
+            let started = Instant::now();
+            let decided = if sampling.pids.is_empty() {
+                pipeline.preclassify(running_processes(), PRECLASSIFY_BUDGET)
+            } else {
+                pipeline.preclassify(sampling.pids.iter().copied(), PRECLASSIFY_BUDGET)
+            };
+            info!(processes = decided, elapsed = ?started.elapsed(), "unwinding decided for running processes");
+        }
+        bpf.start_sampling(sampling.frequency_hz)?;
         Ok(Self {
             bpf,
             reader,
-            pipeline: Pipeline::new(limits, symbols, stats),
+            pipeline,
         })
     }
 
@@ -278,6 +371,14 @@ fn drain_for(slice: Duration, mut next_batch: impl FnMut(usize) -> usize) -> boo
             return true;
         }
     }
+}
+
+/// The tgids in /proc (unordered).
+fn running_processes() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
 }
 
 /// Every object firn keeps open is a file descriptor; the soft limit is

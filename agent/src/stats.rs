@@ -105,6 +105,43 @@ counters! {
     unwind_cache_hits,
     unwind_cache_misses,
     unwind_cache_evictions,
+    /// User stacks unwound with DWARF over the stack copy.
+    unwind_dwarf_stacks,
+    /// DWARF stacks unwound to the outermost frame.
+    unwind_dwarf_complete,
+    /// DWARF stacks that went on beyond the stack copy (kept as far as
+    /// unwound).
+    unwind_truncated,
+    /// DWARF unwinds stopped at code without CFI where rbp led nowhere.
+    unwind_failed_no_cfi,
+    /// DWARF unwinds stopped at an address outside every mapping.
+    unwind_failed_unmapped,
+    /// DWARF unwinds stopped at a CFI rule firn does not evaluate.
+    unwind_failed_unsupported_rule,
+    /// DWARF unwinds stopped because the CFA did not move up the stack
+    /// (corrupt CFI or stack).
+    unwind_failed_not_progressing,
+    /// DWARF unwinds stopped at the frame limit.
+    unwind_failed_too_deep,
+    /// DWARF stacks that stopped short and were continued with the
+    /// kernel's frame-pointer walk.
+    unwind_stitched,
+    /// Frames without CFI unwound by following rbp (JIT code).
+    unwind_rbp_frames,
+    /// Signal frames unwound.
+    unwind_signal_frames,
+    /// Samples of DWARF processes without user registers (they keep the
+    /// kernel's frame-pointer walk).
+    unwind_without_registers,
+    /// Process images `--unwind auto` decided to unwind with DWARF.
+    unwind_dwarf_images,
+    /// Process images `--unwind auto` left to frame pointers.
+    unwind_fp_images,
+    /// Of those, images whose stacks then held callers without frame
+    /// pointers: switched to DWARF.
+    unwind_switched_to_dwarf,
+    /// Processes whose stack copy size could not be set in the BPF map.
+    unwind_copy_map_failures,
     /// Profiles written or handed to an exporter.
     profiles_written,
     /// Profiles dropped (exporter failure, builder behind).

@@ -1,21 +1,25 @@
 /* The chain of chain.c with a function inlined into the leaf, for the
  * symbolization tests: main > level_one > level_two > level_three >
- * burn_leaf > mix_step, mix_step always inlined. Built -O2 -g, the samples
- * must show mix_step as an inline frame of burn_leaf, and file:line for
- * every frame. The tests find lines by the `line:` markers, and mix_step's
+ * burn_leaf > mix_step, mix_step always inlined. Built -O2 -g (with or
+ * without frame pointers), the samples must show mix_step as an inline
+ * frame of burn_leaf, and file:line for every frame. The tests find lines by the `line:` markers, and mix_step's
  * body between its `begin:`/`end:` markers. */
 #include <stdint.h>
 #include <stdlib.h>
 
 volatile uint64_t sink;
 
+/* Loops itself, so nearly all of burn_leaf's time is in its inlined code:
+ * a sample there shows the inline frame. */
 static inline __attribute__((always_inline)) uint64_t mix_step(uint64_t x, uint64_t i) {
     /* begin:mix_step */
-    x ^= x >> 31;
-    x *= 0x7fb5d329728ea185ULL;
-    x ^= x >> 27;
-    x *= 0x81dadef4bc2dd44dULL;
-    x ^= x >> 33;
+    for (int round = 0; round < 32; round++) {
+        x ^= x >> 31;
+        x *= 0x7fb5d329728ea185ULL;
+        x ^= x >> 27;
+        x *= 0x81dadef4bc2dd44dULL;
+        x ^= x >> 33;
+    }
     return x + i;
     /* end:mix_step */
 }

@@ -1,5 +1,8 @@
 //! `cargo xtask bench`: firn against `perf record -g -a` on the same busy
 //! workload, side by side in one run. Prints figures; asserts nothing.
+//! `--unwind dwarf`: the workload is built without frame pointers and perf
+//! unwinds with `--call-graph dwarf`; the share of complete stacks of each
+//! and firn's unwinding rate are reported too (`bench_unwind`).
 
 use std::{
     fs::{self, File},
@@ -11,7 +14,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use crate::util::{self, cargo, is_root};
+use crate::{
+    bench_unwind,
+    util::{self, cargo, is_root},
+};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -24,6 +30,22 @@ pub struct BenchArgs {
     /// Sampling frequency for both profilers.
     #[arg(long, default_value_t = 100)]
     frequency: u64,
+    /// `fp`: a frame-pointer workload, perf with `-g`. `dwarf`: a workload
+    /// built without frame pointers, perf with `--call-graph dwarf`.
+    #[arg(long, value_enum, default_value_t = Unwind::Fp)]
+    unwind: Unwind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Unwind {
+    Fp,
+    Dwarf,
+}
+
+/// The program whose throughput is measured: `binary ARGS.. SECONDS ..`.
+pub struct Workload {
+    pub binary: PathBuf,
+    pub before_seconds: Vec<String>,
 }
 
 /// What one profiler run cost.
@@ -45,13 +67,22 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     let firn = root.join("target/release/firn");
     let work = root.join("target/bench");
     fs::create_dir_all(&work)?;
-    let busy = work.join("busy");
-    util::run(
-        Command::new("gcc")
-            .args(["-O2", "-fno-omit-frame-pointer", "-pthread", "-o"])
-            .arg(&busy)
-            .arg(root.join("tests/workloads/busy.c")),
-    )?;
+    let workload = match args.unwind {
+        Unwind::Fp => {
+            let busy = work.join("busy");
+            util::run(
+                Command::new("gcc")
+                    .args(["-O2", "-fno-omit-frame-pointer", "-pthread", "-o"])
+                    .arg(&busy)
+                    .arg(root.join("tests/workloads/busy.c")),
+            )?;
+            Workload {
+                binary: busy,
+                before_seconds: Vec::new(),
+            }
+        }
+        Unwind::Dwarf => bench_unwind::prepare(root, &work)?,
+    };
     Command::new("perf")
         .arg("--version")
         .output()
@@ -59,27 +90,43 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     let cpus = thread::available_parallelism().map_or(1, |n| n.get());
 
     println!(
-        "firn bench: {cpus} CPUs busy, {} Hz, {} rounds x {} s; each profiler run sits \
+        "firn bench: {cpus} CPUs busy ({}), {} Hz, {} rounds x {} s; each profiler run sits \
          between two baseline runs and is compared with their mean",
-        args.frequency, args.rounds, args.seconds
+        workload.binary.display(),
+        args.frequency,
+        args.rounds,
+        args.seconds
     );
-    let mut baseline = vec![workload(&busy, args.seconds)?];
+    let mut baseline = vec![run_workload(&workload, args.seconds)?];
     let (mut firn_costs, mut perf_costs, mut bpf_ns) = (Vec::new(), Vec::new(), Vec::new());
     let (mut firn_loss, mut perf_loss, mut drift) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut firn_complete, mut perf_complete) = (Vec::new(), Vec::new());
+    let mut perf_script_cpu = Vec::new();
     // Loss against the mean of the baselines just before and after.
     let mut bracket = |ops: f64, baseline: &mut Vec<f64>| -> Result<f64> {
         let before = *baseline.last().context("a baseline ran first")?;
-        let after = workload(&busy, args.seconds)?;
+        let after = run_workload(&workload, args.seconds)?;
         baseline.push(after);
         drift.push((after - before).abs() / before * 100.0);
         Ok((1.0 - ops / ((before + after) / 2.0)) * 100.0)
     };
     for round in 1..=args.rounds {
-        let (firn_cost, mean_ns) = measure_firn(&firn, &busy, &work, args)?;
+        let (firn_cost, mean_ns) = measure_firn(&firn, &workload, &work, args)?;
         firn_loss.push(bracket(firn_cost.workload_ops, &mut baseline)?);
         bpf_ns.extend(mean_ns);
-        let perf_cost = measure_perf(&busy, &work, args)?;
+        if args.unwind == Unwind::Dwarf {
+            firn_complete.push(bench_unwind::firn_complete_share(
+                root,
+                &work.join("firn.pb.gz"),
+            )?);
+        }
+        let perf_cost = measure_perf(&workload, &work, args)?;
         perf_loss.push(bracket(perf_cost.workload_ops, &mut baseline)?);
+        if args.unwind == Unwind::Dwarf {
+            let (complete, cpu) = bench_unwind::perf_script(&work.join("perf.data"))?;
+            perf_complete.push(complete);
+            perf_script_cpu.push(cpu);
+        }
         println!(
             "  round {round}: firn {:.3} CPU s, {:.1} MB, loss {:+.2}% | perf {:.3} CPU s, {:.1} MB, loss {:+.2}%",
             firn_cost.cpu_seconds,
@@ -95,12 +142,51 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
 
     let firn = summarize(&firn_costs);
     let perf = summarize(&perf_costs);
+    let peer = match args.unwind {
+        Unwind::Fp => "perf record -g",
+        Unwind::Dwarf => "perf (dwarf)",
+    };
     println!();
-    println!("{:<36}{:>12}{:>18}", "", "firn", "perf record -g");
+    println!("{:<36}{:>12}{:>18}", "", "firn", peer);
+    if args.unwind == Unwind::Dwarf {
+        let show = |shares: &[(u64, u64)]| {
+            let (complete, total) = shares.iter().fold((0, 0), |(c, t), &(complete, total)| {
+                (c + complete, t + total)
+            });
+            format!(
+                "{:.1}% of {total}",
+                complete as f64 * 100.0 / total.max(1) as f64
+            )
+        };
+        println!(
+            "{:<36}{:>12}{:>18}",
+            "complete stacks (all rounds)",
+            show(&firn_complete),
+            show(&perf_complete)
+        );
+    }
     println!(
         "{:<36}{:>12.3}{:>18.3}",
         "CPU seconds (median)", firn.cpu_seconds, perf.cpu_seconds
     );
+    if args.unwind == Unwind::Dwarf {
+        let script = median(perf_script_cpu.iter().copied());
+        println!(
+            "{:<36}{:>12}{:>18.3}",
+            "  + perf script --no-inline", "", script
+        );
+        println!(
+            "{:<36}{:>12.3}{:>18.3}",
+            "  = CPU seconds to stacks (median)",
+            firn.cpu_seconds,
+            perf.cpu_seconds + script
+        );
+        println!(
+            "{:<36}{:>12.2}",
+            "  CPU ratio firn / (record + script)",
+            firn.cpu_seconds / (perf.cpu_seconds + script).max(f64::EPSILON)
+        );
+    }
     println!(
         "{:<36}{:>12.1}{:>18.1}",
         "peak RSS, MB (median)", firn.peak_rss_mb, perf.peak_rss_mb
@@ -151,6 +237,9 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
          Sampling cost in the kernel (BPF program, perf callchains) is charged to the\n\
          workload and shows in its throughput loss."
     );
+    if args.unwind == Unwind::Dwarf {
+        bench_unwind::unwinding_rate(root, &workload)?;
+    }
     Ok(())
 }
 
@@ -180,8 +269,11 @@ fn median(values: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// Runs the workload for `seconds`; returns the work it did.
-fn workload(busy: &Path, seconds: u64) -> Result<f64> {
-    let output = Command::new(busy).arg(seconds.to_string()).output()?;
+fn run_workload(workload: &Workload, seconds: u64) -> Result<f64> {
+    let output = Command::new(&workload.binary)
+        .args(&workload.before_seconds)
+        .arg(seconds.to_string())
+        .output()?;
     if !output.status.success() {
         bail!("the workload failed: {}", output.status);
     }
@@ -195,11 +287,11 @@ fn workload(busy: &Path, seconds: u64) -> Result<f64> {
 /// the profiler's resource usage once it exits on its own.
 fn measure(
     mut profiler: Child,
-    busy: &Path,
+    workload: &Workload,
     seconds: u64,
 ) -> Result<(Cost, std::process::ExitStatus)> {
     thread::sleep(Duration::from_secs(1));
-    let ops = workload(busy, seconds);
+    let ops = run_workload(workload, seconds);
     let (status, usage) = wait_with_usage(&mut profiler)?;
     Ok((
         Cost {
@@ -213,7 +305,7 @@ fn measure(
 
 fn measure_firn(
     firn: &Path,
-    busy: &Path,
+    workload: &Workload,
     work: &Path,
     args: &BenchArgs,
 ) -> Result<(Cost, Option<u64>)> {
@@ -232,7 +324,7 @@ fn measure_firn(
         .stderr(File::create(&log)?)
         .spawn()
         .context("could not start firn")?;
-    let (cost, status) = measure(child, busy, args.seconds)?;
+    let (cost, status) = measure(child, workload, args.seconds)?;
     let text = fs::read_to_string(&log).unwrap_or_default();
     if !status.success() {
         bail!("firn failed ({status}):\n{text}");
@@ -244,25 +336,23 @@ fn measure_firn(
     Ok((cost, mean_ns))
 }
 
-fn measure_perf(busy: &Path, work: &Path, args: &BenchArgs) -> Result<Cost> {
+fn measure_perf(workload: &Workload, work: &Path, args: &BenchArgs) -> Result<Cost> {
     let data: PathBuf = work.join("perf.data");
+    let call_graph: &[&str] = match args.unwind {
+        Unwind::Fp => &["-g"],
+        Unwind::Dwarf => &["--call-graph", "dwarf"],
+    };
     let child = Command::new("perf")
-        .args([
-            "record",
-            "-F",
-            &args.frequency.to_string(),
-            "-g",
-            "-a",
-            "-q",
-            "-o",
-        ])
+        .args(["record", "-F", &args.frequency.to_string()])
+        .args(call_graph)
+        .args(["-a", "-q", "-o"])
         .arg(&data)
         .args(["--", "sleep", &(args.seconds + 2).to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .context("could not start perf record")?;
-    let (cost, status) = measure(child, busy, args.seconds)?;
+    let (cost, status) = measure(child, workload, args.seconds)?;
     if !status.success() {
         bail!("perf record failed: {status}");
     }
@@ -271,7 +361,7 @@ fn measure_perf(busy: &Path, work: &Path, args: &BenchArgs) -> Result<Cost> {
 
 /// Waits for `child` and returns its CPU seconds (user + system, its own
 /// and its waited-for children's) and peak RSS in MB.
-fn wait_with_usage(child: &mut Child) -> Result<(std::process::ExitStatus, (f64, f64))> {
+pub fn wait_with_usage(child: &mut Child) -> Result<(std::process::ExitStatus, (f64, f64))> {
     use std::os::unix::process::ExitStatusExt;
     let pid = i32::try_from(child.id()).context("pid out of range")?;
     let mut status = 0;

@@ -1,6 +1,7 @@
 //! Developer tasks for firn: `cargo xtask <command>`.
 
 mod bench;
+mod bench_unwind;
 mod ebpf;
 mod install;
 mod setup;

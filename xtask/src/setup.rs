@@ -37,11 +37,15 @@ const PYTHON_TOOLS: &[&str] = &[
 ];
 
 pub fn debian_packages() -> Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+    let mut missing: Vec<&str> = DEBIAN_PACKAGES
         .iter()
         .copied()
         .filter(|package| !debian_package_installed(package))
         .collect();
+    // The unwinding tests build a Go program; any Go on PATH will do.
+    if !go_works() {
+        missing.push("golang-go");
+    }
     if missing.is_empty() {
         return Ok(());
     }
@@ -66,6 +70,13 @@ pub fn debian_packages() -> Result<()> {
         install()?;
     }
     Ok(())
+}
+
+fn go_works() -> bool {
+    Command::new("go")
+        .arg("version")
+        .output()
+        .is_ok_and(|output| output.status.success())
 }
 
 fn debian_package_installed(package: &str) -> bool {

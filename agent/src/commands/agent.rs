@@ -298,6 +298,8 @@ fn build_loop(
                     dropped,
                     unknown_frames = unknown_frames(&delta),
                     unsymbolized_objects,
+                    dwarf_stacks = delta.unwind_dwarf_stacks,
+                    dwarf_complete = delta.unwind_dwarf_complete,
                     processes = interval.processes.processes,
                     objects = interval.processes.objects,
                     bpf_mean_ns = interval

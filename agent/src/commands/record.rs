@@ -99,6 +99,9 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         stack_failures = stack_failures(&bpf),
         unknown_frames = unknown_frames(&snapshot),
         leaf_frames_repaired = snapshot.leaf_frames_repaired,
+        dwarf_stacks = snapshot.unwind_dwarf_stacks,
+        dwarf_complete = snapshot.unwind_dwarf_complete,
+        dwarf_truncated = snapshot.unwind_truncated,
         bpf_mean_ns = run_time.map(|r| r.run_time_ns / r.run_count.max(1)),
         "profile written"
     );

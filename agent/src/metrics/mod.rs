@@ -4,6 +4,7 @@
 //! scrape time; the BPF program's run time; the push duration histogram;
 //! the build info.
 
+mod families;
 pub mod table;
 
 use std::{

@@ -8,12 +8,13 @@
 use std::ops::{Deref, Range};
 
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EhFrameHdr, EndianSlice, LittleEndian,
-    RegisterRule, UnwindContext, UnwindSection, UnwindTableRow, X86_64,
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EhFrameHdr, EndianSlice,
+    FrameDescriptionEntry, LittleEndian, RegisterRule, UnwindContext, UnwindSection,
+    UnwindTableRow, X86_64,
 };
 use object::{Object, ObjectSection};
 
-type Reader<'a> = EndianSlice<'a, LittleEndian>;
+pub(super) type Reader<'a> = EndianSlice<'a, LittleEndian>;
 
 /// Scratch space gimli evaluates CFI programs in; reuse one per thread.
 pub type CfiContext = UnwindContext<usize>;
@@ -42,6 +43,10 @@ pub enum Cfa {
     Plt {
         threshold: u8,
     },
+    /// A signal trampoline (its CIE has the `S` augmentation, e.g. glibc's
+    /// `__restore_rt`): the interrupted registers are in the `ucontext` the
+    /// kernel pushed, which starts at rsp.
+    Signal,
     /// A rule firn does not evaluate.
     Unsupported,
 }
@@ -80,6 +85,39 @@ struct Section {
     range: Range<usize>,
 }
 
+/// Something done with the FDE covering an address, whichever section
+/// holds it.
+pub(super) trait FdeVisitor {
+    type Output;
+    fn visit<'a, S: UnwindSection<Reader<'a>>>(
+        &mut self,
+        section: &S,
+        bases: &BaseAddresses,
+        fde: &FrameDescriptionEntry<Reader<'a>>,
+        context: &mut CfiContext,
+    ) -> Option<Self::Output>;
+}
+
+/// Looks up the row at one address.
+struct RowAt(u64);
+
+impl FdeVisitor for RowAt {
+    type Output = UnwindRow;
+
+    fn visit<'a, S: UnwindSection<Reader<'a>>>(
+        &mut self,
+        section: &S,
+        bases: &BaseAddresses,
+        fde: &FrameDescriptionEntry<Reader<'a>>,
+        context: &mut CfiContext,
+    ) -> Option<UnwindRow> {
+        let row = fde
+            .unwind_info_for_address(section, bases, context, self.0)
+            .ok()?;
+        Some(compile_row(row, section, fde.is_signal_trampoline()))
+    }
+}
+
 /// The CFI of one object, over its bytes `D` (a memory map in the daemon).
 pub struct CfiSource<D> {
     data: D,
@@ -90,6 +128,8 @@ pub struct CfiSource<D> {
     eh_frame_index: Vec<FdeEntry>,
     /// `.debug_frame`, possibly decompressed, with its index.
     debug_frame: Option<(Vec<u8>, Vec<FdeEntry>)>,
+    /// Link-time addresses of `.text`.
+    text: Option<Range<u64>>,
 }
 
 impl<D: Deref<Target = [u8]>> CfiSource<D> {
@@ -99,7 +139,7 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
     }
 
     fn build(data: D, use_header_table: bool) -> Result<Self, CfiError> {
-        let (bases, eh_frame, eh_frame_hdr, debug_frame) = {
+        let (bases, eh_frame, eh_frame_hdr, debug_frame, text) = {
             let file = object::File::parse(&*data).map_err(|source| CfiError::Elf { source })?;
             let section = |name: &str| {
                 let section = file.section_by_name(name)?;
@@ -109,9 +149,10 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
                 (end <= data.len()).then_some((Section { range: start..end }, section.address()))
             };
             let mut bases = BaseAddresses::default();
-            if let Some(text) = file.section_by_name(".text") {
-                bases = bases.set_text(text.address());
-            }
+            let text = file.section_by_name(".text").map(|text| {
+                bases = bases.clone().set_text(text.address());
+                text.address()..text.address().saturating_add(text.size())
+            });
             if let Some(got) = file.section_by_name(".got") {
                 bases = bases.set_got(got.address());
             }
@@ -127,7 +168,7 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
                 .section_by_name(".debug_frame")
                 .and_then(|s| s.uncompressed_data().ok())
                 .map(|bytes| bytes.into_owned());
-            (bases, eh_frame, eh_frame_hdr, debug_frame)
+            (bases, eh_frame, eh_frame_hdr, debug_frame, text)
         };
         let mut source = Self {
             data,
@@ -136,6 +177,7 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
             eh_frame_hdr: if use_header_table { eh_frame_hdr } else { None },
             eh_frame_index: Vec::new(),
             debug_frame: None,
+            text,
         };
         if source.eh_frame.is_some() && !source.has_header_table() {
             let eh_frame = source.eh_frame_section();
@@ -177,6 +219,27 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
 
     /// The rules at link-time address `vaddr`, if any FDE covers it.
     pub fn row(&self, vaddr: u64, context: &mut CfiContext) -> Option<UnwindRow> {
+        self.visit_fde(vaddr, context, &mut RowAt(vaddr))
+    }
+
+    /// The object's bytes.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// The link-time range of `.text`, where the object's functions are.
+    pub fn text(&self) -> Option<Range<u64>> {
+        self.text.clone()
+    }
+
+    /// Runs `visitor` on the FDE covering `vaddr`: from `.eh_frame`, else
+    /// from `.debug_frame`.
+    pub(super) fn visit_fde<V: FdeVisitor>(
+        &self,
+        vaddr: u64,
+        context: &mut CfiContext,
+        visitor: &mut V,
+    ) -> Option<V::Output> {
         if self.eh_frame.is_some() {
             let eh_frame = self.eh_frame_section();
             let found = match &self.eh_frame_hdr {
@@ -188,13 +251,10 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
                     table
                         .fde_for_address(&eh_frame, &self.bases, vaddr, EhFrame::cie_from_offset)
                         .ok()
-                        .and_then(|fde| {
-                            fde.unwind_info_for_address(&eh_frame, &self.bases, context, vaddr)
-                                .ok()
-                                .map(|row| compile_row(row, &eh_frame))
-                        })
+                        .and_then(|fde| visitor.visit(&eh_frame, &self.bases, &fde, context))
                 }
-                _ => row_from_index(&eh_frame, &self.bases, &self.eh_frame_index, vaddr, context),
+                _ => fde_from_index(&eh_frame, &self.bases, &self.eh_frame_index, vaddr)
+                    .and_then(|fde| visitor.visit(&eh_frame, &self.bases, &fde, context)),
             };
             if found.is_some() {
                 return found;
@@ -203,7 +263,8 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
         let (bytes, index) = self.debug_frame.as_ref()?;
         let mut debug_frame = DebugFrame::new(bytes, LittleEndian);
         debug_frame.set_address_size(8);
-        row_from_index(&debug_frame, &self.bases, index, vaddr, context)
+        let fde = fde_from_index(&debug_frame, &self.bases, index, vaddr)?;
+        visitor.visit(&debug_frame, &self.bases, &fde, context)
     }
 }
 
@@ -238,13 +299,12 @@ where
     Ok(index)
 }
 
-fn row_from_index<'a, S>(
+fn fde_from_index<'a, S>(
     section: &S,
     bases: &BaseAddresses,
     index: &[FdeEntry],
     vaddr: u64,
-    context: &mut CfiContext,
-) -> Option<UnwindRow>
+) -> Option<FrameDescriptionEntry<Reader<'a>>>
 where
     S: UnwindSection<Reader<'a>>,
 {
@@ -254,21 +314,21 @@ where
         return None;
     }
     let offset = S::Offset::from(entry.offset);
-    let fde = section
+    section
         .fde_from_offset(bases, offset, S::cie_from_offset)
-        .ok()?;
-    let row = fde
-        .unwind_info_for_address(section, bases, context, vaddr)
-        .ok()?;
-    Some(compile_row(row, section))
+        .ok()
 }
 
-fn compile_row<'a, S>(row: &UnwindTableRow<usize>, section: &S) -> UnwindRow
+fn compile_row<'a, S>(row: &UnwindTableRow<usize>, section: &S, signal: bool) -> UnwindRow
 where
     S: UnwindSection<Reader<'a>>,
 {
     UnwindRow {
-        cfa: compile_cfa(row.cfa(), section),
+        cfa: if signal {
+            Cfa::Signal
+        } else {
+            compile_cfa(row.cfa(), section)
+        },
         ra: compile_rule(row.register(X86_64::RA)),
         rbp: compile_rule(row.register(X86_64::RBP)),
     }

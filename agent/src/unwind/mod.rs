@@ -1,28 +1,53 @@
-//! The unwinder stage: turns a sample's user side into frames. The kernel's
-//! frame-pointer walk is taken as is, except for the leaf: a function without
-//! a frame of its own (most leaves, and any function caught in its prologue
-//! or epilogue) hides its caller from that walk. The leaf's CFI and the copy
-//! of the top of the stack recover it.
+//! The unwinder stage: turns a sample's user side into frames. `dwarf`
+//! unwinds the copied stack frame by frame with the CFI of every object on
+//! it; where it stops short of the outermost frame, the rest is taken from
+//! the kernel's frame-pointer walk if the two meet. How much stack there is
+//! to unwind depends on the process (`mode` decides):
+//!
+//! - Frame pointers: a small copy of the top of the stack. Its CFI unwind
+//!   recovers what the kernel's walk lacks near the leaf (a function
+//!   without a frame of its own hides its caller from the walk) and meets
+//!   the walk below. If it cannot meet the walk, the walk is kept with its
+//!   leaf repaired. Callers without frame pointers seen on the way mark
+//!   the process for DWARF.
+//! - DWARF: the whole copy (16 KiB by default).
 
 mod cfi;
+mod dwarf;
+mod mode;
+mod survey;
+
+#[cfg(test)]
+mod fixture_tests;
 
 use std::{num::NonZeroUsize, sync::Arc};
 
+use agent_common::MAX_STACK_DEPTH;
 use lru::LruCache;
 use tracing::debug;
 
 pub use cfi::{Cfa, CfiContext, CfiError, CfiSource, Rule, UnwindRow};
+pub use dwarf::{Code, CodeLookup, Outcome, StackCopy, Stop, unwind};
+pub use mode::{CopyMapError, CopySizeMap, ProcessUnwinding, UnwindPolicy, is_system_library};
+pub use survey::{FrameSurvey, ObjectFrames, is_go};
 
 use crate::{
     cache::ByteBoundedCache,
     process::{ContentKey, ObjectData, ObjectFile, ProcessImage, ProcessTable},
-    sampler::RawSample,
+    sampler::{Comm, RawSample},
     stats::Stats,
 };
 
 /// Rows looked up recently, by object and address: stacks repeat the same
 /// return addresses, so most lookups never reach the CFI.
 const ROW_CACHE_ENTRIES: usize = 65_536;
+
+/// Objects whose frame-pointer verdict is remembered.
+const VERDICT_CACHE_ENTRIES: usize = 4_096;
+
+/// Most user frames of one stack: what the kernel's walk may hold, plus the
+/// leaf's caller.
+pub const MAX_USER_FRAMES: usize = MAX_STACK_DEPTH + 1;
 
 /// What leaf repair did to one sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +82,7 @@ pub fn return_address(row: &UnwindRow, ip: u64, sp: u64, bp: u64, stack: &[u8]) 
             };
             sp.checked_add(8 + extra)?
         }
-        Cfa::Unsupported => return None,
+        Cfa::Signal | Cfa::Unsupported => return None,
     };
     match row.ra {
         Rule::CfaOffset(offset) => {
@@ -90,70 +115,39 @@ pub fn repair_leaf(
     LeafRepair::Repaired
 }
 
+/// Joins a DWARF unwind that stopped short to the kernel's frame-pointer
+/// walk: where the walk holds the last address the unwind reached, the
+/// walk's frames beyond it continue the stack. True if frames were added.
+pub fn stitch(frames: &mut Vec<u64>, walk: &[u64]) -> bool {
+    if frames.len() >= MAX_USER_FRAMES {
+        return false;
+    }
+    let Some(&last) = frames.last() else {
+        return false;
+    };
+    // The interrupted instruction only matches the walk's first entry; a
+    // return address never does.
+    let from = usize::from(frames.len() > 1);
+    let Some(position) = walk.iter().skip(from).position(|&a| a == last) else {
+        return false;
+    };
+    let rest = &walk[from + position + 1..];
+    let room = MAX_USER_FRAMES.saturating_sub(frames.len());
+    frames.extend(rest.iter().take(room));
+    !rest.is_empty() && room > 0
+}
+
 /// CFI sources by object (bounded in bytes) and a bounded row cache.
-pub struct Unwinder {
+struct CfiCache {
     sources: ByteBoundedCache<ContentKey, Arc<CfiSource<ObjectData>>>,
     rows: LruCache<(ContentKey, u64), Option<UnwindRow>>,
     context: Box<CfiContext>,
     stats: Arc<Stats>,
 }
 
-impl Unwinder {
-    pub fn new(max_bytes: usize, stats: Arc<Stats>) -> Self {
-        Self {
-            sources: ByteBoundedCache::new(max_bytes),
-            rows: LruCache::new(NonZeroUsize::new(ROW_CACHE_ENTRIES).unwrap_or(NonZeroUsize::MIN)),
-            context: Box::new(CfiContext::new()),
-            stats,
-        }
-    }
-
-    /// The sample's user frames, innermost first, with the leaf repaired.
-    pub fn user_frames(
-        &mut self,
-        sample: &RawSample,
-        image: &ProcessImage,
-        processes: &mut ProcessTable,
-    ) -> Vec<u64> {
-        let mut frames = sample.user_stack.clone();
-        let Some(regs) = sample.user_regs else {
-            return frames;
-        };
-        if frames.is_empty() || sample.stack_copy.is_empty() {
-            return frames;
-        }
-        let outcome =
-            self.leaf_row(regs.ip, image, processes)
-                .map_or(LeafRepair::Unavailable, |row| {
-                    repair_leaf(
-                        &mut frames,
-                        &row,
-                        (regs.ip, regs.sp, regs.bp),
-                        &sample.stack_copy,
-                    )
-                });
-        match outcome {
-            LeafRepair::Repaired => Stats::inc(&self.stats.leaf_frames_repaired),
-            LeafRepair::Unavailable => Stats::inc(&self.stats.leaf_repair_failures),
-            LeafRepair::NotNeeded => {}
-        }
-        frames
-    }
-
-    fn leaf_row(
-        &mut self,
-        ip: u64,
-        image: &ProcessImage,
-        processes: &mut ProcessTable,
-    ) -> Option<UnwindRow> {
-        let index = image.mapping_index(ip)?;
-        let object = processes.object(image, index)?;
-        let vaddr = image.mappings[index].object_vaddr(ip)?;
-        self.row(&object, vaddr)
-    }
-
+impl CfiCache {
     /// The unwind rules at `vaddr` of `object`.
-    pub fn row(&mut self, object: &ObjectFile, vaddr: u64) -> Option<UnwindRow> {
+    fn row(&mut self, object: &ObjectFile, vaddr: u64) -> Option<UnwindRow> {
         let key = object.content_key();
         if let Some(row) = self.rows.get(&(key.clone(), vaddr)) {
             Stats::inc(&self.stats.unwind_cache_hits);
@@ -194,6 +188,246 @@ impl Unwinder {
             .insert(key.clone(), source.clone(), source.heap_bytes() + 512);
         Stats::add(&self.stats.unwind_cache_evictions, evicted as u64);
         Some(source)
+    }
+}
+
+/// The code of one process, as the DWARF unwinder asks about it.
+struct ProcessCode<'a> {
+    image: Arc<ProcessImage>,
+    processes: &'a mut ProcessTable,
+    cfi: &'a mut CfiCache,
+    comm: Comm,
+    refreshed: bool,
+}
+
+impl ProcessCode<'_> {
+    fn mapping_index(&mut self, address: u64) -> Option<usize> {
+        if let Some(index) = self.image.mapping_index(address) {
+            return Some(index);
+        }
+        // The maps may predate a library being mapped (read right after
+        // exec, or before a dlopen): re-read them, once per unwind and at
+        // most once a second per process.
+        if self.refreshed {
+            return None;
+        }
+        self.refreshed = true;
+        self.image =
+            self.processes
+                .image_covering(self.image.tgid, &self.comm.to_string(), address);
+        self.image.mapping_index(address)
+    }
+}
+
+impl CodeLookup for ProcessCode<'_> {
+    fn code(&mut self, address: u64) -> Code {
+        let Some(index) = self.mapping_index(address) else {
+            return Code::Unmapped;
+        };
+        let Some(object) = self.processes.object(&self.image, index) else {
+            return Code::NoCfi;
+        };
+        let mapping = &self.image.mappings[index];
+        let Some(vaddr) = mapping.object_vaddr(address) else {
+            return Code::NoCfi;
+        };
+        match self.cfi.row(&object, vaddr) {
+            Some(row) => Code::Row {
+                row,
+                system: is_system_library(&mapping.spec.path),
+            },
+            None => Code::NoCfi,
+        }
+    }
+}
+
+/// A sample's user frames, innermost first: the interrupted instruction,
+/// then return addresses.
+#[derive(Clone, Debug)]
+pub struct Unwound {
+    pub frames: Vec<u64>,
+    /// The image the frames belong to: the one given, or a fresh read of
+    /// the process's maps if the stack ran into code outside it.
+    pub image: Arc<ProcessImage>,
+    /// Unwound with frame pointers, yet the stack held callers without
+    /// them: the process needs DWARF.
+    pub needs_dwarf: bool,
+}
+
+/// Unwinds samples; owns the CFI caches.
+pub struct Unwinder {
+    cfi: CfiCache,
+    verdicts: LruCache<ContentKey, ObjectFrames>,
+    stats: Arc<Stats>,
+}
+
+impl Unwinder {
+    pub fn new(max_bytes: usize, stats: Arc<Stats>) -> Self {
+        let entries = |n| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN);
+        Self {
+            cfi: CfiCache {
+                sources: ByteBoundedCache::new(max_bytes),
+                rows: LruCache::new(entries(ROW_CACHE_ENTRIES)),
+                context: Box::new(CfiContext::new()),
+                stats: stats.clone(),
+            },
+            verdicts: LruCache::new(entries(VERDICT_CACHE_ENTRIES)),
+            stats,
+        }
+    }
+
+    /// Unwinds the user side of `sample`.
+    pub fn user_frames(
+        &mut self,
+        sample: &RawSample,
+        image: Arc<ProcessImage>,
+        processes: &mut ProcessTable,
+        unwinding: ProcessUnwinding,
+    ) -> Unwound {
+        let Some(regs) = sample.user_regs else {
+            // Kernel threads have no user side; a user task whose registers
+            // could not be read keeps the kernel's walk.
+            if unwinding == ProcessUnwinding::Dwarf && !sample.user_stack.is_empty() {
+                Stats::inc(&self.stats.unwind_without_registers);
+            }
+            return Unwound {
+                frames: sample.user_stack.clone(),
+                image,
+                needs_dwarf: false,
+            };
+        };
+        let mut frames = Vec::with_capacity(32);
+        let mut code = ProcessCode {
+            image,
+            processes,
+            cfi: &mut self.cfi,
+            comm: sample.comm,
+            refreshed: false,
+        };
+        let stack = StackCopy {
+            sp: regs.sp,
+            bytes: &sample.stack_copy,
+        };
+        let outcome = unwind(regs, stack, &mut code, MAX_USER_FRAMES, &mut frames);
+        let image = code.image;
+        let stitched = outcome.stop != Stop::Complete && stitch(&mut frames, &sample.user_stack);
+        if unwinding == ProcessUnwinding::Dwarf {
+            self.count_dwarf(&outcome, stitched);
+            return Unwound {
+                frames,
+                image,
+                needs_dwarf: false,
+            };
+        }
+        let needs_dwarf = outcome.frameless_callers > 0;
+        if outcome.stop == Stop::Complete || stitched {
+            if frames.get(..2) != sample.user_stack.get(..2) {
+                Stats::inc(&self.stats.leaf_frames_repaired);
+            }
+        } else {
+            // The unwind and the walk do not meet: the walk, leaf repaired.
+            frames.clear();
+            frames.extend_from_slice(&sample.user_stack);
+            self.repair_walk(&mut frames, sample, &image, processes);
+        }
+        Unwound {
+            frames,
+            image,
+            needs_dwarf,
+        }
+    }
+
+    fn count_dwarf(&self, outcome: &Outcome, stitched: bool) {
+        let stats = &self.stats;
+        Stats::inc(&stats.unwind_dwarf_stacks);
+        Stats::add(&stats.unwind_rbp_frames, u64::from(outcome.rbp_frames));
+        Stats::add(
+            &stats.unwind_signal_frames,
+            u64::from(outcome.signal_frames),
+        );
+        let counter = match outcome.stop {
+            Stop::Complete => &stats.unwind_dwarf_complete,
+            Stop::Truncated => &stats.unwind_truncated,
+            Stop::NoCfi => &stats.unwind_failed_no_cfi,
+            Stop::Unmapped => &stats.unwind_failed_unmapped,
+            Stop::UnsupportedRule => &stats.unwind_failed_unsupported_rule,
+            Stop::NotProgressing => &stats.unwind_failed_not_progressing,
+            Stop::TooDeep => &stats.unwind_failed_too_deep,
+        };
+        Stats::inc(counter);
+        if stitched {
+            Stats::inc(&stats.unwind_stitched);
+        }
+    }
+
+    /// The kernel's frame-pointer walk with the leaf's caller recovered.
+    fn repair_walk(
+        &mut self,
+        frames: &mut Vec<u64>,
+        sample: &RawSample,
+        image: &ProcessImage,
+        processes: &mut ProcessTable,
+    ) {
+        let Some(regs) = sample.user_regs else {
+            return;
+        };
+        if frames.is_empty() || sample.stack_copy.is_empty() {
+            return;
+        }
+        let outcome =
+            self.leaf_row(regs.ip, image, processes)
+                .map_or(LeafRepair::Unavailable, |row| {
+                    repair_leaf(
+                        frames,
+                        &row,
+                        (regs.ip, regs.sp, regs.bp),
+                        &sample.stack_copy,
+                    )
+                });
+        match outcome {
+            LeafRepair::Repaired => Stats::inc(&self.stats.leaf_frames_repaired),
+            LeafRepair::Unavailable => Stats::inc(&self.stats.leaf_repair_failures),
+            LeafRepair::NotNeeded => {}
+        }
+    }
+
+    fn leaf_row(
+        &mut self,
+        ip: u64,
+        image: &ProcessImage,
+        processes: &mut ProcessTable,
+    ) -> Option<UnwindRow> {
+        let index = image.mapping_index(ip)?;
+        let object = processes.object(image, index)?;
+        let vaddr = image.mappings[index].object_vaddr(ip)?;
+        self.row(&object, vaddr)
+    }
+
+    /// The unwind rules at `vaddr` of `object`.
+    pub fn row(&mut self, object: &ObjectFile, vaddr: u64) -> Option<UnwindRow> {
+        self.cfi.row(object, vaddr)
+    }
+
+    /// Whether `object`'s code keeps frame pointers; looked at once per
+    /// object, with bounded work (`survey`).
+    pub fn object_frames(&mut self, object: &ObjectFile) -> ObjectFrames {
+        let key = object.content_key();
+        if let Some(&verdict) = self.verdicts.get(&key) {
+            return verdict;
+        }
+        // Go first: its CFI need not be read (or decompressed) to judge.
+        let go = object.data().is_ok_and(|data| is_go(&data));
+        let verdict = if go {
+            ObjectFrames::FramePointers
+        } else {
+            match self.cfi.source(object, &key) {
+                Some(source) => survey::survey(&source, &mut self.cfi.context).verdict(),
+                None => ObjectFrames::Unknown,
+            }
+        };
+        debug!(path = object.path, ?verdict, "frame pointers");
+        self.verdicts.put(key, verdict);
+        verdict
     }
 }
 
@@ -267,5 +501,66 @@ mod tests {
         assert_eq!(read_stack_u64(&copy, 0x100, 0x10c), None);
         assert_eq!(read_stack_u64(&copy, 0x100, 0x80), None);
         assert_eq!(read_stack_u64(&copy, 0x100, u64::MAX), None);
+    }
+
+    /// Garbage registers and stacks of a live process: every DWARF unwind
+    /// is counted under exactly one reason, none panics.
+    #[test]
+    fn corrupt_samples_are_counted_under_one_reason() {
+        use agent_common::UserRegs;
+
+        use crate::{config::Limits, process::ProcessTable};
+
+        let stats = Arc::new(Stats::default());
+        let mut processes =
+            ProcessTable::new("/proc".into(), &Limits::default(), &[], stats.clone());
+        let mut unwinder = Unwinder::new(1 << 20, stats.clone());
+        let pid = std::process::id();
+        let image = processes.image(pid, "test");
+        let code = corrupt_samples_are_counted_under_one_reason as *const () as usize as u64;
+        let mut samples = 0;
+        for (index, ip) in [0, 1, code, code + 3, u64::MAX].into_iter().enumerate() {
+            for seed in 0..20u64 {
+                let words: Vec<u64> = (0..64)
+                    .map(|i| match (i + seed + index as u64) % 4 {
+                        0 => code + i,
+                        1 => 0x7ffd_0000 + i * 8,
+                        2 => 0,
+                        _ => i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                    })
+                    .collect();
+                let sample = RawSample {
+                    tgid: pid,
+                    tid: pid,
+                    user_stack: vec![ip, code],
+                    user_regs: Some(UserRegs {
+                        ip,
+                        sp: 0x7ffd_0000,
+                        bp: 0x7ffd_0000 + seed * 8,
+                    }),
+                    stack_copy: stack(&words),
+                    ..RawSample::default()
+                };
+                let unwound = unwinder.user_frames(
+                    &sample,
+                    image.clone(),
+                    &mut processes,
+                    ProcessUnwinding::Dwarf,
+                );
+                assert!(!unwound.frames.is_empty() && unwound.frames.len() <= MAX_USER_FRAMES);
+                samples += 1;
+            }
+        }
+        let s = stats.snapshot();
+        assert_eq!(s.unwind_dwarf_stacks, samples);
+        let reasons = s.unwind_dwarf_complete
+            + s.unwind_truncated
+            + s.unwind_failed_no_cfi
+            + s.unwind_failed_unmapped
+            + s.unwind_failed_unsupported_rule
+            + s.unwind_failed_not_progressing
+            + s.unwind_failed_too_deep;
+        assert_eq!(reasons, samples, "{s:?}");
+        assert!(s.unwind_failed_unmapped > 0, "{s:?}");
     }
 }

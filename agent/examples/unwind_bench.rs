@@ -1,0 +1,205 @@
+//! Unwinding measurements behind `cargo xtask bench --unwind dwarf`, run as
+//! root against a live workload:
+//!
+//! - `replay --pid PID`: captures that process's samples with the real BPF
+//!   program (DWARF stack copies), stops sampling, then feeds the captured
+//!   records through firn's pipeline (decode, process table, unwinding,
+//!   aggregation) again and again: samples per second on one core.
+//! - `share --profile FILE --comm NAME --chain a,b,c`: the share of a
+//!   profile's samples of NAME in `--within` that hold the chain.
+//! - `capture --pid PID --output PREFIX`: one sample's registers and stack
+//!   copy plus the process's maps, for unit test fixtures.
+
+use std::{
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use firn::{
+    bpf::BpfSampler,
+    config::{Limits, SamplingConfig, UnwindMode},
+    pprof::{decode, sample_function_names, sample_label},
+    sampler::{self, Record},
+    session::Pipeline,
+    stats::Stats,
+    unwind::UnwindPolicy,
+};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Replay {
+        #[arg(long)]
+        pid: u32,
+        /// Seconds of sampling to capture.
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        #[arg(long, default_value_t = 100)]
+        frequency: u64,
+        /// Times the captured records are replayed.
+        #[arg(long, default_value_t = 20)]
+        passes: usize,
+    },
+    Share {
+        #[arg(long)]
+        profile: PathBuf,
+        #[arg(long)]
+        comm: String,
+        /// Frames, leaf first, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        chain: Vec<String>,
+        /// Only samples holding this frame count.
+        #[arg(long)]
+        within: String,
+    },
+    Capture {
+        #[arg(long)]
+        pid: u32,
+        /// Writes PREFIX.stack (the copy) and PREFIX.regs (text).
+        #[arg(long)]
+        output: PathBuf,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Replay {
+            pid,
+            seconds,
+            frequency,
+            passes,
+        } => replay(pid, seconds, frequency, passes),
+        Command::Share {
+            profile,
+            comm,
+            chain,
+            within,
+        } => share(&profile, &comm, &chain, &within),
+        Command::Capture { pid, output } => capture(pid, &output),
+    }
+}
+
+/// The raw ring buffer records of `pid` over `seconds`.
+fn capture_records(pid: u32, seconds: u64, frequency: u64) -> Result<Vec<Vec<u8>>> {
+    let sampling = SamplingConfig {
+        frequency_hz: frequency,
+        pids: vec![pid],
+        unwind: UnwindMode::Dwarf,
+        ..SamplingConfig::default()
+    };
+    let mut bpf = BpfSampler::load(&sampling)?;
+    let mut ring = bpf.take_ring_buffer()?;
+    bpf.start_sampling(frequency)?;
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let mut records = Vec::new();
+    while Instant::now() < deadline {
+        while let Some(item) = ring.next() {
+            records.push(item.to_vec());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(bpf);
+    while let Some(item) = ring.next() {
+        records.push(item.to_vec());
+    }
+    Ok(records)
+}
+
+fn replay(pid: u32, seconds: u64, frequency: u64, passes: usize) -> Result<()> {
+    let records = capture_records(pid, seconds, frequency)?;
+    let samples = records
+        .iter()
+        .filter(|r| matches!(sampler::decode(r), Ok(Record::Sample(_))))
+        .count();
+    if samples == 0 {
+        bail!("no samples of process {pid} were captured");
+    }
+    let stats = Arc::new(Stats::default());
+    let limits = Limits::default();
+    let policy = UnwindPolicy::new(
+        UnwindMode::Dwarf,
+        16 * 1024,
+        limits.max_processes,
+        stats.clone(),
+    );
+    let mut pipeline = Pipeline::new(
+        &limits,
+        &firn::config::SymbolConfig::default(),
+        stats.clone(),
+    )
+    .with_unwind(policy);
+    let mut rates = Vec::new();
+    for _ in 0..passes.max(2) {
+        let started = Instant::now();
+        for record in &records {
+            pipeline.handle(record);
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        pipeline.take_profile();
+        rates.push(samples as f64 / elapsed);
+    }
+    let first = rates.remove(0);
+    rates.sort_by(f64::total_cmp);
+    let median = rates[rates.len() / 2];
+    let snapshot = stats.snapshot();
+    println!("samples={samples}");
+    println!("first_pass_samples_per_second={first:.0}");
+    println!("warm_samples_per_second={median:.0}");
+    println!(
+        "dwarf_complete_share={:.4}",
+        snapshot.unwind_dwarf_complete as f64 / snapshot.unwind_dwarf_stacks.max(1) as f64
+    );
+    Ok(())
+}
+
+fn share(profile: &PathBuf, comm: &str, chain: &[String], within: &str) -> Result<()> {
+    let bytes =
+        std::fs::read(profile).with_context(|| format!("could not read {}", profile.display()))?;
+    let profile = decode(&bytes)?;
+    let (mut total, mut complete) = (0i64, 0i64);
+    for sample in &profile.sample {
+        if sample_label(&profile, sample, "comm") != Some(comm) {
+            continue;
+        }
+        let names = sample_function_names(&profile, sample);
+        if !names.iter().any(|name| name == within) {
+            continue;
+        }
+        total += sample.value[0];
+        if names.windows(chain.len()).any(|window| window == chain) {
+            complete += sample.value[0];
+        }
+    }
+    println!("complete={complete} total={total}");
+    Ok(())
+}
+
+fn capture(pid: u32, output: &std::path::Path) -> Result<()> {
+    let records = capture_records(pid, 1, 100)?;
+    let sample = records
+        .iter()
+        .find_map(|record| match sampler::decode(record) {
+            Ok(Record::Sample(sample)) if sample.user_regs.is_some() => Some(sample),
+            _ => None,
+        })
+        .context("no sample with user registers was captured")?;
+    let regs = sample.user_regs.context("registers")?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    std::fs::write(output.with_extension("stack"), &sample.stack_copy)?;
+    std::fs::write(
+        output.with_extension("regs"),
+        format!(
+            "ip={:#x} sp={:#x} bp={:#x}\n{maps}",
+            regs.ip, regs.sp, regs.bp
+        ),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,463 @@
+//! Per process: unwind with frame pointers or with DWARF, and so how much
+//! of its stack the BPF program copies. In `auto` mode a process image is
+//! unwound with DWARF when its main executable, or any library it maps from
+//! outside the system library directories, lacks frame pointers (judged
+//! from the CFI, see `survey`). The decision is written into the BPF map of
+//! per-process copy sizes; processes that keep frame pointers stay out of
+//! it and pay only for the leaf copy.
+
+use std::{
+    num::NonZeroUsize,
+    path::Path,
+    sync::{Arc, Weak},
+};
+
+use lru::LruCache;
+use tracing::debug;
+
+use super::{Unwinder, survey::ObjectFrames};
+use crate::{
+    config::UnwindMode,
+    process::{MappingKind, ProcessImage, ProcessTable},
+    stats::Stats,
+};
+
+/// How one process's user stacks are unwound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessUnwinding {
+    /// The kernel's frame-pointer walk, leaf repaired with CFI.
+    FramePointers,
+    /// DWARF CFI over the copy of the stack.
+    Dwarf,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("could not set the stack copy size of process {tgid}")]
+pub struct CopyMapError {
+    pub tgid: u32,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// The BPF map of per-process stack copy sizes; a trait so the policy is
+/// tested without BPF.
+pub trait CopySizeMap: Send {
+    fn set(&mut self, tgid: u32, bytes: u32) -> Result<(), CopyMapError>;
+    fn remove(&mut self, tgid: u32);
+}
+
+/// Libraries here come with the distribution. Debian builds them without
+/// frame pointers, but they sit at the ends of most stacks (syscall
+/// wrappers at the leaf, which leaf repair covers; `__libc_start_main` at
+/// the root), so they alone do not make a process pay for DWARF.
+const SYSTEM_LIBRARY_DIRS: [&str; 8] = [
+    "/lib/",
+    "/lib32/",
+    "/lib64/",
+    "/libx32/",
+    "/usr/lib/",
+    "/usr/lib32/",
+    "/usr/lib64/",
+    "/usr/libx32/",
+];
+
+pub fn is_system_library(path: &str) -> bool {
+    SYSTEM_LIBRARY_DIRS.iter().any(|dir| path.starts_with(dir))
+}
+
+struct Decision {
+    /// The image it was made for; a new image (exec, new mappings) is
+    /// decided again.
+    image: Weak<ProcessImage>,
+    unwinding: ProcessUnwinding,
+    /// The BPF map holds an entry for this tgid.
+    in_map: bool,
+}
+
+pub struct UnwindPolicy {
+    mode: UnwindMode,
+    copy_bytes: u32,
+    map: Option<Box<dyn CopySizeMap>>,
+    decisions: LruCache<u32, Decision>,
+    stats: Arc<Stats>,
+}
+
+impl UnwindPolicy {
+    /// `capacity`: processes remembered (the process table's size).
+    pub fn new(mode: UnwindMode, copy_bytes: u32, capacity: usize, stats: Arc<Stats>) -> Self {
+        Self {
+            mode,
+            copy_bytes,
+            map: None,
+            decisions: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
+            stats,
+        }
+    }
+
+    /// Decisions are written into `map` from now on.
+    pub fn with_map(mut self, map: Box<dyn CopySizeMap>) -> Self {
+        self.map = Some(map);
+        self
+    }
+
+    pub fn mode(&self) -> UnwindMode {
+        self.mode
+    }
+
+    /// How `image`'s stacks are unwound; decided once per image.
+    pub fn decide(
+        &mut self,
+        image: &Arc<ProcessImage>,
+        processes: &mut ProcessTable,
+        unwinder: &mut Unwinder,
+    ) -> ProcessUnwinding {
+        match self.mode {
+            UnwindMode::FramePointers => return ProcessUnwinding::FramePointers,
+            UnwindMode::Dwarf => return ProcessUnwinding::Dwarf,
+            UnwindMode::Auto => {}
+        }
+        let tgid = image.tgid;
+        if let Some(decision) = self.decisions.get(&tgid)
+            && std::ptr::eq(decision.image.as_ptr(), Arc::as_ptr(image))
+        {
+            return decision.unwinding;
+        }
+        let unwinding = classify(image, processes, unwinder);
+        match unwinding {
+            ProcessUnwinding::Dwarf => Stats::inc(&self.stats.unwind_dwarf_images),
+            ProcessUnwinding::FramePointers => Stats::inc(&self.stats.unwind_fp_images),
+        }
+        let mut in_map = self.decisions.pop(&tgid).is_some_and(|d| d.in_map);
+        if let Some(map) = &mut self.map {
+            match unwinding {
+                ProcessUnwinding::Dwarf if !in_map => match map.set(tgid, self.copy_bytes) {
+                    Ok(()) => in_map = true,
+                    Err(error) => {
+                        Stats::inc(&self.stats.unwind_copy_map_failures);
+                        debug!(%error, "process keeps the leaf copy");
+                    }
+                },
+                ProcessUnwinding::FramePointers if in_map => {
+                    map.remove(tgid);
+                    in_map = false;
+                }
+                _ => {}
+            }
+        }
+        self.remember(
+            tgid,
+            Decision {
+                image: Arc::downgrade(image),
+                unwinding,
+                in_map,
+            },
+        );
+        unwinding
+    }
+
+    /// `image` was left to frame pointers, but its stacks hold callers
+    /// without them (a binary mixing code built with and without, such as
+    /// Rust programs over a frame-pointer std): unwind it with DWARF.
+    pub fn require_dwarf(&mut self, image: &Arc<ProcessImage>) {
+        let tgid = image.tgid;
+        let Some(decision) = self.decisions.peek_mut(&tgid) else {
+            return;
+        };
+        if decision.unwinding == ProcessUnwinding::Dwarf
+            || !std::ptr::eq(decision.image.as_ptr(), Arc::as_ptr(image))
+        {
+            return;
+        }
+        decision.unwinding = ProcessUnwinding::Dwarf;
+        Stats::inc(&self.stats.unwind_switched_to_dwarf);
+        debug!(
+            pid = tgid,
+            "frame pointers missing on the stack: switching to DWARF"
+        );
+        if !decision.in_map
+            && let Some(map) = &mut self.map
+        {
+            match map.set(tgid, self.copy_bytes) {
+                Ok(()) => decision.in_map = true,
+                Err(error) => {
+                    Stats::inc(&self.stats.unwind_copy_map_failures);
+                    debug!(%error, "process keeps the leaf copy");
+                }
+            }
+        }
+    }
+
+    /// The process executed a new image: the BPF program gave it the full
+    /// copy until it is decided.
+    pub fn on_exec(&mut self, tgid: u32) {
+        if self.mode != UnwindMode::Auto {
+            return;
+        }
+        let in_map = self.map.is_some();
+        self.remember(
+            tgid,
+            Decision {
+                image: Weak::new(),
+                unwinding: ProcessUnwinding::Dwarf,
+                in_map,
+            },
+        );
+    }
+
+    /// The process exited; the BPF program dropped its entry.
+    pub fn on_exit(&mut self, tgid: u32) {
+        if let Some(decision) = self.decisions.peek_mut(&tgid) {
+            decision.in_map = false;
+        }
+    }
+
+    /// Drops map entries of processes that are gone: a decision can race
+    /// with an exit, and exit events can be lost.
+    pub fn sweep(&mut self, proc_root: &Path) {
+        let Some(map) = &mut self.map else {
+            return;
+        };
+        for (&tgid, decision) in self.decisions.iter_mut() {
+            if decision.in_map && !proc_root.join(tgid.to_string()).exists() {
+                map.remove(tgid);
+                decision.in_map = false;
+            }
+        }
+    }
+
+    fn remember(&mut self, tgid: u32, decision: Decision) {
+        if let Some((evicted, old)) = self.decisions.push(tgid, decision)
+            && evicted != tgid
+            && old.in_map
+            && let Some(map) = &mut self.map
+        {
+            map.remove(evicted);
+        }
+    }
+}
+
+/// DWARF when the main executable or a non-system object lacks frame
+/// pointers.
+fn classify(
+    image: &ProcessImage,
+    processes: &mut ProcessTable,
+    unwinder: &mut Unwinder,
+) -> ProcessUnwinding {
+    let executable = image
+        .mappings
+        .iter()
+        .position(|m| m.spec.kind == MappingKind::File);
+    let mut last = None;
+    for (index, mapping) in image.mappings.iter().enumerate() {
+        let spec = &mapping.spec;
+        if spec.kind != MappingKind::File
+            || (Some(index) != executable && is_system_library(&spec.path))
+            || last == Some((spec.dev, spec.inode))
+        {
+            continue;
+        }
+        last = Some((spec.dev, spec.inode));
+        let Some(object) = processes.object(image, index) else {
+            continue;
+        };
+        if unwinder.object_frames(&object) == ObjectFrames::NoFramePointers {
+            debug!(pid = image.tgid, object = object.path, "no frame pointers");
+            return ProcessUnwinding::Dwarf;
+        }
+    }
+    ProcessUnwinding::FramePointers
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::config::Limits;
+
+    #[derive(Default)]
+    struct FakeMap {
+        entries: Arc<Mutex<Vec<(u32, u32)>>>,
+        full: bool,
+    }
+
+    impl CopySizeMap for FakeMap {
+        fn set(&mut self, tgid: u32, bytes: u32) -> Result<(), CopyMapError> {
+            if self.full {
+                return Err(CopyMapError {
+                    tgid,
+                    source: "full".into(),
+                });
+            }
+            self.entries.lock().expect("lock").push((tgid, bytes));
+            Ok(())
+        }
+
+        fn remove(&mut self, tgid: u32) {
+            self.entries
+                .lock()
+                .expect("lock")
+                .retain(|&(entry, _)| entry != tgid);
+        }
+    }
+
+    fn setup() -> (Arc<Stats>, ProcessTable, Unwinder) {
+        let stats = Arc::new(Stats::default());
+        let processes = ProcessTable::new("/proc".into(), &Limits::default(), &[], stats.clone());
+        let unwinder = Unwinder::new(1 << 20, stats.clone());
+        (stats, processes, unwinder)
+    }
+
+    #[test]
+    fn fixed_modes_need_no_look_at_the_process() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let image = processes.image(std::process::id(), "me");
+        for (mode, expected) in [
+            (UnwindMode::FramePointers, ProcessUnwinding::FramePointers),
+            (UnwindMode::Dwarf, ProcessUnwinding::Dwarf),
+        ] {
+            let mut policy = UnwindPolicy::new(mode, 16384, 8, stats.clone());
+            assert_eq!(
+                policy.decide(&image, &mut processes, &mut unwinder),
+                expected
+            );
+        }
+        assert_eq!(stats.snapshot().unwind_dwarf_images, 0);
+    }
+
+    /// A fixture binary running as a child (killed on drop), and the
+    /// directory its file lives in.
+    struct Child(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
+
+    impl Child {
+        fn spawn(bytes: &[u8]) -> Self {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("workload");
+            std::fs::write(&path, bytes).expect("write the fixture");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+            let child = std::process::Command::new(&path)
+                .arg("1000")
+                .spawn()
+                .expect("the fixture runs");
+            // Until the loader has mapped libc, the image is incomplete.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            Self(child, dir)
+        }
+    }
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    #[test]
+    fn auto_decides_from_the_objects_and_writes_the_map() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let entries = Arc::new(Mutex::new(Vec::new()));
+        let map = FakeMap {
+            entries: entries.clone(),
+            full: false,
+        };
+        let mut policy =
+            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
+
+        let framed = Child::spawn(crate::elf::tests::CHAIN);
+        let image = processes.image(framed.0.id(), "chain");
+        assert_eq!(
+            policy.decide(&image, &mut processes, &mut unwinder),
+            ProcessUnwinding::FramePointers
+        );
+        assert!(entries.lock().expect("lock").is_empty());
+
+        let frameless = Child::spawn(include_bytes!("../../fixtures/chain_inline"));
+        let pid = frameless.0.id();
+        let image = processes.image(pid, "chain_inline");
+        assert_eq!(
+            policy.decide(&image, &mut processes, &mut unwinder),
+            ProcessUnwinding::Dwarf
+        );
+        // Decided once per image.
+        policy.decide(&image, &mut processes, &mut unwinder);
+        assert_eq!(*entries.lock().expect("lock"), [(pid, 8192)]);
+        let snapshot = stats.snapshot();
+        assert_eq!(
+            (snapshot.unwind_dwarf_images, snapshot.unwind_fp_images),
+            (1, 1)
+        );
+
+        // Exit: the BPF program removed the entry; a sweep leaves live
+        // processes alone.
+        policy.on_exit(pid);
+        policy.sweep(Path::new("/proc"));
+        assert_eq!(entries.lock().expect("lock").len(), 1);
+    }
+
+    #[test]
+    fn stacks_without_frame_pointers_switch_a_process_to_dwarf() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let entries = Arc::new(Mutex::new(Vec::new()));
+        let map = FakeMap {
+            entries: entries.clone(),
+            full: false,
+        };
+        let mut policy =
+            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
+        let framed = Child::spawn(crate::elf::tests::CHAIN);
+        let image = processes.image(framed.0.id(), "chain");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        policy.require_dwarf(&image);
+        assert_eq!(
+            policy.decide(&image, &mut processes, &mut unwinder),
+            ProcessUnwinding::Dwarf
+        );
+        assert_eq!(*entries.lock().expect("lock"), [(framed.0.id(), 8192)]);
+        assert_eq!(stats.snapshot().unwind_switched_to_dwarf, 1);
+    }
+
+    #[test]
+    fn a_full_map_is_counted() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let map = FakeMap {
+            full: true,
+            ..FakeMap::default()
+        };
+        let mut policy =
+            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
+        let frameless = Child::spawn(include_bytes!("../../fixtures/chain_inline"));
+        let image = processes.image(frameless.0.id(), "chain_inline");
+        assert_eq!(
+            policy.decide(&image, &mut processes, &mut unwinder),
+            ProcessUnwinding::Dwarf
+        );
+        assert_eq!(stats.snapshot().unwind_copy_map_failures, 1);
+    }
+
+    #[test]
+    fn entries_of_vanished_processes_are_swept() {
+        let stats = Arc::new(Stats::default());
+        let entries = Arc::new(Mutex::new(vec![(4_194_305, 8192)]));
+        let map = FakeMap {
+            entries: entries.clone(),
+            full: false,
+        };
+        let mut policy =
+            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats).with_map(Box::new(map));
+        // An exec the daemon saw, of a process gone before it was decided.
+        policy.on_exec(4_194_305);
+        let dir = tempfile::tempdir().expect("tempdir");
+        policy.sweep(dir.path());
+        assert!(entries.lock().expect("lock").is_empty());
+    }
+
+    #[test]
+    fn system_library_paths() {
+        assert!(is_system_library("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        assert!(is_system_library("/lib64/ld-linux-x86-64.so.2"));
+        assert!(!is_system_library("/usr/bin/python3"));
+        assert!(!is_system_library("/opt/app/lib/libapp.so"));
+        assert!(!is_system_library("/usr/library/x"));
+    }
+}

@@ -1,0 +1,325 @@
+//! End to end: stacks of code built without frame pointers, unwound with
+//! DWARF CFI over the stack copies the real BPF program takes. Workloads
+//! are built here (gcc, rustc, go) and checked by function names and their
+//! order.
+
+mod common;
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    time::Duration,
+};
+
+use common::*;
+use firn::pprof::{proto::Profile, sample_function_names, sample_label};
+
+/// The flags the unwinding issue names for its C workload.
+const NO_FP_FLAGS: [&str; 4] = ["-O2", "-fomit-frame-pointer", "-g", "-pthread"];
+
+/// The chain of chain_inline's benchmark threads.
+const WORKER_CHAIN: [&str; 5] = [
+    "burn_leaf",
+    "level_three",
+    "level_two",
+    "level_one",
+    "worker",
+];
+
+const RUST_CHAIN: [&str; 5] = [
+    "rust_chain::burn_leaf",
+    "rust_chain::level_three",
+    "rust_chain::level_two",
+    "rust_chain::level_one",
+    "rust_chain::main",
+];
+
+const GO_CHAIN: [&str; 5] = [
+    "main.burn_leaf",
+    "main.level_three",
+    "main.level_two",
+    "main.level_one",
+    "main.main",
+];
+
+/// A counter from firn's summary line (`name=value`).
+fn summary_value(output: &Output, name: &str) -> u64 {
+    let log = String::from_utf8_lossy(&output.stderr);
+    let prefix = format!("{name}=");
+    log.lines()
+        .filter(|line| line.contains("profile written"))
+        .flat_map(str::split_whitespace)
+        .find_map(|field| field.strip_prefix(&prefix)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}= in firn's summary:\n{log}"))
+}
+
+fn build_no_fp_chain(dir: &Path) -> PathBuf {
+    build_c(dir, "chain_inline.c", "chain_inline", &NO_FP_FLAGS)
+}
+
+fn spawn_spinning(binary: &Path) -> TestProcess {
+    let process = TestProcess::spawn(Command::new(binary).arg("100000"));
+    wait_a_moment();
+    process
+}
+
+fn assert_complete(stacks: &[(Vec<String>, i64)], chain: &[&str], wanted: f64) {
+    let (share, total) = chain_share(stacks, chain);
+    assert!(total >= 150, "too few samples of the workload: {total}");
+    assert!(
+        share >= wanted,
+        "only {:.1}% of {total} samples hold the whole chain {chain:?}:\n{}",
+        share * 100.0,
+        describe(stacks)
+    );
+}
+
+#[test]
+fn c_without_frame_pointers_has_complete_stacks() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workload = spawn_spinning(&build_no_fp_chain(dir.path()));
+    let pid = workload.pid().to_string();
+
+    let (output, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let stacks = stacks_of(&profile, workload.pid());
+    assert_complete(&stacks, &CHAIN, 0.95);
+    assert!(
+        summary_value(&output, "dwarf_stacks") > 0,
+        "`auto` unwinds a binary without frame pointers with DWARF"
+    );
+
+    // The kernel's frame-pointer walk alone cannot follow this code: the
+    // completeness above is the CFI's doing.
+    let (_, walked) = record(
+        dir.path(),
+        &[
+            "--duration",
+            "2s",
+            "--pid",
+            &pid,
+            "--unwind",
+            "fp",
+            "--leaf-stack-copy-bytes",
+            "0",
+        ],
+    );
+    let (share, _) = chain_share(&stacks_of(&walked, workload.pid()), &CHAIN);
+    assert!(
+        share < 0.5,
+        "frame pointers alone should lose the chain, yet {:.1}% were complete",
+        share * 100.0
+    );
+}
+
+/// Frame names of every sample of processes named `comm`.
+fn stacks_of_comm(profile: &Profile, comm: &str) -> Vec<(Vec<String>, i64)> {
+    profile
+        .sample
+        .iter()
+        .filter(|sample| sample_label(profile, sample, "comm") == Some(comm))
+        .map(|sample| (sample_function_names(profile, sample), sample.value[0]))
+        .collect()
+}
+
+#[test]
+fn short_lived_processes_are_complete_from_their_first_sample() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = build_no_fp_chain(dir.path());
+    // Whole system: firn learns of each run only from its exec, and each
+    // run is over about when firn first drains the ring buffer.
+    let firn_run = {
+        let dir = dir.path().to_path_buf();
+        std::thread::spawn(move || record(&dir, &["--duration", "6s"]))
+    };
+    std::thread::sleep(Duration::from_millis(700));
+    let script = format!(
+        "for i in $(seq 24); do {} 100000 0.15 2 >/dev/null; done",
+        binary.display()
+    );
+    let status = Command::new("sh")
+        .args(["-c", &script])
+        .status()
+        .expect("sh runs");
+    assert!(status.success(), "the short runs failed");
+    let (_, profile) = firn_run.join().expect("recording thread");
+    // Samples of the process starting up hold no chain; those in the
+    // chain must hold all of it.
+    let in_chain: Vec<_> = stacks_of_comm(&profile, "chain_inline")
+        .into_iter()
+        .filter(|(names, _)| names.iter().any(|name| name == "burn_leaf"))
+        .collect();
+    let (share, total) = chain_share(&in_chain, &WORKER_CHAIN);
+    assert!(
+        total >= 100,
+        "expected ~700 samples of the runs, got {total}"
+    );
+    assert!(
+        share >= 0.95,
+        "{:.1}% of {total} samples of short-lived processes are complete:\n{}",
+        share * 100.0,
+        describe(&in_chain)
+    );
+}
+
+#[test]
+fn frames_beyond_the_copy_are_kept_and_counted_as_truncated() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workload = spawn_spinning(&build_no_fp_chain(dir.path()));
+    let pid = workload.pid().to_string();
+    // level_two's frame alone is larger than this copy.
+    let (output, profile) = record(
+        dir.path(),
+        &[
+            "--duration",
+            "3s",
+            "--pid",
+            &pid,
+            "--unwind",
+            "dwarf",
+            "--stack-copy-bytes",
+            "1KiB",
+        ],
+    );
+    let stacks = stacks_of(&profile, workload.pid());
+    let (kept, total) = chain_share(&stacks, &CHAIN[..3]);
+    let (complete, _) = chain_share(&stacks, &CHAIN);
+    assert!(total >= 100, "too few samples: {total}");
+    assert!(
+        kept >= 0.95 && complete < 0.05,
+        "the frames within the copy are kept ({:.1}%), the rest is cut ({:.1}% complete):\n{}",
+        kept * 100.0,
+        complete * 100.0,
+        describe(&stacks)
+    );
+    assert!(
+        summary_value(&output, "dwarf_truncated") * 100
+            >= summary_value(&output, "dwarf_stacks") * 95,
+        "truncated stacks are counted"
+    );
+}
+
+#[test]
+fn signal_handler_stacks_continue_into_the_interrupted_code() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = build_c(dir.path(), "signal_chain.c", "signal_chain", &NO_FP_FLAGS);
+    let workload = TestProcess::spawn(&mut Command::new(binary));
+    wait_a_moment();
+    let pid = workload.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let stacks = stacks_of(&profile, workload.pid());
+    let in_handler: Vec<_> = stacks
+        .iter()
+        .filter(|(names, _)| holds_chain(names, &["handler_burn", "on_alarm"]))
+        .cloned()
+        .collect();
+    let (share, total) = chain_share(&in_handler, &["spin_loop", "level_one", "main"]);
+    assert!(
+        total >= 50,
+        "the handler runs about half the time, got {total} samples in it:\n{}",
+        describe(&stacks)
+    );
+    assert!(
+        share >= 0.95,
+        "{:.1}% of the handler's samples continue past the signal frame:\n{}",
+        share * 100.0,
+        describe(&in_handler)
+    );
+    // The signal frame sits between the handler and the interrupted code.
+    let (names, _) = &in_handler[0];
+    let handler = names.iter().position(|n| n == "on_alarm");
+    let interrupted = names.iter().position(|n| n == "spin_loop");
+    assert!(
+        matches!((handler, interrupted), (Some(h), Some(i)) if i == h + 2),
+        "handler, trampoline, interrupted code: {names:?}"
+    );
+}
+
+#[test]
+fn rust_release_binary_without_frame_pointers_is_complete_and_demangled() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = dir.path().join("rust_chain");
+    let status = Command::new("rustc")
+        .args(["-C", "opt-level=2", "-C", "force-frame-pointers=no", "-o"])
+        .arg(&binary)
+        .arg(workloads_dir().join("rust_chain.rs"))
+        .status()
+        .unwrap_or_else(|error| panic!("rustc is needed to build the Rust workload: {error}"));
+    assert!(status.success(), "rustc failed to build rust_chain.rs");
+    let workload = spawn_spinning(&binary);
+    let pid = workload.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let stacks = stacks_of(&profile, workload.pid());
+    assert_complete(&stacks, &RUST_CHAIN, 0.95);
+}
+
+#[test]
+fn go_program_has_complete_stacks_with_go_names() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = dir.path().join("go_chain");
+    let status = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&binary)
+        .arg("main.go")
+        .current_dir(workloads_dir().join("go_chain"))
+        .env("GOFLAGS", "-buildvcs=false")
+        .status()
+        .unwrap_or_else(|error| {
+            panic!("Go is needed to build the Go workload (cargo xtask setup installs it): {error}")
+        });
+    assert!(status.success(), "go build failed for go_chain");
+    let workload = spawn_spinning(&binary);
+    let pid = workload.pid().to_string();
+    // Go keeps frame pointers: `auto` walks them; DWARF (.debug_frame)
+    // must agree.
+    for unwind in ["auto", "dwarf"] {
+        let (_, profile) = record(
+            dir.path(),
+            &["--duration", "3s", "--pid", &pid, "--unwind", unwind],
+        );
+        let stacks = stacks_of(&profile, workload.pid());
+        // The Go runtime preempts long-running goroutines with signals;
+        // a few samples land in that machinery.
+        assert_complete(&stacks, &GO_CHAIN, 0.90);
+    }
+}
+
+#[test]
+fn frame_pointer_processes_pay_nothing_extra_in_auto() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let workload = start_chain(dir.path(), &FP_FLAGS);
+    let pid = workload.pid().to_string();
+    let (output, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
+    assert_complete(&stacks_of(&profile, workload.pid()), &CHAIN, 0.90);
+    assert_eq!(
+        summary_value(&output, "dwarf_stacks"),
+        0,
+        "a frame-pointer binary is walked with frame pointers"
+    );
+
+    // Forced DWARF unwinds the same code just as completely.
+    let (output, profile) = record(
+        dir.path(),
+        &["--duration", "3s", "--pid", &pid, "--unwind", "dwarf"],
+    );
+    assert_complete(&stacks_of(&profile, workload.pid()), &CHAIN, 0.90);
+    let stacks = summary_value(&output, "dwarf_stacks");
+    let complete = summary_value(&output, "dwarf_complete");
+    assert!(
+        stacks > 0 && complete * 100 >= stacks * 95,
+        "{complete} of {stacks} DWARF stacks reached the outermost frame"
+    );
+}
