@@ -19,7 +19,7 @@ use crate::{
     util::{self, cargo, is_root},
 };
 
-#[derive(clap::Args)]
+#[derive(Clone, clap::Args)]
 pub struct BenchArgs {
     /// Seconds the workload runs in each measurement.
     #[arg(long, default_value_t = 10)]
@@ -64,7 +64,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         bail!("--rounds and --seconds must be at least 1");
     }
     util::run(cargo(root).args(["build", "--release", "--package", "firn"]))?;
-    let firn = root.join("target/release/firn");
+    let firn_path = root.join("target/release/firn");
     let work = root.join("target/bench");
     fs::create_dir_all(&work)?;
     let workload = match args.unwind {
@@ -111,7 +111,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         Ok((1.0 - ops / ((before + after) / 2.0)) * 100.0)
     };
     for round in 1..=args.rounds {
-        let (firn_cost, mean_ns) = measure_firn(&firn, &workload, &work, args)?;
+        let (firn_cost, mean_ns) = measure_firn(&firn_path, &workload, &work, args)?;
         firn_loss.push(bracket(firn_cost.workload_ops, &mut baseline)?);
         bpf_ns.extend(mean_ns);
         if args.unwind == Unwind::Dwarf {
@@ -232,6 +232,9 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         "CPU ratio firn / perf",
         firn.cpu_seconds / perf.cpu_seconds.max(f64::EPSILON)
     );
+    if args.seconds > SHORT_SECONDS {
+        fixed_and_marginal(&firn_path, &workload, &work, args, (&firn, &perf))?;
+    }
     println!(
         "\nfirn's CPU includes symbolizing and writing pprof; perf's excludes `perf report`.\n\
          Sampling cost in the kernel (BPF program, perf callchains) is charged to the\n\
@@ -240,6 +243,57 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     if args.unwind == Unwind::Dwarf {
         bench_unwind::unwinding_rate(root, &workload)?;
     }
+    Ok(())
+}
+
+/// Workload seconds of the short runs that measure what a recording costs
+/// regardless of its length.
+const SHORT_SECONDS: u64 = 1;
+const SHORT_RUNS: usize = 3;
+
+/// Splits each profiler's CPU into what any recording costs (start-up:
+/// for firn kallsyms, BPF verification, BTF; shut-down: symbolizing and
+/// writing, for perf its build-id pass) and what each further second of
+/// recording costs, from short runs against the long ones just measured.
+/// A continuous profiler pays the first once and the second forever.
+fn fixed_and_marginal(
+    firn: &Path,
+    workload: &Workload,
+    work: &Path,
+    args: &BenchArgs,
+    (firn_long, perf_long): (&Cost, &Cost),
+) -> Result<()> {
+    let short = BenchArgs {
+        seconds: SHORT_SECONDS,
+        ..args.clone()
+    };
+    let (mut firn_short, mut perf_short) = (Vec::new(), Vec::new());
+    for _ in 0..SHORT_RUNS {
+        firn_short.push(measure_firn(firn, workload, work, &short)?.0);
+        perf_short.push(measure_perf(workload, work, &short)?);
+    }
+    let firn_fixed = summarize(&firn_short).cpu_seconds;
+    let perf_fixed = summarize(&perf_short).cpu_seconds;
+    let extra = (args.seconds - SHORT_SECONDS) as f64;
+    let firn_rate = (firn_long.cpu_seconds - firn_fixed).max(0.0) / extra;
+    let perf_rate = (perf_long.cpu_seconds - perf_fixed).max(0.0) / extra;
+    println!(
+        "{:<36}{:>12.3}{:>18.3}",
+        format!("CPU s of a {SHORT_SECONDS} s recording (median)"),
+        firn_fixed,
+        perf_fixed
+    );
+    println!(
+        "{:<36}{:>9.2} ms{:>15.2} ms",
+        "  CPU per further recorded second",
+        firn_rate * 1e3,
+        perf_rate * 1e3
+    );
+    println!(
+        "{:<36}{:>12.2}",
+        "  ratio firn / perf per second",
+        firn_rate / perf_rate.max(f64::EPSILON)
+    );
     Ok(())
 }
 

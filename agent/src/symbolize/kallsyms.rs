@@ -67,10 +67,15 @@ impl Kallsyms {
     pub fn parse_bytes(text: &[u8]) -> Result<Self, KallsymsError> {
         let mut table = Self::default();
         let mut saw_symbols = false;
-        for line in text.split(|&b| b == b'\n') {
-            let mut fields = line
-                .split(|b| b.is_ascii_whitespace())
-                .filter(|field| !field.is_empty());
+        // ~45 bytes a line on common kernels; reserving avoids regrowing
+        // megabytes a few times over.
+        table.entries.reserve(text.len() / 48);
+        table.names.reserve(text.len() / 2);
+        let mut start = 0;
+        for end in memchr::memchr_iter(b'\n', text).chain(std::iter::once(text.len())) {
+            let line = &text[start..end];
+            start = end + 1;
+            let mut fields = Fields(line);
             let (Some(address), Some(kind), Some(name)) =
                 (fields.next(), fields.next(), fields.next())
             else {
@@ -168,12 +173,34 @@ impl Kallsyms {
     }
 }
 
+/// The fields of a kallsyms line, which the kernel separates with spaces
+/// and a tab (before the module). A split with a per-byte predicate took
+/// most of the parse time of a 3 MB file.
+struct Fields<'a>(&'a [u8]);
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let start = self.0.iter().position(|b| !b.is_ascii_whitespace())?;
+        let rest = &self.0[start..];
+        let end = memchr::memchr3(b' ', b'\t', b'\n', rest).unwrap_or(rest.len());
+        self.0 = &rest[end..];
+        Some(&rest[..end])
+    }
+}
+
 fn parse_hex(digits: &[u8]) -> Option<u64> {
     if digits.is_empty() || digits.len() > 16 {
         return None;
     }
     digits.iter().try_fold(0u64, |value, &digit| {
-        let nibble = char::from(digit).to_digit(16)?;
+        let nibble = match digit {
+            b'0'..=b'9' => digit - b'0',
+            b'a'..=b'f' => digit - b'a' + 10,
+            b'A'..=b'F' => digit - b'A' + 10,
+            _ => return None,
+        };
         Some(value << 4 | u64::from(nibble))
     })
 }
