@@ -22,7 +22,7 @@ pub const RELABEL_CONFIGS: &str = "relabel_configs";
 #[derive(Debug, Default)]
 pub struct ConfigFile {
     /// Prometheus `relabel_configs`, applied to every series.
-    pub relabel_configs: Vec<RelabelConfigEntry>,
+    pub relabel_configs: Vec<RuleSpec>,
     /// Every other top-level key, in the order of the file.
     pub settings: Vec<Setting>,
 }
@@ -52,21 +52,7 @@ pub enum SettingValue {
 #[derive(Debug, Default, Deserialize)]
 struct RelabelSection {
     #[serde(default)]
-    relabel_configs: Vec<RelabelConfigEntry>,
-}
-
-/// One `relabel_configs` entry, Prometheus' keys.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RelabelConfigEntry {
-    #[serde(default)]
-    pub source_labels: Vec<String>,
-    pub separator: Option<String>,
-    pub regex: Option<String>,
-    pub modulus: Option<u64>,
-    pub target_label: Option<String>,
-    pub replacement: Option<String>,
-    pub action: Option<String>,
+    relabel_configs: Vec<RuleSpec>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -177,16 +163,7 @@ impl ConfigFile {
             .iter()
             .enumerate()
             .map(|(index, entry)| {
-                let spec = RuleSpec {
-                    source_labels: entry.source_labels.clone(),
-                    separator: entry.separator.clone(),
-                    regex: entry.regex.clone(),
-                    modulus: entry.modulus,
-                    target_label: entry.target_label.clone(),
-                    replacement: entry.replacement.clone(),
-                    action: entry.action.clone(),
-                };
-                Rule::new(&spec).map_err(|source| ConfigFileError::Relabel {
+                Rule::new(entry).map_err(|source| ConfigFileError::Relabel {
                     path: path.to_path_buf(),
                     index,
                     action: entry.action.clone().unwrap_or_else(|| "replace".into()),

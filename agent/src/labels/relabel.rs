@@ -65,10 +65,12 @@ impl fmt::Display for Action {
     }
 }
 
-/// One rule as written, before it is checked; `None` takes the
-/// Prometheus default.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// One rule as written (a `relabel_configs` entry, Prometheus' keys),
+/// before it is checked; `None` takes the Prometheus default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RuleSpec {
+    #[serde(default)]
     pub source_labels: Vec<String>,
     pub separator: Option<String>,
     pub regex: Option<String>,
