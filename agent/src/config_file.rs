@@ -61,7 +61,7 @@ pub enum ConfigFileError {
     Read {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: crate::untrusted::OpenError,
     },
     #[error("the config file {path} is not valid: {reason}")]
     Parse { path: PathBuf, reason: String },
@@ -111,10 +111,11 @@ pub enum ConfigFileError {
 
 impl ConfigFile {
     pub fn load(path: &Path) -> Result<Self, ConfigFileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigFileError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            crate::untrusted::read_host_text(path).map_err(|source| ConfigFileError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Self::parse(&text, path)
     }
 

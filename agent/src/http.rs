@@ -10,7 +10,7 @@ use std::{
     io,
     net::SocketAddr,
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     thread,
@@ -35,10 +35,13 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 
 /// Whether the agent is ready: set once sampling runs on every CPU,
-/// cleared when it stops.
+/// cleared when it stops or while a stage makes no progress; healthy
+/// unless a stage has made none for long (see `watchdog`).
 #[derive(Debug, Default)]
 pub struct Health {
     ready: AtomicBool,
+    stalled: Mutex<Vec<&'static str>>,
+    failing: AtomicBool,
 }
 
 impl Health {
@@ -46,8 +49,26 @@ impl Health {
         self.ready.store(ready, Ordering::Relaxed);
     }
 
+    /// The stages making no progress; `failing` when one has made none
+    /// for so long that the process should be restarted.
+    pub fn set_stalled(&self, stages: Vec<&'static str>, failing: bool) {
+        *self.stalled.lock().unwrap_or_else(|p| p.into_inner()) = stages;
+        self.failing.store(failing, Ordering::Relaxed);
+    }
+
+    pub fn stalled_stages(&self) -> Vec<&'static str> {
+        self.stalled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.ready.load(Ordering::Relaxed) && self.stalled_stages().is_empty()
+    }
+
+    pub fn is_healthy(&self) -> bool {
+        !self.failing.load(Ordering::Relaxed)
     }
 }
 
@@ -194,8 +215,12 @@ fn respond(state: &State, request: &Request<Incoming>) -> Response<Full<Bytes>> 
                 "could not encode the metrics\n",
             ),
         },
-        "/healthy" => text(StatusCode::OK, "ok\n"),
+        "/healthy" if state.health.is_healthy() => text(StatusCode::OK, "ok\n"),
+        "/healthy" => stalled(&state.health, "not healthy"),
         "/ready" if state.health.is_ready() => text(StatusCode::OK, "ready\n"),
+        "/ready" if !state.health.stalled_stages().is_empty() => {
+            stalled(&state.health, "not ready")
+        }
         "/ready" => text(
             StatusCode::SERVICE_UNAVAILABLE,
             "not ready: the BPF programs are not attached\n",
@@ -206,6 +231,17 @@ fn respond(state: &State, request: &Request<Incoming>) -> Response<Full<Bytes>> 
             "not found: /metrics /healthy /ready\n",
         ),
     }
+}
+
+/// 503 naming the stages that make no progress.
+fn stalled(health: &Health, verdict: &str) -> Response<Full<Bytes>> {
+    let body = format!(
+        "{verdict}: no progress in {}\n",
+        health.stalled_stages().join(", ")
+    );
+    let mut response = text(StatusCode::SERVICE_UNAVAILABLE, "");
+    *response.body_mut() = Full::new(Bytes::from(body));
+    response
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {

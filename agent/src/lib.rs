@@ -25,4 +25,6 @@ pub mod sampler;
 pub mod session;
 pub mod stats;
 pub mod symbolize;
+pub mod untrusted;
 pub mod unwind;
+pub mod watchdog;

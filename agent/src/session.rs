@@ -21,6 +21,7 @@ use crate::{
     sampler::{self, RawSample, Record, RingReader},
     stats::Stats,
     unwind::{UnwindPolicy, Unwinder, Unwound},
+    watchdog::Stage,
 };
 
 /// The reader drains at least this often: the BPF side only wakes it once
@@ -56,6 +57,8 @@ pub struct Session {
     bpf: BpfSampler,
     reader: RingReader,
     pipeline: Pipeline,
+    /// Where the drain reports its steps, for the watchdog.
+    drain_stage: Option<Arc<Stage>>,
 }
 
 /// The stages after the ring buffer, apart from it so they can be fed
@@ -286,7 +289,14 @@ impl Session {
             bpf,
             reader,
             pipeline,
+            drain_stage: None,
         })
+    }
+
+    /// Reports each record handled to `stage`, so a record that never
+    /// finishes is noticed.
+    pub fn watch_drain(&mut self, stage: Arc<Stage>) {
+        self.drain_stage = Some(stage);
     }
 
     pub fn cpus(&self) -> usize {
@@ -344,12 +354,28 @@ impl Session {
     /// Handles waiting records for at most `slice`; true if some are left.
     fn drain(&mut self, slice: Duration) -> bool {
         let Self {
-            reader, pipeline, ..
+            reader,
+            pipeline,
+            drain_stage,
+            ..
         } = self;
+        let drain_stage = drain_stage.as_deref();
+        let step = || {
+            if let Some(stage) = drain_stage {
+                stage.step();
+            }
+        };
+        step();
         let pending = drain_for(slice, |limit| {
-            reader.drain(limit, |bytes| pipeline.handle(bytes))
+            reader.drain(limit, |bytes| {
+                pipeline.handle(bytes);
+                step();
+            })
         });
         pipeline.housekeeping();
+        if let Some(stage) = drain_stage {
+            stage.idle();
+        }
         pending
     }
 

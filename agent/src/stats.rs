@@ -60,6 +60,16 @@ counters! {
     object_open_failures,
     /// Objects dropped from the registry to stay within its size.
     objects_evicted,
+    /// Files of other processes (objects, debug files, perf maps) not read,
+    /// by reason: a FIFO, device or directory; absurdly large; on FUSE;
+    /// opening them missed its deadline.
+    untrusted_refused_not_regular,
+    untrusted_refused_too_large,
+    untrusted_refused_fuse,
+    untrusted_refused_timed_out,
+    /// Gauges: 1 while a stage makes no progress (see `watchdog`).
+    stage_stalled_drain,
+    stage_stalled_build,
     /// Leaf frames whose caller was recovered with CFI.
     leaf_frames_repaired,
     /// Leaf frames where CFI could not be applied (no CFI, unsupported

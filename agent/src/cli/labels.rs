@@ -73,7 +73,7 @@ impl KubernetesArgs {
         let ca_file = match &self.kubernetes_ca_file {
             Some(path) => {
                 // Read now so a wrong path stops firn at start.
-                std::fs::metadata(path).map_err(|source| ConfigError::CaFile {
+                crate::untrusted::read_host_file(path).map_err(|source| ConfigError::CaFile {
                     path: path.display().to_string(),
                     source,
                 })?;

@@ -82,7 +82,7 @@ pub enum ConfigError {
     TokenFile {
         path: String,
         #[source]
-        source: std::io::Error,
+        source: crate::untrusted::OpenError,
     },
     #[error("the bearer token file {path} is empty")]
     EmptyTokenFile { path: String },
@@ -90,7 +90,7 @@ pub enum ConfigError {
     CaFile {
         path: String,
         #[source]
-        source: std::io::Error,
+        source: crate::untrusted::OpenError,
     },
     #[error("the CA file {path} holds no PEM certificate")]
     NoCertificates { path: String },
@@ -223,7 +223,7 @@ impl DebuginfoArgs {
 }
 
 fn read_token(path: &std::path::Path) -> Result<Secret, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::TokenFile {
+    let text = crate::untrusted::read_host_text(path).map_err(|source| ConfigError::TokenFile {
         path: path.display().to_string(),
         source,
     })?;
@@ -238,7 +238,7 @@ fn read_token(path: &std::path::Path) -> Result<Secret, ConfigError> {
 
 fn read_certificates(path: &std::path::Path) -> Result<Vec<Vec<u8>>, ConfigError> {
     use rustls::pki_types::{CertificateDer, pem::PemObject};
-    let pem = std::fs::read(path).map_err(|source| ConfigError::CaFile {
+    let pem = crate::untrusted::read_host_file(path).map_err(|source| ConfigError::CaFile {
         path: path.display().to_string(),
         source,
     })?;
@@ -439,6 +439,18 @@ mod tests {
             ]),
             Err(ConfigError::TokenFile { .. })
         ));
+        let empty = tempfile::NamedTempFile::new().expect("temp file");
+        assert!(matches!(
+            parse(&[
+                "--remote-store-address",
+                "h:1",
+                "--remote-store-ca-file",
+                empty.path().to_str().expect("utf-8")
+            ]),
+            Err(ConfigError::NoCertificates { .. })
+        ));
+        // Devices and FIFOs are refused at once, not read (a FIFO would
+        // wait for a writer forever).
         assert!(matches!(
             parse(&[
                 "--remote-store-address",
@@ -446,8 +458,26 @@ mod tests {
                 "--remote-store-ca-file",
                 "/dev/null"
             ]),
-            Err(ConfigError::NoCertificates { .. })
+            Err(ConfigError::CaFile { .. })
         ));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fifo = dir.path().join("token");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .expect("mkfifo");
+        let error = parse(&[
+            "--remote-store-address",
+            "h:1",
+            "--remote-store-bearer-token-file",
+            fifo.to_str().expect("utf-8"),
+        ])
+        .expect_err("a FIFO is no token file");
+        assert!(matches!(error, ConfigError::TokenFile { .. }), "{error:?}");
         assert!(matches!(
             parse(&["--remote-store-insecure"]),
             Err(ConfigError::NeedsRemoteStore { .. })

@@ -20,8 +20,18 @@ use firn::{
     session::{Session, ShutdownSignal},
     stats::Stats,
     symbolize::Symbolizer,
+    watchdog::{self, Stage},
 };
 use tracing::{error, info, warn};
+
+/// Marks a stage idle when dropped.
+struct IdleOnDrop<'a>(&'a Stage);
+
+impl Drop for IdleOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.idle();
+    }
+}
 
 use super::{lost_samples, period_ns, stack_failures, unknown_frames};
 
@@ -36,6 +46,13 @@ const SHUTDOWN_BUDGET: Duration = Duration::from_secs(9);
 const EXPORTER_MARGIN: Duration = Duration::from_millis(500);
 /// Used only if the builder stops on its own (no shutdown deadline set).
 const FLUSH_DEADLINE: Duration = Duration::from_secs(8);
+/// From the signal to the watchdog ending the process, should the orderly
+/// shutdown above hang (it notices the signal within 200 ms).
+const FORCED_EXIT_AFTER: Duration = Duration::from_millis(9_500);
+/// A drain step (one record) taking this long is a stall; this much
+/// longer, a failure only a restart fixes.
+const DRAIN_STALL: Duration = Duration::from_secs(5);
+const DRAIN_FAILURE: Duration = Duration::from_secs(60);
 
 /// One interval handed from the sampling loop to the builder thread.
 struct Interval {
@@ -87,12 +104,32 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         ),
     };
     let (labeler, _kubernetes) = labeler(config, &stats);
+    let drain_stage = Stage::new("drain", DRAIN_STALL, DRAIN_FAILURE, |stats| {
+        &stats.stage_stalled_drain
+    });
+    // Building one interval may take up to an interval before firn falls
+    // behind.
+    let build_stall = config.profiling_duration.max(Duration::from_secs(10));
+    let build_stage = Stage::new(
+        "build",
+        build_stall,
+        build_stall.saturating_mul(6),
+        |stats| &stats.stage_stalled_build,
+    );
+    watchdog::spawn(
+        vec![drain_stage.clone(), build_stage.clone()],
+        Some(health.clone()),
+        stats.clone(),
+        FORCED_EXIT_AFTER,
+    )
+    .context("could not start the watchdog")?;
     let mut session = Session::start(
         &config.sampling,
         &config.limits,
         &config.symbols,
         stats.clone(),
     )?;
+    session.watch_drain(drain_stage);
     match session.bpf_probe() {
         Ok(probe) => metrics.attach_bpf(probe),
         Err(error) => warn!(
@@ -137,6 +174,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
                     period,
                     symbolizer,
                     stats,
+                    &build_stage,
                 );
                 let deadline = deadline
                     .get()
@@ -258,9 +296,13 @@ fn build_loop(
     period: i64,
     mut symbolizer: Symbolizer,
     stats: Arc<Stats>,
+    stage: &Stage,
 ) {
     let mut before = stats.snapshot();
     while let Ok(interval) = receiver.recv() {
+        stage.step();
+        // Idle again however this interval ends.
+        let _idle = IdleOnDrop(stage);
         if interval.aggregated.samples == 0 && interval.aggregated.dropped == 0 {
             tracing::debug!(
                 lost = lost_samples(&interval.bpf),

@@ -1,6 +1,10 @@
 //! `firn record`: one recording, one profile, optionally a flame graph.
 
-use std::{path::Path, sync::Arc, time::Instant};
+use std::{
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context, Result};
 use firn::{
@@ -11,10 +15,18 @@ use firn::{
     session::{Session, shutdown_signal},
     stats::Stats,
     symbolize::Symbolizer,
+    watchdog::{self, Stage},
 };
 use tracing::{info, warn};
 
 use super::{lost_samples, period_ns, stack_failures, unknown_frames};
+
+/// From SIGINT/SIGTERM/SIGHUP to the watchdog ending a recording whose
+/// last profile is still not written (a big profile takes seconds to
+/// symbolize; a hung one never ends).
+const FORCED_EXIT_AFTER: Duration = Duration::from_secs(30);
+/// A drain step this long is logged as a stall.
+const RECORD_DRAIN_STALL: Duration = Duration::from_secs(5);
 
 pub async fn run(config: &RecordConfig) -> Result<()> {
     let stats = Arc::new(Stats::default());
@@ -24,6 +36,12 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         &config.symbols,
         stats.clone(),
     )?;
+    let drain_stage = Stage::new("drain", RECORD_DRAIN_STALL, Duration::MAX, |stats| {
+        &stats.stage_stalled_drain
+    });
+    session.watch_drain(drain_stage.clone());
+    watchdog::spawn(vec![drain_stage], None, stats.clone(), FORCED_EXIT_AFTER)
+        .context("could not start the watchdog")?;
     info!(
         cpus = session.cpus(),
         frequency_hz = config.sampling.frequency_hz,

@@ -220,6 +220,21 @@ pub const FAMILIES: &[Family] = &[
         "ELF objects that could not be opened or parsed.",
     ),
     family(
+        "stage_stalled",
+        G,
+        "1 while a stage makes no progress on work it took up: drain (the ring buffer \
+         reader), build (symbolizing and writing or queueing profiles). /ready answers 503 \
+         meanwhile, and /healthy too once it lasts.",
+    ),
+    family(
+        "untrusted_files_refused",
+        C,
+        "Files another process controls (objects, debug files, perf maps) that firn would not \
+         read, by reason: not_regular (a FIFO, socket, device or directory), too_large, fuse \
+         (served by a process that may never answer), timed_out (opening it missed its \
+         deadline).",
+    ),
+    family(
         "objects_evicted",
         C,
         "ELF objects dropped from the registry to stay within its size.",

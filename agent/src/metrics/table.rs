@@ -338,6 +338,36 @@ pub const ROWS: &[Row] = &[
     stat("processes_evicted", "processes_evicted", &[]),
     stat("objects_opened", "objects_opened", &[]),
     stat("object_open_failures", "object_open_failures", &[]),
+    stat(
+        "stage_stalled_drain",
+        "stage_stalled",
+        &[("stage", "drain")],
+    ),
+    stat(
+        "stage_stalled_build",
+        "stage_stalled",
+        &[("stage", "build")],
+    ),
+    stat(
+        "untrusted_refused_not_regular",
+        "untrusted_files_refused",
+        &[("reason", "not_regular")],
+    ),
+    stat(
+        "untrusted_refused_too_large",
+        "untrusted_files_refused",
+        &[("reason", "too_large")],
+    ),
+    stat(
+        "untrusted_refused_fuse",
+        "untrusted_files_refused",
+        &[("reason", "fuse")],
+    ),
+    stat(
+        "untrusted_refused_timed_out",
+        "untrusted_files_refused",
+        &[("reason", "timed_out")],
+    ),
     stat("objects_evicted", "objects_evicted", &[]),
     stat("processes_tracked", "processes_tracked", &[]),
     stat("objects_tracked", "objects_tracked", &[]),

@@ -13,7 +13,10 @@ use std::{
 };
 
 use super::objects::ObjectData;
-use crate::elf::{self, ElfLayout};
+use crate::{
+    elf::{self, ElfLayout},
+    untrusted::{MAX_OBJECT_BYTES, OpenError, ProcessRoot, open_host_file},
+};
 
 /// At most this many candidate debug files are kept open per object.
 const MAX_DEBUG_FILES: usize = 4;
@@ -76,7 +79,13 @@ pub fn candidate_paths(
             ));
         }
     }
-    if let Some(link) = &layout.debug_link {
+    // The link is a file name (GDB joins it to directories); a name with a
+    // slash or `..` could point anywhere, so it names nothing.
+    if let Some(link) = layout
+        .debug_link
+        .as_ref()
+        .filter(|link| is_plain_file_name(&link.name))
+    {
         let object = Path::new(object_path);
         let kind = DebugFileKind::DebugLink { crc: link.crc };
         if let Some(object_dir) = object.parent().filter(|dir| dir.is_absolute()) {
@@ -92,15 +101,21 @@ pub fn candidate_paths(
     candidates
 }
 
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
+}
+
 /// Opens the debug files of an object that has no DWARF of its own: each
-/// candidate inside the process's root (`process_root`, i.e.
-/// `/proc/PID/root`) first, then on the host. Files reached both ways are
-/// kept once.
+/// candidate inside the process's root first (when it has one, i.e.
+/// `/proc/PID/root` could be opened), then on the host. Files reached both
+/// ways are kept once. Refused files (FIFOs, devices, giants) are passed
+/// to `refused` and skipped.
 pub fn open_debug_files(
-    process_root: &Path,
+    process_root: Option<&ProcessRoot>,
     object_path: &str,
     layout: &ElfLayout,
     directories: &[PathBuf],
+    refused: &dyn Fn(&OpenError),
 ) -> Vec<DebugFile> {
     if layout.has_debug_info {
         return Vec::new();
@@ -108,17 +123,27 @@ pub fn open_debug_files(
     let mut seen = HashSet::new();
     let mut found = Vec::new();
     for (path, kind) in candidate_paths(object_path, layout, directories) {
-        let rooted = process_root.join(path.strip_prefix("/").unwrap_or(&path));
-        for candidate in [rooted, path.clone()] {
-            let Ok(file) = File::open(&candidate) else {
-                continue;
+        let inside = process_root.map(|root| {
+            (
+                root.open_file(&path, MAX_OBJECT_BYTES),
+                PathBuf::from(format!("[process root]{}", path.display())),
+            )
+        });
+        let on_host = (open_host_file(&path, MAX_OBJECT_BYTES), path.clone());
+        for (opened, shown) in inside.into_iter().chain([on_host]) {
+            let file = match opened {
+                Ok(file) => file,
+                Err(error) => {
+                    refused(&error);
+                    continue;
+                }
             };
             let Ok(meta) = file.metadata() else { continue };
-            if !meta.is_file() || !seen.insert((meta.dev(), meta.ino())) {
+            if !seen.insert((meta.dev(), meta.ino())) {
                 continue;
             }
             found.push(DebugFile {
-                path: candidate,
+                path: shown,
                 kind,
                 file,
             });
@@ -207,14 +232,20 @@ mod tests {
             std::fs::write(dir.join("cd.debug"), b"x").expect("write");
         }
         let layout = layout(Some(&[0xab, 0xcd]), None);
+        let process_root = ProcessRoot::open(root.path()).expect("root");
         let found = open_debug_files(
-            root.path(),
+            Some(&process_root),
             "/bin/app",
             &layout,
             std::slice::from_ref(&debug_dir),
+            &|_| {},
         );
         assert_eq!(found.len(), 2);
-        assert!(found[0].path.starts_with(root.path()));
+        assert!(
+            found[0].path.starts_with("[process root]"),
+            "{:?}",
+            found[0].path
+        );
         assert_eq!(found[0].kind, DebugFileKind::BuildId);
         assert_eq!(found[1].path, debug_dir.join(".build-id/ab/cd.debug"));
 
@@ -222,7 +253,58 @@ mod tests {
             has_debug_info: true,
             ..layout
         };
-        assert!(open_debug_files(root.path(), "/bin/app", &with_dwarf, &[debug_dir]).is_empty());
+        assert!(
+            open_debug_files(
+                Some(&process_root),
+                "/bin/app",
+                &with_dwarf,
+                &[debug_dir],
+                &|_| {}
+            )
+            .is_empty()
+        );
+    }
+
+    #[test]
+    fn debug_links_that_are_not_file_names_are_ignored() {
+        for name in ["/etc/shadow", "../../etc/shadow", "..", "", "a/b"] {
+            let layout = layout(None, Some((name, 1)));
+            assert!(
+                candidate_paths("/usr/bin/app", &layout, &[PathBuf::from("/usr/lib/debug")])
+                    .is_empty(),
+                "{name:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_fifo_among_the_candidates_is_refused_not_waited_for() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("usr/lib/debug/.build-id/ab");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            dir.join("cd.debug"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .expect("mkfifo");
+        let process_root = ProcessRoot::open(root.path()).expect("root");
+        let refused = std::cell::Cell::new(0);
+        let found = open_debug_files(
+            Some(&process_root),
+            "/bin/app",
+            &layout(Some(&[0xab, 0xcd]), None),
+            &[PathBuf::from("/usr/lib/debug")],
+            &|error| {
+                if error.refusal().is_some() {
+                    refused.set(refused.get() + 1);
+                }
+            },
+        );
+        assert!(found.is_empty());
+        assert_eq!(refused.get(), 1);
     }
 
     #[test]

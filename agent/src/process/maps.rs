@@ -105,7 +105,7 @@ pub fn parse_maps(pid: u32, text: &[u8]) -> Result<Vec<MappingSpec>, MapsError> 
 /// Reads and parses `/proc/PID/maps` under `proc_root`.
 pub fn read_maps(proc_root: &Path, pid: u32) -> Result<Vec<MappingSpec>, MapsError> {
     let path = proc_root.join(pid.to_string()).join("maps");
-    let text = std::fs::read(&path).map_err(|source| match source.kind() {
+    let text = read_bounded(&path).map_err(|source| match source.kind() {
         io::ErrorKind::NotFound => MapsError::Gone { pid },
         // A process that exits mid-read gives ESRCH.
         _ if source.raw_os_error() == Some(libc::ESRCH) => MapsError::Gone { pid },
@@ -114,6 +114,25 @@ pub fn read_maps(proc_root: &Path, pid: u32) -> Result<Vec<MappingSpec>, MapsErr
     // Kernel threads (and processes in the middle of exiting) have an empty
     // maps file: no user mappings, nothing to resolve.
     parse_maps(pid, &text)
+}
+
+/// The most of a maps file read: a process with a million mappings (about
+/// 100 MB of text) must not make firn allocate that much. Beyond it the
+/// maps are unreadable (counted as a read failure).
+const MAX_MAPS_BYTES: u64 = 32 << 20;
+
+fn read_bounded(path: &Path) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_MAPS_BYTES + 1)
+        .read_to_end(&mut text)?;
+    if text.len() as u64 > MAX_MAPS_BYTES {
+        return Err(io::Error::other(format!(
+            "more than {MAX_MAPS_BYTES} bytes of mappings"
+        )));
+    }
+    Ok(text)
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 mod debugfiles;
 mod maps;
 mod objects;
+pub mod offload;
 mod table;
 
 pub use debugfiles::{

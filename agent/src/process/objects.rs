@@ -19,10 +19,12 @@ use tracing::debug;
 use super::{
     debugfiles::{DebugFile, open_debug_files},
     maps::{MappingKind, MappingSpec},
+    offload::{OPEN_DEADLINE, Offload, OffloadError, SlowRoots},
 };
 use crate::{
     elf::{self, BuildId, ElfLayout, SharedBytes},
     stats::Stats,
+    untrusted::{self, ProcessRoot, Refusals},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -136,7 +138,14 @@ impl ObjectFile {
             path: display.clone(),
             source,
         };
-        let file = File::open(path).map_err(io_error)?;
+        let file =
+            untrusted::open_host_file(path, untrusted::MAX_OBJECT_BYTES).map_err(|error| {
+                ObjectError::Open {
+                    path: display.clone(),
+                    pid: 0,
+                    source: error,
+                }
+            })?;
         let meta = file.metadata().map_err(io_error)?;
         let key = ObjectKey::File {
             dev: meta.dev(),
@@ -144,7 +153,7 @@ impl ObjectFile {
         };
         let mut object = Self::from_file(key, &display, file)?;
         object.debug_files =
-            open_debug_files(Path::new("/"), &display, &object.layout, debug_directories);
+            open_debug_files(None, &display, &object.layout, debug_directories, &|_| {});
         Ok(object)
     }
 
@@ -189,7 +198,14 @@ pub enum ObjectError {
         path: String,
         pid: u32,
         #[source]
-        source: io::Error,
+        source: untrusted::OpenError,
+    },
+    #[error("gave up opening {path} (mapped by process {pid})")]
+    Stalled {
+        path: String,
+        pid: u32,
+        #[source]
+        source: OffloadError,
     },
     #[error("could not read {path}")]
     Io {
@@ -215,6 +231,9 @@ pub struct ObjectRegistry {
     objects: LruCache<ObjectKey, Arc<ObjectFile>>,
     vdso: Option<Arc<ObjectFile>>,
     stats: Arc<Stats>,
+    refusals: Refusals,
+    offload: Offload,
+    slow_roots: SlowRoots,
 }
 
 impl ObjectRegistry {
@@ -237,7 +256,10 @@ impl ObjectRegistry {
             debug_directories,
             objects: LruCache::new(capacity),
             vdso,
+            refusals: Refusals::new(stats.clone()),
             stats,
+            offload: Offload::new("firn-open", OPEN_DEADLINE),
+            slow_roots: SlowRoots::default(),
         }
     }
 
@@ -291,53 +313,134 @@ impl ObjectRegistry {
         result
     }
 
-    /// Opens the exact file the process maps: through map_files (works for
-    /// deleted files and other mount namespaces, needs CAP_SYS_ADMIN), then
-    /// through the process's root, then the host path if its device and
-    /// inode match. Its debug files are looked for in the process's root
-    /// first, then on the host.
+    /// Opens the exact file the process maps, then its debug files, each
+    /// off this thread and with a deadline (see [`open_object`]). Paths
+    /// inside a mount namespace where a lookup hung are not looked up
+    /// again for a while.
     fn open(
-        &self,
+        &mut self,
         pid: u32,
         mapping: &MappingSpec,
         key: ObjectKey,
     ) -> Result<ObjectFile, ObjectError> {
         let process_dir = self.proc_root.join(pid.to_string());
-        let map_file = process_dir
-            .join("map_files")
-            .join(format!("{:x}-{:x}", mapping.start, mapping.end));
-        let rooted = process_dir
-            .join("root")
-            .join(mapping.path.trim_start_matches('/'));
-        let mut last_error = None;
-        for (candidate, must_match) in [
-            (map_file.as_path(), false),
-            (rooted.as_path(), false),
-            (Path::new(&mapping.path), true),
-        ] {
-            match File::open(candidate) {
-                Ok(file) => {
-                    if must_match && !same_inode(&file, mapping) {
-                        continue;
-                    }
-                    let mut object = ObjectFile::from_file(key, &mapping.path, file)?;
-                    object.debug_files = open_debug_files(
-                        &process_dir.join("root"),
-                        &mapping.path,
-                        &object.layout,
-                        &self.debug_directories,
-                    );
-                    return Ok(object);
-                }
-                Err(error) => last_error = Some(error),
+        let namespace = SlowRoots::namespace(&process_dir);
+        let inside_root = !self.slow_roots.is_slow(namespace);
+        let spec = mapping.clone();
+        let refusals = self.refusals.clone();
+        let opened = self
+            .offload
+            .run(move || open_object(&process_dir, pid, &spec, key, inside_root, &refusals));
+        let (mut object, root) = self.finish(pid, mapping, namespace, opened)??;
+        let path = mapping.path.clone();
+        let layout = object.layout.clone();
+        let directories = self.debug_directories.clone();
+        let refusals = self.refusals.clone();
+        let debug_files = self.offload.run(move || {
+            open_debug_files(root.as_ref(), &path, &layout, &directories, &|error| {
+                refusals.record(pid, error);
+            })
+        });
+        // Without its debug files the object still has its symbols.
+        object.debug_files = self
+            .finish(pid, mapping, namespace, debug_files)
+            .unwrap_or_default();
+        Ok(object)
+    }
+
+    /// The result of offloaded work; a missed deadline is counted and its
+    /// mount namespace remembered as slow.
+    fn finish<T>(
+        &mut self,
+        pid: u32,
+        mapping: &MappingSpec,
+        namespace: Option<u64>,
+        result: Result<T, OffloadError>,
+    ) -> Result<T, ObjectError> {
+        result.map_err(|source| {
+            if matches!(source, OffloadError::TimedOut(_)) {
+                self.refusals.record_timeout(pid, &mapping.path);
+                self.slow_roots.mark(namespace);
             }
-        }
-        Err(ObjectError::Open {
-            path: mapping.path.clone(),
-            pid,
-            source: last_error.unwrap_or_else(|| io::Error::from(io::ErrorKind::NotFound)),
+            ObjectError::Stalled {
+                path: mapping.path.clone(),
+                pid,
+                source,
+            }
         })
     }
+
+    /// Shared with the process table, which looks up perf maps inside the
+    /// same roots.
+    pub fn slow_roots(&self) -> SlowRoots {
+        self.slow_roots.clone()
+    }
+}
+
+/// Opens the exact file a process maps: through map_files (works for
+/// deleted files and other mount namespaces), then by its path inside the
+/// process's root (unless `inside_root` is false), then the host path if
+/// its device and inode match. Every open is checked (see
+/// [`crate::untrusted`]); a refused file is not tried by another path,
+/// since every path leads to the same file. Returns the process's root
+/// too, for the debug files.
+fn open_object(
+    process_dir: &Path,
+    pid: u32,
+    mapping: &MappingSpec,
+    key: ObjectKey,
+    inside_root: bool,
+    refusals: &Refusals,
+) -> Result<(ObjectFile, Option<ProcessRoot>), ObjectError> {
+    let map_file = process_dir
+        .join("map_files")
+        .join(format!("{:x}-{:x}", mapping.start, mapping.end));
+    let root = inside_root
+        .then(|| ProcessRoot::open(&process_dir.join("root")).ok())
+        .flatten();
+    let host_path = Path::new(&mapping.path);
+    let mut last_error = None;
+    for attempt in 0..3 {
+        let opened = match attempt {
+            0 => untrusted::open_magic_link(&map_file, untrusted::MAX_OBJECT_BYTES),
+            1 => match &root {
+                Some(root) => root.open_file(host_path, untrusted::MAX_OBJECT_BYTES),
+                None => continue,
+            },
+            _ => {
+                untrusted::open_host_file(host_path, untrusted::MAX_OBJECT_BYTES).and_then(|file| {
+                    if same_inode(&file, mapping) {
+                        Ok(file)
+                    } else {
+                        Err(untrusted::OpenError::Io {
+                            path: mapping.path.clone(),
+                            source: io::Error::from(io::ErrorKind::NotFound),
+                        })
+                    }
+                })
+            }
+        };
+        match opened {
+            Ok(file) => return Ok((ObjectFile::from_file(key, &mapping.path, file)?, root)),
+            Err(error) if error.refusal().is_some() => {
+                refusals.record(pid, &error);
+                return Err(ObjectError::Open {
+                    path: mapping.path.clone(),
+                    pid,
+                    source: error,
+                });
+            }
+            Err(error) => last_error = Some(error),
+        }
+    }
+    Err(ObjectError::Open {
+        path: mapping.path.clone(),
+        pid,
+        source: last_error.unwrap_or_else(|| untrusted::OpenError::Io {
+            path: mapping.path.clone(),
+            source: io::Error::from(io::ErrorKind::NotFound),
+        }),
+    })
 }
 
 fn same_inode(file: &File, mapping: &MappingSpec) -> bool {

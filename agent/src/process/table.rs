@@ -16,8 +16,13 @@ use tracing::debug;
 use super::{
     maps::{MappingKind, MappingSpec, MapsError, read_maps},
     objects::{ObjectFile, ObjectRegistry},
+    offload::{OPEN_DEADLINE, Offload, OffloadError, SlowRoots},
 };
-use crate::{config::Limits, stats::Stats};
+use crate::{
+    config::Limits,
+    stats::Stats,
+    untrusted::{self, ProcessRoot, Refusals},
+};
 
 /// How often a process's maps may be re-read because an address fell
 /// outside all of them (libraries loaded later, JIT code).
@@ -141,6 +146,10 @@ pub struct ProcessTable {
     objects: ObjectRegistry,
     grace: Duration,
     stats: Arc<Stats>,
+    refusals: Refusals,
+    /// Perf maps are opened off the drain thread, like objects.
+    offload: Offload,
+    slow_roots: SlowRoots,
 }
 
 impl ProcessTable {
@@ -152,17 +161,21 @@ impl ProcessTable {
         stats: Arc<Stats>,
     ) -> Self {
         let capacity = NonZeroUsize::new(limits.max_processes).unwrap_or(NonZeroUsize::MIN);
+        let objects = ObjectRegistry::new(
+            proc_root.clone(),
+            limits.max_objects,
+            debug_directories.to_vec(),
+            stats.clone(),
+        );
         Self {
-            objects: ObjectRegistry::new(
-                proc_root.clone(),
-                limits.max_objects,
-                debug_directories.to_vec(),
-                stats.clone(),
-            ),
+            slow_roots: objects.slow_roots(),
+            objects,
             proc_root,
             processes: LruCache::new(capacity),
             grace: limits.exited_process_grace,
+            refusals: Refusals::new(stats.clone()),
             stats,
+            offload: Offload::new("firn-open-perf-map", OPEN_DEADLINE),
         }
     }
 
@@ -256,7 +269,7 @@ impl ProcessTable {
     /// Opens `/tmp/perf-PID.map` as the process sees it (PID in its own pid
     /// namespace, the file through its root), retrying at most once per
     /// [`REFRESH_INTERVAL`] while it does not exist.
-    fn open_perf_map(&self, image: &ProcessImage) {
+    fn open_perf_map(&mut self, image: &ProcessImage) {
         let mut slot = image
             .perf_map
             .lock()
@@ -270,13 +283,30 @@ impl ProcessTable {
         }
         slot.tried_at = Some(Instant::now());
         let process_dir = self.proc_root.join(image.tgid.to_string());
-        let nspid = namespace_pid(&process_dir).unwrap_or(image.tgid);
-        let path = process_dir
-            .join("root/tmp")
-            .join(format!("perf-{nspid}.map"));
-        match File::open(&path) {
-            Ok(file) => slot.file = Some(Arc::new(file)),
-            Err(error) => debug!(pid = image.tgid, %error, "no perf map"),
+        let pid = image.tgid;
+        let namespace = SlowRoots::namespace(&process_dir);
+        if self.slow_roots.is_slow(namespace) {
+            return;
+        }
+        let opened = self.offload.run(move || {
+            let nspid = namespace_pid(&process_dir).unwrap_or(pid);
+            let root = ProcessRoot::open(&process_dir.join("root"))?;
+            root.open_file(
+                Path::new(&format!("/tmp/perf-{nspid}.map")),
+                untrusted::MAX_OBJECT_BYTES,
+            )
+        });
+        match opened {
+            Ok(Ok(file)) => slot.file = Some(Arc::new(file)),
+            Ok(Err(error)) => {
+                self.refusals.record(pid, &error);
+                debug!(pid, %error, "no perf map");
+            }
+            Err(OffloadError::TimedOut(_)) => {
+                self.refusals.record_timeout(pid, "/tmp/perf-PID.map");
+                self.slow_roots.mark(namespace);
+            }
+            Err(error) => debug!(pid, %error, "no perf map"),
         }
     }
 

@@ -54,7 +54,7 @@ pub enum KubernetesError {
     CaFile {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: crate::untrusted::OpenError,
     },
     #[error("the CA file {path} holds no usable certificate")]
     NoCertificates { path: PathBuf },
@@ -248,7 +248,7 @@ impl Api {
     /// `Bearer <token>`, marked sensitive so no HTTP layer prints it.
     fn token(&self) -> Option<HeaderValue> {
         let path = self.token_file.as_ref()?;
-        let token = match std::fs::read_to_string(path) {
+        let token = match crate::untrusted::read_host_text(path) {
             Ok(token) => token,
             Err(error) => {
                 debug!(path = %path.display(), %error, "no service account token");
@@ -411,9 +411,11 @@ fn tls_config(ca_file: Option<&PathBuf>) -> Result<Arc<ClientConfig>, Kubernetes
     match ca_file {
         // The cluster's CA alone, as Kubernetes clients do.
         Some(path) => {
-            let pem = std::fs::read(path).map_err(|source| KubernetesError::CaFile {
-                path: path.clone(),
-                source,
+            let pem = crate::untrusted::read_host_file(path).map_err(|source| {
+                KubernetesError::CaFile {
+                    path: path.clone(),
+                    source,
+                }
             })?;
             for der in CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok) {
                 roots

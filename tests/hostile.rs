@@ -1,0 +1,386 @@
+//! Processes that plant traps where firn looks for their files: FIFOs
+//! (which block whoever opens them for reading) and absolute symlinks
+//! pointing at host files the container cannot see. firn keeps sampling,
+//! reads only what the process itself could, counts what it refused, and
+//! still stops on SIGTERM.
+
+mod common;
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use common::{
+    CHAIN, TestProcess, build_c, chain_share, describe, firn, holds_chain, http_get, record,
+    require_root, serial, stacks_of,
+};
+use firn::pprof;
+
+const EXIT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The workload, built with frame pointers; `strip`ped when asked.
+fn build_workload(dir: &Path, strip: bool) -> PathBuf {
+    let binary = build_c(
+        dir,
+        "jit_chain.c",
+        "app",
+        &["-O1", "-g", "-fno-omit-frame-pointer", "-pthread"],
+    );
+    if strip {
+        let debug = dir.join("app.debug");
+        run(
+            "objcopy",
+            &[
+                "--only-keep-debug".as_ref(),
+                binary.as_os_str(),
+                debug.as_os_str(),
+            ],
+        );
+        run("strip", &["--strip-all".as_ref(), binary.as_os_str()]);
+    } else {
+        // Symbols but no DWARF: firn goes looking for a debug file.
+        run("strip", &["--strip-debug".as_ref(), binary.as_os_str()]);
+    }
+    binary
+}
+
+fn run(program: &str, args: &[impl AsRef<std::ffi::OsStr>]) {
+    let status = Command::new(program)
+        .args(args)
+        .status()
+        .unwrap_or_else(|error| panic!("{program}: {error}"));
+    assert!(status.success(), "{program} failed");
+}
+
+fn build_id(binary: &Path) -> String {
+    let object = std::fs::read(binary).expect("the workload");
+    let layout = firn::elf::read_layout(&object).expect("an ELF");
+    layout.build_id.expect("gcc writes a build id").to_hex()
+}
+
+/// Runs `setup` (shell) in a private mount namespace, then execs the
+/// workload copied to `/usr/lib/debug/app` inside it. `/usr/lib/debug` and
+/// `/tmp` are fresh tmpfs mounts there, so the test's own directory (under
+/// the host's /tmp) is invisible to the process.
+fn start_in_namespace(binary: &Path, setup: &str) -> TestProcess {
+    let script = format!(
+        "set -e
+         mount -t tmpfs firn-hostile /usr/lib/debug
+         cp {binary} /usr/lib/debug/app
+         {setup}
+         mount -t tmpfs firn-hostile-tmp /tmp
+         PERF_MAP=/tmp/perf-$$.map
+         {tmp_setup}
+         exec /usr/lib/debug/app",
+        binary = binary.display(),
+        setup = setup.split("---").next().unwrap_or_default(),
+        tmp_setup = setup.split("---").nth(1).unwrap_or_default(),
+    );
+    std::fs::create_dir_all("/usr/lib/debug").expect("/usr/lib/debug");
+    let process = TestProcess::spawn(Command::new("unshare").args(["-m", "sh", "-c", &script]));
+    let pid = process.pid();
+    wait_for(Duration::from_secs(10), "the workload to start", || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "app")
+    });
+    process
+}
+
+/// Polls `ready` until it holds, failing after `limit`.
+fn wait_for(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ready() {
+        assert!(Instant::now() < deadline, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The agent, killed when dropped.
+struct Agent {
+    child: Child,
+    address: SocketAddr,
+    log: PathBuf,
+}
+
+impl Agent {
+    fn start(dir: &Path, args: &[&str]) -> Self {
+        let address: SocketAddr = format!(
+            "127.0.0.1:{}",
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|listener| listener.local_addr())
+                .expect("a free port")
+                .port()
+        )
+        .parse()
+        .expect("an address");
+        let log = dir.join("firn.log");
+        let child = firn()
+            .args(["--http-address", &address.to_string()])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("firn starts");
+        Self {
+            child,
+            address,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The value of one series on /metrics (0 when it is not there yet).
+    fn metric(&self, series: &str) -> f64 {
+        let Ok((200, body)) = http_get(self.address, "/metrics") else {
+            return 0.0;
+        };
+        body.lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// SIGTERM; the exit status, which must come within the deadline.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let sent = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waits") {
+                return status;
+            }
+            assert!(
+                sent.elapsed() < EXIT_DEADLINE,
+                "firn did not exit within {EXIT_DEADLINE:?} of SIGTERM:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A FIFO where firn looks for the debug file and another as the perf map:
+/// reading either would wait forever for a writer.
+#[test]
+fn planted_fifos_are_refused_and_the_agent_keeps_sampling() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = build_workload(dir.path(), false);
+    let hex = build_id(&binary);
+    let workload = start_in_namespace(
+        &binary,
+        &format!(
+            "mkdir -p /usr/lib/debug/.build-id/{head}
+             mkfifo /usr/lib/debug/.build-id/{head}/{tail}.debug
+             --- mkfifo $PERF_MAP",
+            head = &hex[..2],
+            tail = &hex[2..],
+        ),
+    );
+    let pid = workload.pid().to_string();
+    let store = dir.path().join("profiles");
+    let agent = Agent::start(
+        dir.path(),
+        &[
+            "--pid",
+            &pid,
+            "--profiling-duration",
+            "1s",
+            "--local-store-directory",
+            &store.display().to_string(),
+        ],
+    );
+    let refused = "firn_untrusted_files_refused_total{reason=\"not_regular\"}";
+    wait_for(Duration::from_secs(30), "both FIFOs to be refused", || {
+        agent.metric(refused) >= 2.0
+    });
+    // Profiles keep coming after the refusals, with the chain named from
+    // the symbol table.
+    let refused_at = Instant::now();
+    let mut last_stacks = Vec::new();
+    wait_for(
+        Duration::from_secs(30),
+        "a profile with the chain, written after the refusals",
+        || {
+            let Some(newest) = newest_profile(&store, refused_at) else {
+                return false;
+            };
+            let Ok(profile) = pprof::decode(&std::fs::read(newest).unwrap_or_default()) else {
+                return false;
+            };
+            last_stacks = stacks_of(&profile, workload.pid());
+            chain_share(&last_stacks, &CHAIN).0 > 0.5
+        },
+    );
+    let (status, _) = http_get(agent.address, "/ready").expect("/ready answers");
+    assert_eq!(status, 200, "{}", describe(&last_stacks));
+    assert!(
+        agent.log().contains("not a regular file"),
+        "the refusal is logged:\n{}",
+        agent.log()
+    );
+    let status = agent.terminate();
+    assert!(status.success(), "{status}");
+}
+
+/// Profiles in `store` written after `after`, newest first.
+fn newest_profile(store: &Path, after: Instant) -> Option<PathBuf> {
+    let cutoff = std::time::SystemTime::now() - after.elapsed();
+    std::fs::read_dir(store)
+        .ok()?
+        .filter_map(|entry| {
+            let entry = entry.ok()?;
+            let modified = entry.metadata().ok()?.modified().ok()?;
+            let name = entry.file_name();
+            (name.to_str()?.ends_with(".pb.gz") && modified > cutoff)
+                .then(|| (modified, entry.path()))
+        })
+        .max()
+        .map(|(_, path)| path)
+}
+
+/// Absolute symlinks resolve as the process would resolve them: the debug
+/// file's link reaches a file inside the container (used), the perf map's
+/// link names a host file the container cannot see (not read).
+#[test]
+fn symlinks_resolve_inside_the_process_root() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = build_workload(dir.path(), true);
+    let hex = build_id(&binary);
+    let host_map = dir.path().join("host-only.map");
+    std::fs::write(&host_map, "0 7fffffffffff host_only_symbol\n").expect("host perf map");
+    let workload = start_in_namespace(
+        &binary,
+        &format!(
+            "cp {debug} /usr/lib/debug/inside.debug
+             mkdir -p /usr/lib/debug/.build-id/{head}
+             ln -s /usr/lib/debug/inside.debug /usr/lib/debug/.build-id/{head}/{tail}.debug
+             --- ln -s {host_map} $PERF_MAP",
+            debug = dir.path().join("app.debug").display(),
+            head = &hex[..2],
+            tail = &hex[2..],
+            host_map = host_map.display(),
+        ),
+    );
+    assert!(
+        !Path::new("/usr/lib/debug/inside.debug").exists(),
+        "the link's target exists only inside the namespace"
+    );
+    let pid = workload.pid();
+    let (_, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid.to_string()]);
+    let stacks = stacks_of(&profile, pid);
+    assert!(
+        stacks.iter().any(|(names, _)| holds_chain(names, &CHAIN)),
+        "the debug file behind the in-container link names the chain:\n{}",
+        describe(&stacks)
+    );
+    assert!(
+        !stacks
+            .iter()
+            .any(|(names, _)| names.iter().any(|name| name == "host_only_symbol")),
+        "the host file behind the perf map link was read:\n{}",
+        describe(&stacks)
+    );
+}
+
+/// A FUSE filesystem whose server never answers, mounted where firn looks
+/// for debug files inside the process's mount namespace: every lookup
+/// there blocks until the connection closes (when the workload, which
+/// holds its descriptor, exits). firn gives up on them at a deadline,
+/// counts it, keeps sampling and naming the rest, and stays ready.
+#[test]
+fn a_fuse_mount_that_never_answers_does_not_stall_the_agent() {
+    require_root();
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "this test needs /dev/fuse (modprobe fuse)"
+    );
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = build_workload(dir.path(), false);
+    let private = dir.path().join("private");
+    std::fs::create_dir_all(&private).expect("mount point");
+    std::fs::create_dir_all("/usr/lib/debug").expect("/usr/lib/debug");
+    // Python keeps /dev/fuse open across the exec: the workload holds the
+    // connection, which nobody serves.
+    let hang = r#"
+import os, subprocess, sys
+fd = os.open("/dev/fuse", os.O_RDWR)
+os.set_inheritable(fd, True)
+subprocess.run(["mount", "-t", "fuse", "-o",
+                f"fd={fd},rootmode=40000,user_id=0,group_id=0",
+                "firn-hang", "/usr/lib/debug"], pass_fds=[fd], check=True)
+os.execv(sys.argv[1], [sys.argv[1]])
+"#;
+    let script = format!(
+        "set -e
+         mount -t tmpfs firn-private {private}
+         cp {binary} {private}/app
+         exec python3 -c '{hang}' {private}/app",
+        private = private.display(),
+        binary = binary.display(),
+    );
+    let workload = TestProcess::spawn(Command::new("unshare").args(["-m", "sh", "-c", &script]));
+    let pid = workload.pid();
+    wait_for(Duration::from_secs(10), "the workload to start", || {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "app")
+    });
+    let store = dir.path().join("profiles");
+    let agent = Agent::start(
+        dir.path(),
+        &[
+            "--pid",
+            &pid.to_string(),
+            "--profiling-duration",
+            "1s",
+            "--local-store-directory",
+            &store.display().to_string(),
+        ],
+    );
+    let timed_out = "firn_untrusted_files_refused_total{reason=\"timed_out\"}";
+    wait_for(
+        Duration::from_secs(30),
+        "the hung lookup to time out",
+        || agent.metric(timed_out) >= 1.0,
+    );
+    let after = Instant::now();
+    let mut last_stacks = Vec::new();
+    wait_for(
+        Duration::from_secs(30),
+        "a profile with the chain, written after the timeout",
+        || {
+            let Some(newest) = newest_profile(&store, after) else {
+                return false;
+            };
+            let Ok(profile) = pprof::decode(&std::fs::read(newest).unwrap_or_default()) else {
+                return false;
+            };
+            last_stacks = stacks_of(&profile, pid);
+            chain_share(&last_stacks, &CHAIN).0 > 0.5
+        },
+    );
+    let (status, body) = http_get(agent.address, "/ready").expect("/ready answers");
+    assert_eq!(status, 200, "{body}\n{}", describe(&last_stacks));
+    assert_eq!(
+        agent.metric("firn_stage_stalled{stage=\"drain\"}"),
+        0.0,
+        "{}",
+        agent.log()
+    );
+    let status = agent.terminate();
+    assert!(status.success(), "{status}");
+}
