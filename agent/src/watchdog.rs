@@ -9,7 +9,7 @@
 use std::{
     sync::{
         Arc,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
     thread,
     time::{Duration, Instant},
@@ -19,8 +19,8 @@ use tracing::{error, info, warn};
 
 use crate::{http::Health, stats::Stats};
 
-/// How often the stages are looked at.
-const CHECK_INTERVAL: Duration = Duration::from_millis(200);
+/// How often the stages and the shutdown deadline are looked at.
+const CHECK_INTERVAL: Duration = Duration::from_millis(100);
 /// Exit status when the shutdown deadline forces the exit.
 const FORCED_EXIT_STATUS: i32 = 1;
 
@@ -86,12 +86,36 @@ enum Verdict {
     Failing,
 }
 
-/// Set from a signal handler: shutdown was asked for.
-static SHUTDOWN_ASKED: AtomicBool = AtomicBool::new(false);
+/// Set from a signal handler: when shutdown was first asked for, in
+/// CLOCK_MONOTONIC nanoseconds (0: not yet).
+static SHUTDOWN_ASKED_NS: AtomicU64 = AtomicU64::new(0);
+
+/// CLOCK_MONOTONIC in nanoseconds; async-signal-safe.
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the struct we own; it is
+    // async-signal-safe.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    (now.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(now.tv_nsec as u64)
+}
+
+fn on_shutdown_signal() {
+    let _ = SHUTDOWN_ASKED_NS.compare_exchange(
+        0,
+        monotonic_ns().max(1),
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+}
 
 /// Watches `stages`; when `health` is given, reports on it. When a
 /// shutdown signal (SIGINT, SIGTERM, SIGHUP) comes, the process exits at
-/// the latest `shutdown_deadline` after it.
+/// the latest `shutdown_deadline` after it (plus one check interval).
 pub fn spawn(
     stages: Vec<Arc<Stage>>,
     health: Option<Arc<Health>>,
@@ -99,11 +123,9 @@ pub fn spawn(
     shutdown_deadline: Duration,
 ) -> std::io::Result<()> {
     for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        // SAFETY: the action only stores to an atomic, which is
+        // SAFETY: the action reads the clock and stores to an atomic, both
         // async-signal-safe; the registry chains it with tokio's handler.
-        unsafe {
-            signal_hook_registry::register(signal, || SHUTDOWN_ASKED.store(true, Ordering::SeqCst))
-        }?;
+        unsafe { signal_hook_registry::register(signal, on_shutdown_signal) }?;
     }
     thread::Builder::new()
         .name("firn-watchdog".into())
@@ -113,15 +135,11 @@ pub fn spawn(
 
 fn watch(stages: &[Arc<Stage>], health: Option<&Health>, stats: &Stats, shutdown: Duration) {
     let mut verdicts = vec![Verdict::Fine; stages.len()];
-    let mut asked_at = None;
+    let shutdown_ns = u64::try_from(shutdown.as_nanos()).unwrap_or(u64::MAX);
     loop {
         thread::sleep(CHECK_INTERVAL);
-        if asked_at.is_none() && SHUTDOWN_ASKED.load(Ordering::SeqCst) {
-            asked_at = Some(Instant::now());
-        }
-        if let Some(at) = asked_at
-            && at.elapsed() >= shutdown
-        {
+        let asked_at = SHUTDOWN_ASKED_NS.load(Ordering::SeqCst);
+        if asked_at != 0 && monotonic_ns().saturating_sub(asked_at) >= shutdown_ns {
             let stuck: Vec<&str> = stages
                 .iter()
                 .filter(|stage| stage.stuck_for().is_some())

@@ -47,8 +47,10 @@ const EXPORTER_MARGIN: Duration = Duration::from_millis(500);
 /// Used only if the builder stops on its own (no shutdown deadline set).
 const FLUSH_DEADLINE: Duration = Duration::from_secs(8);
 /// From the signal to the watchdog ending the process, should the orderly
-/// shutdown above hang (it notices the signal within 200 ms).
-const FORCED_EXIT_AFTER: Duration = Duration::from_millis(9_500);
+/// shutdown above hang: later than its budget, so a slow but orderly exit
+/// still gets to finish, and (with the watchdog's 100 ms check) within
+/// the 10 s orchestrators allow.
+const FORCED_EXIT_AFTER: Duration = Duration::from_millis(9_800);
 /// A drain step (one record) taking this long is a stall; this much
 /// longer, a failure only a restart fixes.
 const DRAIN_STALL: Duration = Duration::from_secs(5);
