@@ -47,6 +47,10 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
 
+    if let Err(error) = firn::untrusted::guard_mapped_files() {
+        eprintln!("error: could not install the SIGBUS handler: {error}");
+        return ExitCode::FAILURE;
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

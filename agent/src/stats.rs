@@ -67,6 +67,9 @@ counters! {
     untrusted_refused_too_large,
     untrusted_refused_fuse,
     untrusted_refused_timed_out,
+    /// Pages of mapped objects and debug files read as zeros because the
+    /// file shrank underneath (copied from `untrusted::truncated_pages`).
+    mapped_pages_truncated,
     /// Gauges: 1 while a stage makes no progress (see `watchdog`).
     stage_stalled_drain,
     stage_stalled_build,

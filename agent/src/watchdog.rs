@@ -17,7 +17,7 @@ use std::{
 
 use tracing::{error, info, warn};
 
-use crate::{http::Health, stats::Stats};
+use crate::{http::Health, stats::Stats, untrusted};
 
 /// How often the stages and the shutdown deadline are looked at.
 const CHECK_INTERVAL: Duration = Duration::from_millis(100);
@@ -138,6 +138,8 @@ fn watch(stages: &[Arc<Stage>], health: Option<&Health>, stats: &Stats, shutdown
     let shutdown_ns = u64::try_from(shutdown.as_nanos()).unwrap_or(u64::MAX);
     loop {
         thread::sleep(CHECK_INTERVAL);
+        // Counted by a signal handler, which cannot reach the stats.
+        Stats::set(&stats.mapped_pages_truncated, untrusted::truncated_pages());
         let asked_at = SHUTDOWN_ASKED_NS.load(Ordering::SeqCst);
         if asked_at != 0 && monotonic_ns().saturating_sub(asked_at) >= shutdown_ns {
             let stuck: Vec<&str> = stages

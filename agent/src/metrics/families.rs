@@ -220,6 +220,12 @@ pub const FAMILIES: &[Family] = &[
         "ELF objects that could not be opened or parsed.",
     ),
     family(
+        "mapped_file_pages_truncated",
+        C,
+        "Pages of mapped objects and debug files that were cut off by their file shrinking \
+         underneath (read as zeros instead of crashing).",
+    ),
+    family(
         "stage_stalled",
         G,
         "1 while a stage makes no progress on work it took up: drain (the ring buffer \

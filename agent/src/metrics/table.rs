@@ -338,6 +338,7 @@ pub const ROWS: &[Row] = &[
     stat("processes_evicted", "processes_evicted", &[]),
     stat("objects_opened", "objects_opened", &[]),
     stat("object_open_failures", "object_open_failures", &[]),
+    stat("mapped_pages_truncated", "mapped_file_pages_truncated", &[]),
     stat(
         "stage_stalled_drain",
         "stage_stalled",
