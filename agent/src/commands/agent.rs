@@ -96,7 +96,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     match session.bpf_probe() {
         Ok(probe) => metrics.attach_bpf(probe),
         Err(error) => warn!(
-            error = %anyhow::Error::from(error),
+            error = %format!("{:#}", anyhow::Error::from(error)),
             "the BPF counters will be missing from /metrics"
         ),
     }
@@ -245,7 +245,7 @@ fn labeler(config: &AgentConfig, stats: &Arc<Stats>) -> (Labeler, Option<Kuberne
             (Labeler::new(metadata, Some(pods)), Some(watcher))
         }
         Err(error) => {
-            warn!(error = %anyhow::Error::from(error), "no pod labels: the Kubernetes watch could not start");
+            warn!(error = %format!("{:#}", anyhow::Error::from(error)), "no pod labels: the Kubernetes watch could not start");
             (Labeler::new(metadata, None), None)
         }
     }
@@ -316,7 +316,7 @@ fn build_loop(
             }
             Err(error) => {
                 Stats::inc(&stats.profiles_dropped);
-                error!(error = %anyhow::Error::from(error), "profile dropped");
+                error!(error = %format!("{:#}", anyhow::Error::from(error)), "profile dropped");
             }
         }
     }
