@@ -45,7 +45,18 @@ fn profiles_reach_a_real_parca_server_with_the_whole_chain() {
         ],
         &[],
     );
-    std::thread::sleep(Duration::from_secs(20));
+    // Two intervals pushed (10 s, longer on a loaded machine).
+    let address = agent.http_address();
+    wait_for(
+        "two intervals sent",
+        Duration::from_secs(90),
+        || {
+            agent.assert_running();
+            agent.log().matches("profiles queued").count() >= 2
+                && metric(address, "firn_queue_profiles") == Some(0.0)
+        },
+        || agent.log(),
+    );
     let stopped = agent.stop();
     let log = &stopped.log;
     assert!(
@@ -134,7 +145,17 @@ fn a_server_down_at_start_gets_the_queued_profiles_and_a_small_queue_counts_drop
         "firn-cramped-queue",
         &["--remote-store-queue-bytes", "1500"],
     );
-    std::thread::sleep(Duration::from_secs(15));
+    // Intervals pile up while the server is down, until the cramped queue
+    // has had to drop some.
+    wait_for(
+        "five intervals queued and the cramped queue full",
+        Duration::from_secs(90),
+        || {
+            roomy.log().matches("profiles queued").count() >= 5
+                && cramped.log().contains("(--remote-store-queue-bytes)")
+        },
+        || format!("{}\n{}", roomy.log(), cramped.log()),
+    );
 
     // Sampling went on while nothing could be delivered.
     let log = roomy.log();
@@ -154,7 +175,14 @@ fn a_server_down_at_start_gets_the_queued_profiles_and_a_small_queue_counts_drop
         roomy.log(),
         parca.log()
     );
-    std::thread::sleep(Duration::from_secs(4));
+    // The cramped queue gets its newer profiles through too.
+    let cramped_address = cramped.http_address();
+    wait_for(
+        "the cramped queue to deliver",
+        Duration::from_secs(40),
+        || metric(cramped_address, "firn_profiles_sent_total").is_some_and(|sent| sent > 0.0),
+        || cramped.log(),
+    );
     let roomy = roomy.stop();
     let cramped = cramped.stop();
     for stopped in [&roomy, &cramped] {
@@ -266,7 +294,27 @@ fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear()
         ],
         &[],
     );
-    std::thread::sleep(Duration::from_secs(6));
+    // Each agent's outcome: profiles through, or its refusal logged.
+    let sent = |agent: &Agent, profiles: f64| {
+        metric(agent.http_address(), "firn_profiles_sent_total").is_some_and(|n| n >= profiles)
+    };
+    wait_for(
+        "every agent's outcome",
+        Duration::from_secs(60),
+        || {
+            sent(&trusted, 3.0)
+                && sent(&unverified, 1.0)
+                && wrong_token
+                    .log()
+                    .contains("the server rejected the profiles")
+                && wrong_ca.log().contains("could not push profiles")
+        },
+        || {
+            [&trusted, &wrong_token, &wrong_ca, &unverified]
+                .map(Agent::log)
+                .join("\n")
+        },
+    );
     let trusted = trusted.stop();
     let wrong_token = wrong_token.stop();
     let wrong_ca = wrong_ca.stop();
