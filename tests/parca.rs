@@ -45,17 +45,29 @@ fn profiles_reach_a_real_parca_server_with_the_whole_chain() {
         ],
         &[],
     );
-    // Two intervals pushed (10 s, longer on a loaded machine).
-    let address = agent.http_address();
+    // Until Parca holds enough of the workload (about 20 s; longer on a
+    // loaded machine, where the workload gets less of a CPU).
+    let mut query = parca.query();
+    let pid = workload.pid();
+    let held = std::cell::Cell::new(0);
     wait_for(
-        "two intervals sent",
-        Duration::from_secs(90),
+        "500 samples of the workload in Parca",
+        Duration::from_secs(120),
         || {
             agent.assert_running();
-            agent.log().matches("profiles queued").count() >= 2
-                && metric(address, "firn_queue_profiles") == Some(0.0)
+            held.set(
+                query
+                    .try_merged(
+                        &format!("{{pid=\"{pid}\"}}"),
+                        start - MINUTE,
+                        SystemTime::now() + MINUTE,
+                    )
+                    .map_or(0, |profile| chain_share(&all_stacks(&profile), &CHAIN).1),
+            );
+            std::thread::sleep(Duration::from_millis(500));
+            held.get() >= 500
         },
-        || agent.log(),
+        || format!("{} samples held\n{}", held.get(), agent.log()),
     );
     let stopped = agent.stop();
     let log = &stopped.log;
@@ -295,15 +307,18 @@ fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear()
         &[],
     );
     // Each agent's outcome: profiles through, or its refusal logged.
-    let sent = |agent: &Agent, profiles: f64| {
-        metric(agent.http_address(), "firn_profiles_sent_total").is_some_and(|n| n >= profiles)
+    let counted = |agent: &Agent, name: &str, at_least: f64| {
+        metric(agent.http_address(), name).is_some_and(|n| n >= at_least)
     };
     wait_for(
         "every agent's outcome",
-        Duration::from_secs(60),
+        Duration::from_secs(90),
         || {
-            sent(&trusted, 3.0)
-                && sent(&unverified, 1.0)
+            // Enough of the workload sampled (the last interval is pushed
+            // at stop), and some through already.
+            counted(&trusted, "firn_samples_total", 200.0)
+                && counted(&trusted, "firn_profiles_sent_total", 1.0)
+                && counted(&unverified, "firn_profiles_sent_total", 1.0)
                 && wrong_token
                     .log()
                     .contains("the server rejected the profiles")

@@ -208,6 +208,18 @@ impl Query {
     /// The merged profile of `selector` (e.g. `{pid="42"}`) over the
     /// window, as pprof, symbolized by the server.
     pub fn merged(&mut self, selector: &str, start: SystemTime, end: SystemTime) -> Profile {
+        self.try_merged(selector, start, end)
+            .unwrap_or_else(|status| panic!("Query answers: {status}"))
+    }
+
+    /// [`Self::merged`], or the server's error (while it holds nothing yet,
+    /// say).
+    pub fn try_merged(
+        &mut self,
+        selector: &str,
+        start: SystemTime,
+        end: SystemTime,
+    ) -> Result<Profile, tonic::Status> {
         let request = QueryRequest {
             mode: Mode::Merge.into(),
             options: Some(Options::Merge(MergeProfile {
@@ -219,13 +231,12 @@ impl Query {
         };
         let response = self
             .runtime
-            .block_on(self.client.query(request))
-            .expect("Query answers")
+            .block_on(self.client.query(request))?
             .into_inner();
-        match response.report {
+        Ok(match response.report {
             Some(Report::Pprof(bytes)) => pprof::decode(&bytes).expect("Parca's pprof decodes"),
             None => Profile::default(),
-        }
+        })
     }
 }
 
