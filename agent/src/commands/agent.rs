@@ -48,6 +48,16 @@ struct Interval {
 pub async fn run(config: &AgentConfig) -> Result<()> {
     // First, so a signal while the BPF programs load is not fatal.
     let mut signals = ShutdownSignal::install().context("could not watch for SIGINT/SIGTERM")?;
+    // A warning, not an error as for `firn record`: a service restarted
+    // after its process ended should keep serving /metrics, not crash-loop.
+    for problem in config
+        .sampling
+        .pids
+        .iter()
+        .filter_map(|&pid| super::pid_problem(pid))
+    {
+        warn!("{problem}: nothing of it will be sampled");
+    }
     let stats = Arc::new(Stats::default());
     let metrics = Arc::new(Metrics::new(stats.clone()));
     let health = Arc::new(Health::default());

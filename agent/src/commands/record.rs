@@ -14,14 +14,23 @@ use firn::{
 };
 use tracing::{info, warn};
 
-use super::{lost_samples, period_ns, stack_failures, unknown_frames};
+use super::{lost_samples, period_ns, pid_problem, stack_failures, unknown_frames};
 
 pub async fn run(config: &RecordConfig) -> Result<()> {
     // Before sampling: a typo must not cost the whole recording.
     for path in std::iter::once(&config.output).chain(&config.flamegraph) {
         check_writable(path).context("nothing recorded")?;
     }
-    check_pids(&config.sampling.pids)?;
+    // As `perf record -p`: a pid that is no running process is an error,
+    // not an empty profile.
+    if let Some(problem) = config
+        .sampling
+        .pids
+        .iter()
+        .find_map(|&pid| pid_problem(pid))
+    {
+        bail!("{problem}; nothing recorded");
+    }
     let stats = Arc::new(Stats::default());
     let mut session = Session::start(
         &config.sampling,
@@ -110,31 +119,5 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         bpf_mean_ns = run_time.map(|r| r.run_time_ns / r.run_count.max(1)),
         "profile written"
     );
-    Ok(())
-}
-
-/// As `perf record -p`: a pid that is no running process is an error, not
-/// an empty profile. So is a thread id, which the kernel filter (by
-/// process) would never match.
-fn check_pids(pids: &[u32]) -> Result<()> {
-    for &pid in pids {
-        let path = format!("/proc/{pid}/status");
-        let status = match std::fs::read_to_string(&path) {
-            Ok(status) => status,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                bail!("no process has the pid {pid} (--pid); nothing recorded")
-            }
-            Err(error) => return Err(error).with_context(|| format!("could not read {path}")),
-        };
-        let tgid = status
-            .lines()
-            .find_map(|line| line.strip_prefix("Tgid:"))
-            .and_then(|tgid| tgid.trim().parse::<u32>().ok());
-        if let Some(tgid) = tgid
-            && tgid != pid
-        {
-            bail!("{pid} is a thread of process {tgid}: --pid takes process ids");
-        }
-    }
     Ok(())
 }
