@@ -468,7 +468,21 @@ fn the_granted_capabilities_suffice_and_each_is_needed() {
         Path::new("/bin/dd"),
         &["if=/dev/zero", "of=/dev/null", "bs=1"],
     );
-    std::thread::sleep(Duration::from_millis(500));
+    // setpriv has exec'd each workload (the deleted one must be mapped
+    // before its file goes).
+    for (process, name) in [
+        (&running, "chain"),
+        (&orphan, "chain-deleted"),
+        (&writer, "dd"),
+    ] {
+        let exe = format!("/proc/{}/exe", process.pid());
+        wait_for(
+            "the workload to run",
+            Duration::from_secs(30),
+            || std::fs::read_link(&exe).is_ok_and(|path| path.ends_with(name)),
+            || format!("{exe}: {:?}", std::fs::read_link(&exe)),
+        );
+    }
     std::fs::remove_file(&deleted).expect("delete the running binary");
     let pids = [running.pid(), orphan.pid(), writer.pid()];
 

@@ -7,18 +7,18 @@
 mod common;
 
 use std::{
-    net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
 use common::{
-    CHAIN, TestProcess, build_c, chain_share, describe, firn, holds_chain, http_get, record,
-    require_root, serial, stacks_of,
+    Agent, CHAIN, TestProcess, build_c, chain_share, describe, get, holds_chain, metric, record,
+    require_root, serial, stacks_of, wait_for,
 };
 use firn::pprof;
 
+/// The deadline from SIGTERM to exit.
 const EXIT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The workload, built with frame pointers; `strip`ped when asked.
@@ -82,92 +82,70 @@ fn start_in_namespace(binary: &Path, setup: &str) -> TestProcess {
     std::fs::create_dir_all("/usr/lib/debug").expect("/usr/lib/debug");
     let process = TestProcess::spawn(Command::new("unshare").args(["-m", "sh", "-c", &script]));
     let pid = process.pid();
-    wait_for(Duration::from_secs(10), "the workload to start", || {
-        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "app")
-    });
+    wait_until_app(pid);
     process
 }
 
-/// Polls `ready` until it holds, failing after `limit`.
-fn wait_for(limit: Duration, what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ready() {
-        assert!(Instant::now() < deadline, "gave up waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Waits until `pid` runs the workload (after the shell's set-up).
+fn wait_until_app(pid: u32) {
+    wait_for(
+        "the workload to start",
+        Duration::from_secs(10),
+        || {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "app")
+        },
+        String::new,
+    );
 }
 
-/// The agent, killed when dropped.
-struct Agent {
-    child: Child,
-    address: SocketAddr,
-    log: PathBuf,
+/// Starts the agent on `pid`, writing a profile a second into `store`.
+fn start_agent(dir: &Path, pid: u32, store: &Path) -> Agent {
+    Agent::start(
+        &dir.join("firn.log"),
+        &[
+            "--pid",
+            &pid.to_string(),
+            "--profiling-duration",
+            "1s",
+            "--local-store-directory",
+            &store.display().to_string(),
+        ],
+        &[],
+    )
 }
 
-impl Agent {
-    fn start(dir: &Path, args: &[&str]) -> Self {
-        let address: SocketAddr = format!(
-            "127.0.0.1:{}",
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|listener| listener.local_addr())
-                .expect("a free port")
-                .port()
-        )
-        .parse()
-        .expect("an address");
-        let log = dir.join("firn.log");
-        let child = firn()
-            .args(["--http-address", &address.to_string()])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("firn starts");
-        Self {
-            child,
-            address,
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The value of one series on /metrics (0 when it is not there yet).
-    fn metric(&self, series: &str) -> f64 {
-        let Ok((200, body)) = http_get(self.address, "/metrics") else {
-            return 0.0;
-        };
-        body.lines()
-            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-            .unwrap_or(0.0)
-    }
-
-    /// SIGTERM; the exit status, which must come within the deadline.
-    fn terminate(mut self) -> std::process::ExitStatus {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let sent = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("waits") {
-                return status;
-            }
-            assert!(
-                sent.elapsed() < EXIT_DEADLINE,
-                "firn did not exit within {EXIT_DEADLINE:?} of SIGTERM:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
+/// Waits until a profile written after `after` holds the chain in most of
+/// `pid`'s samples.
+fn wait_for_named_chain(agent: &Agent, store: &Path, pid: u32, after: Instant) {
+    let mut last_stacks = Vec::new();
+    wait_for(
+        "a profile with the chain",
+        Duration::from_secs(30),
+        || {
+            let Some(newest) = newest_profile(store, after) else {
+                return false;
+            };
+            let Ok(profile) = pprof::decode(&std::fs::read(newest).unwrap_or_default()) else {
+                return false;
+            };
+            last_stacks = stacks_of(&profile, pid);
+            chain_share(&last_stacks, &CHAIN).0 > 0.5
+        },
+        || agent.log(),
+    );
 }
 
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// SIGTERM: the agent exits 0 within the deadline.
+fn assert_clean_exit(agent: Agent) {
+    let stopped = agent.stop_with(libc::SIGTERM);
+    assert!(
+        stopped.status.success() && stopped.took < EXIT_DEADLINE,
+        "{} after {:?}:\n{}",
+        stopped.status,
+        stopped.took,
+        stopped.log
+    );
 }
 
 /// A FIFO where firn looks for the debug file and another as the perf map:
@@ -189,50 +167,28 @@ fn planted_fifos_are_refused_and_the_agent_keeps_sampling() {
             tail = &hex[2..],
         ),
     );
-    let pid = workload.pid().to_string();
+    let pid = workload.pid();
     let store = dir.path().join("profiles");
-    let agent = Agent::start(
-        dir.path(),
-        &[
-            "--pid",
-            &pid,
-            "--profiling-duration",
-            "1s",
-            "--local-store-directory",
-            &store.display().to_string(),
-        ],
-    );
+    let agent = start_agent(dir.path(), pid, &store);
+    let address = agent.http_address();
     let refused = "firn_untrusted_files_refused_total{reason=\"not_regular\"}";
-    wait_for(Duration::from_secs(30), "both FIFOs to be refused", || {
-        agent.metric(refused) >= 2.0
-    });
+    wait_for(
+        "both FIFOs to be refused",
+        Duration::from_secs(30),
+        || metric(address, refused).unwrap_or(0.0) >= 2.0,
+        || agent.log(),
+    );
     // Profiles keep coming after the refusals, with the chain named from
     // the symbol table.
-    let refused_at = Instant::now();
-    let mut last_stacks = Vec::new();
-    wait_for(
-        Duration::from_secs(30),
-        "a profile with the chain, written after the refusals",
-        || {
-            let Some(newest) = newest_profile(&store, refused_at) else {
-                return false;
-            };
-            let Ok(profile) = pprof::decode(&std::fs::read(newest).unwrap_or_default()) else {
-                return false;
-            };
-            last_stacks = stacks_of(&profile, workload.pid());
-            chain_share(&last_stacks, &CHAIN).0 > 0.5
-        },
-    );
-    let (status, _) = http_get(agent.address, "/ready").expect("/ready answers");
-    assert_eq!(status, 200, "{}", describe(&last_stacks));
+    wait_for_named_chain(&agent, &store, pid, Instant::now());
+    let (status, body) = get(address, "/ready").expect("/ready answers");
+    assert_eq!(status, 200, "{body}");
     assert!(
         agent.log().contains("not a regular file"),
         "the refusal is logged:\n{}",
         agent.log()
     );
-    let status = agent.terminate();
-    assert!(status.success(), "{status}");
+    assert_clean_exit(agent);
 }
 
 /// Profiles in `store` written after `after`, newest first.
@@ -300,8 +256,9 @@ fn symlinks_resolve_inside_the_process_root() {
 /// A FUSE filesystem whose server never answers, mounted where firn looks
 /// for debug files inside the process's mount namespace: every lookup
 /// there blocks until the connection closes (when the workload, which
-/// holds its descriptor, exits). firn gives up on them at a deadline,
-/// counts it, keeps sampling and naming the rest, and stays ready.
+/// holds its descriptor, exits). firn sees the mount in the namespace's
+/// mountinfo and never looks there, counts it, keeps sampling and naming
+/// the rest, stays ready, and exits on SIGTERM.
 #[test]
 fn a_fuse_mount_that_never_answers_does_not_stall_the_agent() {
     require_root();
@@ -336,51 +293,36 @@ os.execv(sys.argv[1], [sys.argv[1]])
     );
     let workload = TestProcess::spawn(Command::new("unshare").args(["-m", "sh", "-c", &script]));
     let pid = workload.pid();
-    wait_for(Duration::from_secs(10), "the workload to start", || {
-        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim() == "app")
-    });
+    wait_until_app(pid);
     let store = dir.path().join("profiles");
-    let agent = Agent::start(
-        dir.path(),
-        &[
-            "--pid",
-            &pid.to_string(),
-            "--profiling-duration",
-            "1s",
-            "--local-store-directory",
-            &store.display().to_string(),
-        ],
-    );
-    let timed_out = "firn_untrusted_files_refused_total{reason=\"timed_out\"}";
+    let agent = start_agent(dir.path(), pid, &store);
+    let address = agent.http_address();
+    let on_fuse = "firn_untrusted_files_refused_total{reason=\"fuse\"}";
     wait_for(
+        "the lookup beneath the FUSE mount to be refused",
         Duration::from_secs(30),
-        "the hung lookup to time out",
-        || agent.metric(timed_out) >= 1.0,
+        || metric(address, on_fuse).unwrap_or(0.0) >= 1.0,
+        || agent.log(),
     );
-    let after = Instant::now();
-    let mut last_stacks = Vec::new();
-    wait_for(
-        Duration::from_secs(30),
-        "a profile with the chain, written after the timeout",
-        || {
-            let Some(newest) = newest_profile(&store, after) else {
-                return false;
-            };
-            let Ok(profile) = pprof::decode(&std::fs::read(newest).unwrap_or_default()) else {
-                return false;
-            };
-            last_stacks = stacks_of(&profile, pid);
-            chain_share(&last_stacks, &CHAIN).0 > 0.5
-        },
-    );
-    let (status, body) = http_get(agent.address, "/ready").expect("/ready answers");
-    assert_eq!(status, 200, "{body}\n{}", describe(&last_stacks));
+    wait_for_named_chain(&agent, &store, pid, Instant::now());
+    let (status, body) = get(address, "/ready").expect("/ready answers");
+    assert_eq!(status, 200, "{body}");
+    // Decided from mountinfo, without a lookup that could hang (and leave
+    // a thread no signal ends, which would keep firn from exiting).
     assert_eq!(
-        agent.metric("firn_stage_stalled{stage=\"drain\"}"),
-        0.0,
+        metric(
+            address,
+            "firn_untrusted_files_refused_total{reason=\"timed_out\"}"
+        ),
+        Some(0.0),
         "{}",
         agent.log()
     );
-    let status = agent.terminate();
-    assert!(status.success(), "{status}");
+    assert_eq!(
+        metric(address, "firn_stage_stalled{stage=\"drain\"}"),
+        Some(0.0),
+        "{}",
+        agent.log()
+    );
+    assert_clean_exit(agent);
 }

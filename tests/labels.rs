@@ -169,7 +169,19 @@ fn dropped_processes_never_reach_parca_and_relabeled_labels_do() {
         ],
         &[],
     );
-    std::thread::sleep(Duration::from_secs(12));
+    // Intervals pushed, and the dropped process's samples counted.
+    let address = agent.http_address();
+    wait_for(
+        "two intervals sent and relabeling's drops counted",
+        Duration::from_secs(90),
+        || {
+            agent.assert_running();
+            metric(address, "firn_profiles_sent_total").is_some_and(|n| n >= 2.0)
+                && metric(address, "firn_samples_dropped_by_relabeling_total")
+                    .is_some_and(|n| n > 0.0)
+        },
+        || agent.log(),
+    );
     let stopped = agent.stop();
     let log = &stopped.log;
     assert!(stopped.status.success(), "{log}");

@@ -45,7 +45,30 @@ fn profiles_reach_a_real_parca_server_with_the_whole_chain() {
         ],
         &[],
     );
-    std::thread::sleep(Duration::from_secs(20));
+    // Until Parca holds enough of the workload (about 20 s; longer on a
+    // loaded machine, where the workload gets less of a CPU).
+    let mut query = parca.query();
+    let pid = workload.pid();
+    let held = std::cell::Cell::new(0);
+    wait_for(
+        "500 samples of the workload in Parca",
+        Duration::from_secs(120),
+        || {
+            agent.assert_running();
+            held.set(
+                query
+                    .try_merged(
+                        &format!("{{pid=\"{pid}\"}}"),
+                        start - MINUTE,
+                        SystemTime::now() + MINUTE,
+                    )
+                    .map_or(0, |profile| chain_share(&all_stacks(&profile), &CHAIN).1),
+            );
+            std::thread::sleep(Duration::from_millis(500));
+            held.get() >= 500
+        },
+        || format!("{} samples held\n{}", held.get(), agent.log()),
+    );
     let stopped = agent.stop();
     let log = &stopped.log;
     assert!(
@@ -134,7 +157,17 @@ fn a_server_down_at_start_gets_the_queued_profiles_and_a_small_queue_counts_drop
         "firn-cramped-queue",
         &["--remote-store-queue-bytes", "1500"],
     );
-    std::thread::sleep(Duration::from_secs(15));
+    // Intervals pile up while the server is down, until the cramped queue
+    // has had to drop some.
+    wait_for(
+        "five intervals queued and the cramped queue full",
+        Duration::from_secs(90),
+        || {
+            roomy.log().matches("profiles queued").count() >= 5
+                && cramped.log().contains("(--remote-store-queue-bytes)")
+        },
+        || format!("{}\n{}", roomy.log(), cramped.log()),
+    );
 
     // Sampling went on while nothing could be delivered.
     let log = roomy.log();
@@ -154,7 +187,14 @@ fn a_server_down_at_start_gets_the_queued_profiles_and_a_small_queue_counts_drop
         roomy.log(),
         parca.log()
     );
-    std::thread::sleep(Duration::from_secs(4));
+    // The cramped queue gets its newer profiles through too.
+    let cramped_address = cramped.http_address();
+    wait_for(
+        "the cramped queue to deliver",
+        Duration::from_secs(40),
+        || metric(cramped_address, "firn_profiles_sent_total").is_some_and(|sent| sent > 0.0),
+        || cramped.log(),
+    );
     let roomy = roomy.stop();
     let cramped = cramped.stop();
     for stopped in [&roomy, &cramped] {
@@ -266,7 +306,30 @@ fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear()
         ],
         &[],
     );
-    std::thread::sleep(Duration::from_secs(6));
+    // Each agent's outcome: profiles through, or its refusal logged.
+    let counted = |agent: &Agent, name: &str, at_least: f64| {
+        metric(agent.http_address(), name).is_some_and(|n| n >= at_least)
+    };
+    wait_for(
+        "every agent's outcome",
+        Duration::from_secs(90),
+        || {
+            // Enough of the workload sampled (the last interval is pushed
+            // at stop), and some through already.
+            counted(&trusted, "firn_samples_total", 200.0)
+                && counted(&trusted, "firn_profiles_sent_total", 1.0)
+                && counted(&unverified, "firn_profiles_sent_total", 1.0)
+                && wrong_token
+                    .log()
+                    .contains("the server rejected the profiles")
+                && wrong_ca.log().contains("could not push profiles")
+        },
+        || {
+            [&trusted, &wrong_token, &wrong_ca, &unverified]
+                .map(Agent::log)
+                .join("\n")
+        },
+    );
     let trusted = trusted.stop();
     let wrong_token = wrong_token.stop();
     let wrong_ca = wrong_ca.stop();

@@ -8,10 +8,8 @@ mod parca_support;
 
 use std::{
     collections::HashMap,
-    io::{Read, Write},
-    net::{SocketAddr, TcpStream},
-    path::Path,
-    process::{Child, Command, ExitStatus, Stdio},
+    net::SocketAddr,
+    process::Command,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -21,58 +19,6 @@ use parca_support::harness::{ParcaServer, all_stacks, free_port};
 
 /// The deadline from SIGTERM to exit.
 const EXIT_DEADLINE: Duration = Duration::from_secs(10);
-
-/// A GET over plain HTTP/1.1: the status and the body, or the connection
-/// error (refused while nothing listens).
-fn get(address: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
-fn spawn_agent(args: &[&str], log: &Path, env: &[(&str, &str)]) -> Child {
-    firn()
-        .args(args)
-        .env_remove("NODE_NAME")
-        .envs(env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).expect("log file"))
-        .spawn()
-        .expect("the firn agent starts")
-}
-
-/// SIGTERM, then the exit status and how long it took.
-fn terminate(child: &mut Child) -> (ExitStatus, Duration) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let sent = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("waits") {
-            return (status, sent.elapsed());
-        }
-        if sent.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("firn did not exit within 30 s of SIGTERM");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// The perf_event BPF links `pid` holds: one per CPU the sampler runs on.
 fn perf_event_links(pid: u32) -> usize {
@@ -166,7 +112,8 @@ fn metrics_parse_and_ready_turns_200_only_once_bpf_is_attached() {
         .expect("address");
     let log = dir.path().join("firn.log");
     let store = dir.path().join("store");
-    let mut agent = spawn_agent(
+    let agent = Agent::start(
+        &log,
         &[
             "--http-address",
             &address.to_string(),
@@ -175,7 +122,6 @@ fn metrics_parse_and_ready_turns_200_only_once_bpf_is_attached() {
             "--local-store-directory",
             store.to_str().expect("utf-8"),
         ],
-        &log,
         &[],
     );
 
@@ -185,11 +131,7 @@ fn metrics_parse_and_ready_turns_200_only_once_bpf_is_attached() {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         assert!(Instant::now() < deadline, "/ready never turned 200");
-        assert!(
-            agent.try_wait().expect("waits").is_none(),
-            "firn exited:\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        agent.assert_running();
         match get(address, "/ready") {
             Ok((200, _)) => break,
             Ok((status, body)) => before.push(format!("{status} {}", body.trim())),
@@ -197,7 +139,7 @@ fn metrics_parse_and_ready_turns_200_only_once_bpf_is_attached() {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let links = perf_event_links(agent.id());
+    let links = perf_event_links(agent.pid());
     let log_at_ready = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(
         links,
@@ -225,8 +167,14 @@ fn metrics_parse_and_ready_turns_200_only_once_bpf_is_attached() {
     );
     assert_eq!(get(address, "/healthy").expect("answers").0, 200);
 
-    // Sample for a while, then read the metrics as Prometheus would.
-    std::thread::sleep(Duration::from_secs(4));
+    // Until the first interval is written (2 s, longer on a loaded
+    // machine), then read the metrics as Prometheus would.
+    wait_for(
+        "the first profile",
+        Duration::from_secs(60),
+        || metric(address, "firn_profiles_written_total").is_some_and(|n| n >= 1.0),
+        || agent.log(),
+    );
     let scrape = scrape(address);
     assert!(
         scrape
@@ -284,8 +232,7 @@ fn metrics_parse_and_ready_turns_200_only_once_bpf_is_attached() {
     // Root turns the kernel's BPF statistics on.
     assert!(value(&scrape, "firn_bpf_run_time_seconds_total", &[]).unwrap_or(0.0) > 0.0);
 
-    let (status, took) = terminate(&mut agent);
-    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    let Stopped { status, log, took } = agent.stop_with(libc::SIGTERM);
     assert!(status.success(), "exit status {status}:\n{log}");
     assert!(took < EXIT_DEADLINE, "took {took:?} to exit:\n{log}");
     assert!(
@@ -314,20 +261,19 @@ fn sigterm_writes_the_last_profile_and_the_config_file_sits_under_flags_and_env(
         ),
     )
     .expect("config file");
-    let log = dir.path().join("firn.log");
-    let mut agent = spawn_agent(
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
         &[
             "--config-path",
             config.to_str().expect("utf-8"),
             "--frequency",
             "99",
         ],
-        &log,
         &[("NODE_NAME", "from-env")],
     );
-    std::thread::sleep(Duration::from_secs(5));
-    let (status, took) = terminate(&mut agent);
-    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    // Enough of the workload's samples for the share below.
+    agent.wait_for_samples(200.0);
+    let Stopped { status, log, took } = agent.stop_with(libc::SIGTERM);
     assert!(status.success(), "exit status {status}:\n{log}");
     assert!(took < EXIT_DEADLINE, "took {took:?} to exit:\n{log}");
 
@@ -382,10 +328,9 @@ fn sigterm_delivers_the_last_profile_to_a_real_parca() {
     let workload = start_chain(dir.path(), &FP_FLAGS);
     let pid = workload.pid().to_string();
     let start = SystemTime::now() - Duration::from_secs(60);
-    let log = dir.path().join("firn.log");
-    let mut agent = spawn_agent(
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
         &[
-            "--http-address=127.0.0.1:0",
             "--remote-store-address",
             &parca.address(),
             "--remote-store-insecure",
@@ -397,12 +342,10 @@ fn sigterm_delivers_the_last_profile_to_a_real_parca() {
             "firn-sigterm",
             "--debuginfo-upload-disable",
         ],
-        &log,
         &[],
     );
-    std::thread::sleep(Duration::from_secs(5));
-    let (status, took) = terminate(&mut agent);
-    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    agent.wait_for_samples(200.0);
+    let Stopped { status, log, took } = agent.stop_with(libc::SIGTERM);
     assert!(status.success(), "exit status {status}:\n{log}");
     assert!(took < EXIT_DEADLINE, "took {took:?} to exit:\n{log}");
     assert!(

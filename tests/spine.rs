@@ -206,17 +206,14 @@ fn exec_and_exit_during_recording_keep_symbols_right() {
     );
     // Starts after firn, spins in prelude_spin, then execs the chain in
     // the same pid.
-    let firn_run = {
-        let dir = dir.path().to_path_buf();
-        std::thread::spawn(move || record(&dir, &["--duration", "5s"]))
-    };
-    std::thread::sleep(Duration::from_millis(700));
+    let mut recording = Recording::start(dir.path(), &["--duration", "5s"]);
+    recording.wait_until_sampling();
     let workload = TestProcess::spawn(Command::new(&prelude).args([
         "1500",
         chain.to_str().expect("utf-8 path"),
         "100000",
     ]));
-    let (_, profile) = firn_run.join().expect("recording thread");
+    let (_, profile) = recording.finish(Duration::from_secs(5));
     drop(churn);
 
     let stacks = stacks_of(&profile, workload.pid());
@@ -306,32 +303,32 @@ fn agent_writes_a_profile_per_interval_and_flushes_on_sigint() {
     let dir = tempfile::tempdir().expect("tempdir");
     let _workload = start_chain(dir.path(), &FP_FLAGS);
     let store = dir.path().join("store");
-    let agent = firn()
-        .args([
-            "--http-address=127.0.0.1:0",
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
             "--profiling-duration",
             "2s",
             "--local-store-directory",
-        ])
-        .arg(&store)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("agent starts");
-    std::thread::sleep(Duration::from_millis(5_000));
-    // SAFETY: sending a signal to our own child.
-    unsafe { libc::kill(agent.id() as i32, libc::SIGINT) };
-    let started = std::time::Instant::now();
-    let output = agent.wait_with_output().expect("agent exits");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "exits promptly on SIGINT"
+            store.to_str().expect("utf-8"),
+        ],
+        &[],
     );
-    let log = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "agent exit status {}:\n{log}",
-        output.status
+    // Two intervals written (4 s, longer on a loaded machine).
+    wait_for(
+        "two profiles",
+        Duration::from_secs(60),
+        || {
+            agent.assert_running();
+            agent.log().matches("profile written").count() >= 2
+        },
+        || agent.log(),
     );
+    let Stopped { status, log, took } = agent.stop();
+    assert!(
+        took < Duration::from_secs(10),
+        "took {took:?} to exit on SIGINT:\n{log}"
+    );
+    assert!(status.success(), "agent exit status {status}:\n{log}");
     let mut files: Vec<_> = std::fs::read_dir(&store)
         .expect("store exists")
         .filter_map(Result::ok)
@@ -381,6 +378,12 @@ fn bad_flags_exit_2_with_a_clear_message() {
 fn missing_privileges_name_the_capability() {
     require_root();
     let dir = tempfile::tempdir().expect("tempdir");
+    // nobody may write the output (firn checks that before anything else).
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("chmod");
     // Drop to nobody with no capabilities at all.
     let output = Command::new("setpriv")
         .args([

@@ -333,7 +333,14 @@ fn binary_only_inside_another_mount_namespace_is_symbolized() {
         rest = &hex[2..],
     );
     let workload = TestProcess::spawn(Command::new("unshare").args(["-m", "sh", "-c", &script]));
-    std::thread::sleep(Duration::from_millis(700));
+    // The script has mounted, copied and exec'd the app.
+    let exe = format!("/proc/{}/exe", workload.pid());
+    wait_for(
+        "the namespaced app to run",
+        Duration::from_secs(30),
+        || std::fs::read_link(&exe).is_ok_and(|path| path.ends_with("app")),
+        || format!("{exe}: {:?}", std::fs::read_link(&exe)),
+    );
     assert!(
         std::fs::read_dir(&mount_point)
             .expect("mount point")
@@ -341,15 +348,14 @@ fn binary_only_inside_another_mount_namespace_is_symbolized() {
             .is_none(),
         "the host must not see the namespace's files"
     );
-    let firn_run = {
-        let dir = dir.path().to_path_buf();
-        let pid = workload.pid().to_string();
-        std::thread::spawn(move || record(&dir, &["--duration", "4s", "--pid", &pid]))
-    };
-    std::thread::sleep(Duration::from_millis(2_500));
+    let pid = workload.pid().to_string();
+    let mut recording = Recording::start(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    recording.wait_until_sampling();
+    // Sampled for a while, then gone before the recording ends.
+    std::thread::sleep(Duration::from_millis(2_000));
     let pid = workload.pid();
     drop(workload);
-    let (_, profile) = firn_run.join().expect("recording thread");
+    let (_, profile) = recording.finish(Duration::from_secs(4));
     let comms: Vec<&str> = profile
         .sample
         .iter()
@@ -371,18 +377,15 @@ fn exited_process_with_deleted_binary_is_symbolized() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let binary = build_inline_chain(dir.path());
-    let firn_run = {
-        let dir = dir.path().to_path_buf();
-        std::thread::spawn(move || record(&dir, &["--duration", "4s"]))
-    };
-    std::thread::sleep(Duration::from_millis(500));
+    let mut recording = Recording::start(dir.path(), &["--duration", "4s"]);
+    recording.wait_until_sampling();
     // Started after firn: its maps are read on the first sample.
     let workload = TestProcess::spawn(Command::new(&binary).arg("100000"));
     std::thread::sleep(Duration::from_millis(2_000));
     let pid = workload.pid();
     drop(workload);
     std::fs::remove_file(&binary).expect("delete the binary");
-    let (_, profile) = firn_run.join().expect("recording thread");
+    let (_, profile) = recording.finish(Duration::from_secs(4));
     assert_debugger_quality(&profile, pid, 0.90, 0.90);
 }
 

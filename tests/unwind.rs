@@ -131,11 +131,8 @@ fn short_lived_processes_are_complete_from_their_first_sample() {
     let binary = build_no_fp_chain(dir.path());
     // Whole system: firn learns of each run only from its exec, and each
     // run is over about when firn first drains the ring buffer.
-    let firn_run = {
-        let dir = dir.path().to_path_buf();
-        std::thread::spawn(move || record(&dir, &["--duration", "6s"]))
-    };
-    std::thread::sleep(Duration::from_millis(700));
+    let mut recording = Recording::start(dir.path(), &["--duration", "6s"]);
+    recording.wait_until_sampling();
     let script = format!(
         "for i in $(seq 24); do {} 100000 0.15 2 >/dev/null; done",
         binary.display()
@@ -145,7 +142,7 @@ fn short_lived_processes_are_complete_from_their_first_sample() {
         .status()
         .expect("sh runs");
     assert!(status.success(), "the short runs failed");
-    let (_, profile) = firn_run.join().expect("recording thread");
+    let (_, profile) = recording.finish(Duration::from_secs(6));
     // Samples of the process starting up hold no chain; those in the
     // chain must hold all of it.
     let in_chain: Vec<_> = stacks_of_comm(&profile, "chain_inline")

@@ -5,10 +5,12 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+mod bounds;
 mod file;
 mod labels;
 mod remote;
 
+use bounds::{parse_duration, parse_log_level, parse_period, parse_store_bytes};
 pub use file::{ArgsError, parse_args};
 pub use labels::KubernetesArgs;
 pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
@@ -38,9 +40,9 @@ pub struct Cli {
     #[command(flatten)]
     pub agent: AgentArgs,
 
-    /// Log level: error, warn, info, debug or trace (or a tracing filter
-    /// directive such as `firn=debug`).
-    #[arg(long, global = true, default_value = "info", env = "FIRN_LOG_LEVEL")]
+    /// Log level: off, error, warn, info, debug or trace, or tracing filter
+    /// directives each a level or `target=level` (`info,firn::output=debug`).
+    #[arg(long, global = true, default_value = "info", env = "FIRN_LOG_LEVEL", value_parser = parse_log_level)]
     pub log_level: String,
 
     /// Log lines as logfmt (`key=value`) or JSON objects, on stderr.
@@ -179,16 +181,17 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub symbols: SymbolArgs,
 
-    /// Length of each profile.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    /// Length of each profile (at least 1s).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub profiling_duration: Duration,
 
     /// Where profiles go when no remote store is configured.
     #[arg(long, value_name = "DIR", default_value = "firn-profiles")]
     pub local_store_directory: PathBuf,
 
-    /// Oldest local profiles are deleted beyond this total size (e.g. 1GiB).
-    #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_bytes)]
+    /// Oldest local profiles are deleted beyond this total size (e.g. 1GiB;
+    /// at least 1KiB).
+    #[arg(long, value_name = "BYTES", default_value = "1GiB", value_parser = parse_store_bytes)]
     pub local_store_max_bytes: u64,
 
     #[command(flatten)]
@@ -334,15 +337,6 @@ impl TryFrom<&AgentArgs> for AgentConfig {
     }
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration = humantime::parse_duration(text)
-        .map_err(|error| format!("`{text}` is not a duration such as 10s or 1m30s ({error})"))?;
-    if duration.is_zero() {
-        return Err("the duration must be longer than zero".into());
-    }
-    Ok(duration)
-}
-
 /// `4096`, `64KiB`, `8MiB`, `1GiB` (also `KB`/`MB`/`GB` as powers of 1024).
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let trimmed = text.trim();
@@ -423,6 +417,7 @@ mod tests {
         assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("1000y").is_err());
     }
 
     #[test]

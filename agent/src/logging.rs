@@ -19,6 +19,12 @@ pub enum LoggingError {
         #[source]
         source: tracing_subscriber::filter::ParseError,
     },
+    #[error(
+        "`{directive}` is neither a log level ({levels}) nor \
+         `target=level` (e.g. `info,firn::output=debug`)",
+        levels = LEVELS
+    )]
+    Unknown { level: String, directive: String },
     #[error("logging was already set up")]
     Init {
         #[source]
@@ -26,13 +32,46 @@ pub enum LoggingError {
     },
 }
 
+/// The levels `--log-level` takes.
+pub const LEVELS: &str = "off, error, warn, info, debug, trace";
+
 /// The filter of a `--log-level` (a level, or tracing directives such as
 /// `info,firn::output=debug`).
 pub fn filter(level: &str) -> Result<EnvFilter, LoggingError> {
+    check_level(level)?;
     EnvFilter::try_new(level).map_err(|source| LoggingError::Level {
         level: level.to_owned(),
         source,
     })
+}
+
+/// Checks a `--log-level` more strictly than the tracing filter does: each
+/// comma-separated directive is a level or ends in `=level`. A bare word
+/// that is no level (`warning`) would be taken as a target name, turning
+/// every other line off, errors included.
+pub fn check_level(level: &str) -> Result<(), LoggingError> {
+    let is_level = |word: &str| {
+        LEVELS
+            .split(", ")
+            .any(|name| name.eq_ignore_ascii_case(word.trim()))
+    };
+    for directive in level.split(',') {
+        let level_part = directive
+            .rsplit_once('=')
+            .map_or(directive, |(_, level)| level);
+        if !is_level(level_part) {
+            return Err(LoggingError::Unknown {
+                level: level.to_owned(),
+                directive: directive.to_owned(),
+            });
+        }
+    }
+    EnvFilter::try_new(level)
+        .map(drop)
+        .map_err(|source| LoggingError::Level {
+            level: level.to_owned(),
+            source,
+        })
 }
 
 /// Installs the global subscriber.
@@ -70,7 +109,17 @@ mod tests {
     fn levels_and_directives_parse_and_garbage_does_not() {
         assert!(filter("info").is_ok());
         assert!(filter("warn,firn::output=debug").is_ok());
+        assert!(filter("DEBUG").is_ok());
+        assert!(filter("firn=trace,off").is_ok());
         let error = filter("very-loud[[").expect_err("invalid");
         assert!(error.to_string().contains("very-loud[["), "{error}");
+    }
+
+    #[test]
+    fn a_word_that_is_no_level_is_refused_naming_the_levels() {
+        for typo in ["warning", "info,firn", "firn=loud", "", "info,"] {
+            let error = check_level(typo).expect_err(typo).to_string();
+            assert!(error.contains(LEVELS), "{typo}: {error}");
+        }
     }
 }

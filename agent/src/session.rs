@@ -424,17 +424,20 @@ fn raise_open_file_limit() {
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
+/// Completes on SIGINT, SIGTERM or SIGHUP.
 pub async fn shutdown_signal() -> io::Result<&'static str> {
     Ok(ShutdownSignal::install()?.recv().await)
 }
 
-/// SIGINT and SIGTERM, caught from the moment this is made: a signal that
-/// comes while the BPF programs load is kept for the loop (rather than
-/// killing the process before it can clean up).
+/// SIGINT, SIGTERM and SIGHUP, caught from the moment this is made: a
+/// signal that comes while the BPF programs load is kept for the loop
+/// (rather than killing the process before it can clean up). SIGHUP (a
+/// closed terminal, or an operator used to reloading daemons with it)
+/// stops firn the same way: its default action would kill it unflushed.
 pub struct ShutdownSignal {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
+    hangup: tokio::signal::unix::Signal,
 }
 
 impl ShutdownSignal {
@@ -444,6 +447,7 @@ impl ShutdownSignal {
         Ok(Self {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
+            hangup: signal(SignalKind::hangup())?,
         })
     }
 
@@ -452,6 +456,7 @@ impl ShutdownSignal {
         tokio::select! {
             _ = self.interrupt.recv() => "SIGINT",
             _ = self.terminate.recv() => "SIGTERM",
+            _ = self.hangup.recv() => "SIGHUP",
         }
     }
 }

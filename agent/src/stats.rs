@@ -155,9 +155,14 @@ counters! {
     unwind_switched_to_dwarf,
     /// Processes whose stack copy size could not be set in the BPF map.
     unwind_copy_map_failures,
-    /// Profiles written or handed to an exporter.
+    /// Profiles written locally (one file per interval) or queued for the
+    /// remote store (one per series). For the remote store,
+    /// `profiles_written = remote_profiles_sent + remote_profiles_dropped +
+    /// remote_profiles_rejected + remote_queue_profiles`.
     profiles_written,
-    /// Profiles dropped (exporter failure, builder behind).
+    /// Profiles lost before they were written (exporter failure, a profile
+    /// that broke the pprof rules, or the builder behind: a whole interval,
+    /// never cut into series, counts as one).
     profiles_dropped,
     /// Old local profiles deleted to respect the size limit.
     local_profiles_deleted,
@@ -174,6 +179,8 @@ counters! {
     remote_profiles_rejected,
     /// Bytes of profiles waiting to be sent: a gauge, not a counter.
     remote_queue_bytes,
+    /// Profiles (series) waiting to be sent or being sent: a gauge.
+    remote_queue_profiles,
     /// Debug files uploaded to the remote store.
     debuginfo_uploads,
     /// Debug file uploads that failed (retried later).

@@ -19,7 +19,10 @@ use firn::{
 };
 use tonic::transport::Channel;
 
-use crate::common::firn;
+// The agent guard lives with the other shared test code; re-exported for
+// the tests that import it from here.
+#[allow(unused_imports)]
+pub use crate::common::{Agent, Stopped, log_field};
 
 pub const CPU_PROFILE_TYPE: &str = "parca_agent_cpu:samples:count:cpu:nanoseconds:delta";
 
@@ -205,6 +208,18 @@ impl Query {
     /// The merged profile of `selector` (e.g. `{pid="42"}`) over the
     /// window, as pprof, symbolized by the server.
     pub fn merged(&mut self, selector: &str, start: SystemTime, end: SystemTime) -> Profile {
+        self.try_merged(selector, start, end)
+            .unwrap_or_else(|status| panic!("Query answers: {status}"))
+    }
+
+    /// [`Self::merged`], or the server's error (while it holds nothing yet,
+    /// say).
+    pub fn try_merged(
+        &mut self,
+        selector: &str,
+        start: SystemTime,
+        end: SystemTime,
+    ) -> Result<Profile, tonic::Status> {
         let request = QueryRequest {
             mode: Mode::Merge.into(),
             options: Some(Options::Merge(MergeProfile {
@@ -216,13 +231,12 @@ impl Query {
         };
         let response = self
             .runtime
-            .block_on(self.client.query(request))
-            .expect("Query answers")
+            .block_on(self.client.query(request))?
             .into_inner();
-        match response.report {
+        Ok(match response.report {
             Some(Report::Pprof(bytes)) => pprof::decode(&bytes).expect("Parca's pprof decodes"),
             None => Profile::default(),
-        }
+        })
     }
 }
 
@@ -251,97 +265,4 @@ pub fn all_stacks(profile: &Profile) -> Vec<(Vec<String>, i64)> {
             )
         })
         .collect()
-}
-
-/// A running `firn` agent, its log in a file (a pipe nobody reads could
-/// fill and stall it); SIGINT and read the log with [`Agent::stop`].
-pub struct Agent {
-    child: Option<Child>,
-    log: PathBuf,
-}
-
-/// How an agent ended.
-pub struct Stopped {
-    pub status: std::process::ExitStatus,
-    pub log: String,
-}
-
-impl Agent {
-    pub fn start(log: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let mut command = firn();
-        // Several agents run at once: each takes a free port for /metrics.
-        if !args.iter().any(|arg| arg.starts_with("--http-address")) {
-            command.arg("--http-address=127.0.0.1:0");
-        }
-        command
-            .args(args)
-            .env_remove("PARCA_BEARER_TOKEN")
-            .env_remove("NODE_NAME")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).expect("agent log"));
-        Self {
-            child: Some(command.spawn().expect("the firn agent starts")),
-            log: log.to_path_buf(),
-        }
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until the log holds `text`, at most `timeout`.
-    pub fn wait_for_log(&self, text: &str, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.log().contains(text) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        false
-    }
-
-    /// SIGINT, then waits (at most 30 s) for the agent to flush and exit.
-    pub fn stop(mut self) -> Stopped {
-        let mut child = self.child.take().expect("running");
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("waits") {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("firn did not exit within 30 s of SIGINT:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        };
-        Stopped {
-            status,
-            log: self.log(),
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-/// The value of `field=` in the last log line holding `message`.
-pub fn log_field(log: &str, message: &str, field: &str) -> Option<u64> {
-    let line = log.lines().rev().find(|line| line.contains(message))?;
-    let start = line.find(&format!(" {field}="))? + field.len() + 2;
-    line[start..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
 }

@@ -8,6 +8,8 @@ use anyhow::{Context, Result, bail};
 
 use crate::util::{describe, is_root, run};
 
+mod apt;
+
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The Parca server release the push tests run against.
 pub const PARCA_VERSION: &str = "v0.28.0";
@@ -58,15 +60,14 @@ pub fn debian_packages() -> Result<()> {
     }
     eprintln!("xtask: installing {}", missing.join(" "));
     let install = || {
-        run(Command::new("apt-get")
-            .env("DEBIAN_FRONTEND", "noninteractive")
+        apt::wait_for_locks()?;
+        run(apt::apt_get()
             .args(["install", "-y", "--no-install-recommends"])
             .args(&missing))
     };
     if install().is_err() {
-        run(Command::new("apt-get")
-            .env("DEBIAN_FRONTEND", "noninteractive")
-            .arg("update"))?;
+        apt::wait_for_locks()?;
+        run(apt::apt_get().arg("update"))?;
         install()?;
     }
     Ok(())

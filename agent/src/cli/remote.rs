@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 
 use clap::Args;
 
-use super::{parse_bytes, parse_duration};
+use super::{parse_period, parse_store_bytes};
 use crate::config::{DebuginfoConfig, MetadataConfig, RemoteStoreConfig, Secret, TlsConfig};
 
 #[derive(Args, Debug, Clone)]
@@ -47,12 +47,12 @@ pub struct RemoteStoreArgs {
     pub remote_store_grpc_headers: Vec<KeyValues>,
 
     /// Unsent profiles kept while the server is slow or down; the oldest
-    /// are dropped (and counted) beyond this.
-    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    /// are dropped (and counted) beyond this (at least 1KiB).
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_store_bytes)]
     pub remote_store_queue_bytes: u64,
 
-    /// Longest a single push may take before it is retried.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    /// Longest a single push may take before it is retried (at least 1s).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_period)]
     pub remote_store_rpc_unary_timeout: Duration,
 }
 
@@ -66,8 +66,8 @@ pub struct DebuginfoArgs {
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub debuginfo_upload_max_parallel: u64,
 
-    /// Longest one upload may take.
-    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_duration)]
+    /// Longest one upload may take (at least 1s).
+    #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = parse_period)]
     pub debuginfo_upload_timeout_duration: Duration,
 }
 

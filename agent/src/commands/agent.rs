@@ -67,6 +67,16 @@ struct Interval {
 pub async fn run(config: &AgentConfig) -> Result<()> {
     // First, so a signal while the BPF programs load is not fatal.
     let mut signals = ShutdownSignal::install().context("could not watch for SIGINT/SIGTERM")?;
+    // A warning, not an error as for `firn record`: a service restarted
+    // after its process ended should keep serving /metrics, not crash-loop.
+    for problem in config
+        .sampling
+        .pids
+        .iter()
+        .filter_map(|&pid| super::pid_problem(pid))
+    {
+        warn!("{problem}: nothing of it will be sampled");
+    }
     let stats = Arc::new(Stats::default());
     let metrics = Arc::new(Metrics::new(stats.clone()));
     let health = Arc::new(Health::default());
@@ -135,7 +145,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     match session.bpf_probe() {
         Ok(probe) => metrics.attach_bpf(probe),
         Err(error) => warn!(
-            error = %anyhow::Error::from(error),
+            error = %format!("{:#}", anyhow::Error::from(error)),
             "the BPF counters will be missing from /metrics"
         ),
     }
@@ -285,7 +295,7 @@ fn labeler(config: &AgentConfig, stats: &Arc<Stats>) -> (Labeler, Option<Kuberne
             (Labeler::new(metadata, Some(pods)), Some(watcher))
         }
         Err(error) => {
-            warn!(error = %anyhow::Error::from(error), "no pod labels: the Kubernetes watch could not start");
+            warn!(error = %format!("{:#}", anyhow::Error::from(error)), "no pod labels: the Kubernetes watch could not start");
             (Labeler::new(metadata, None), None)
         }
     }
@@ -360,7 +370,7 @@ fn build_loop(
             }
             Err(error) => {
                 Stats::inc(&stats.profiles_dropped);
-                error!(error = %anyhow::Error::from(error), "profile dropped");
+                error!(error = %format!("{:#}", anyhow::Error::from(error)), "profile dropped");
             }
         }
     }

@@ -22,6 +22,25 @@ pub fn stack_failures(bpf: &BpfCounters) -> u64 {
     bpf.get(Counter::KernelStackFailed) + bpf.get(Counter::UserStackFailed)
 }
 
+/// Why `--pid PID` cannot match anything: no such process, or a thread
+/// (the kernel filter matches processes). None when it is a process.
+pub fn pid_problem(pid: u32) -> Option<String> {
+    let path = format!("/proc/{pid}/status");
+    let status = match std::fs::read_to_string(&path) {
+        Ok(status) => status,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Some(format!("no process has the pid {pid} (--pid)"));
+        }
+        // Unreadable (hidepid=): let the BPF filter decide.
+        Err(_) => return None,
+    };
+    let tgid = status
+        .lines()
+        .find_map(|line| line.strip_prefix("Tgid:"))
+        .and_then(|tgid| tgid.trim().parse::<u32>().ok())?;
+    (tgid != pid).then(|| format!("{pid} is a thread of process {tgid}: --pid takes process ids"))
+}
+
 pub fn unknown_frames(stats: &StatsSnapshot) -> u64 {
     stats.user_frames_unknown + stats.user_frames_unsymbolized + stats.kernel_frames_unsymbolized
 }

@@ -6,11 +6,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use firn::{
     config::RecordConfig,
     labels::Labeler,
-    output::{build_whole_profile, write_flamegraph},
+    output::{build_whole_profile, check_writable, write_flamegraph},
     pprof::{encode_gzip, validate},
     session::{Session, shutdown_signal},
     stats::Stats,
@@ -19,7 +19,7 @@ use firn::{
 };
 use tracing::{info, warn};
 
-use super::{lost_samples, period_ns, stack_failures, unknown_frames};
+use super::{lost_samples, period_ns, pid_problem, stack_failures, unknown_frames};
 
 /// From SIGINT/SIGTERM/SIGHUP to the watchdog ending a recording whose
 /// last profile is still not written (a big profile takes seconds to
@@ -29,6 +29,20 @@ const FORCED_EXIT_AFTER: Duration = Duration::from_secs(30);
 const RECORD_DRAIN_STALL: Duration = Duration::from_secs(5);
 
 pub async fn run(config: &RecordConfig) -> Result<()> {
+    // Before sampling: a typo must not cost the whole recording.
+    for path in std::iter::once(&config.output).chain(&config.flamegraph) {
+        check_writable(path).context("nothing recorded")?;
+    }
+    // As `perf record -p`: a pid that is no running process is an error,
+    // not an empty profile.
+    if let Some(problem) = config
+        .sampling
+        .pids
+        .iter()
+        .find_map(|&pid| pid_problem(pid))
+    {
+        bail!("{problem}; nothing recorded");
+    }
     let stats = Arc::new(Stats::default());
     let mut session = Session::start(
         &config.sampling,

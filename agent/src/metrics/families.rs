@@ -254,8 +254,9 @@ pub const FAMILIES: &[Family] = &[
     family(
         "profiles_written",
         C,
-        "Profiles handed to the exporter: a file written to the local store, or an \
-         interval queued for the remote store.",
+        "Profiles written: a file per interval in the local store, or a profile per \
+         series queued for the remote store. For the remote store written = sent + \
+         dropped (reasons queue and rejected) + queue_profiles, all in profiles.",
     ),
     family(
         "profiles_sent",
@@ -265,9 +266,10 @@ pub const FAMILIES: &[Family] = &[
     family(
         "profiles_dropped",
         C,
-        "Profiles lost, by reason: pipeline (the builder was behind or the exporter \
-         failed), queue (the remote store queue was full, or the shutdown deadline came), \
-         rejected (the remote store refused them for good).",
+        "Profiles lost, by reason: pipeline (never written: the builder was behind, a \
+         whole interval counting as one, or the exporter failed), queue (the remote \
+         store queue was full, or the shutdown deadline came), rejected (the remote \
+         store refused them for good).",
     ),
     family(
         "local_profiles_deleted",
@@ -289,6 +291,11 @@ pub const FAMILIES: &[Family] = &[
         G,
         "Bytes of profiles waiting to be sent to the remote store (bounded by \
          --remote-store-queue-bytes).",
+    ),
+    family(
+        "queue_profiles",
+        G,
+        "Profiles (series) waiting to be sent to the remote store, or being sent.",
     ),
     family(
         "debuginfo_uploads",

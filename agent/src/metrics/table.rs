@@ -393,6 +393,7 @@ pub const ROWS: &[Row] = &[
     stat("remote_send_failures", "push_failures", &[]),
     stat("remote_send_retries", "push_retries", &[]),
     stat("remote_queue_bytes", "queue_bytes", &[]),
+    stat("remote_queue_profiles", "queue_profiles", &[]),
     stat(
         "debuginfo_uploads",
         "debuginfo_uploads",

@@ -14,6 +14,9 @@ use crate::stats::Stats;
 
 const PREFIX: &str = "profile-";
 const SUFFIX: &str = ".pb.gz";
+/// A profile being written: `.profile-<ms>.tmp`.
+const TEMPORARY_PREFIX: &str = ".profile-";
+const TEMPORARY_SUFFIX: &str = ".tmp";
 
 pub struct LocalStore {
     directory: PathBuf,
@@ -27,11 +30,28 @@ impl LocalStore {
             path: directory.display().to_string(),
             source,
         })?;
-        Ok(Self {
+        let store = Self {
             directory: directory.to_path_buf(),
             max_bytes,
             stats,
-        })
+        };
+        store.remove_leftovers();
+        Ok(store)
+    }
+
+    /// Temporary files a firn killed mid-write left behind: nothing else
+    /// would ever delete them, and they are not counted in the size limit.
+    fn remove_leftovers(&self) {
+        let Ok(entries) = fs::read_dir(&self.directory) else {
+            return;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(TEMPORARY_PREFIX) && name.ends_with(TEMPORARY_SUFFIX) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
     }
 
     /// Writes one gzipped profile (atomically: temp file, then rename) named
@@ -42,13 +62,19 @@ impl LocalStore {
             .map(|d| d.as_millis())
             .unwrap_or(0);
         let path = self.directory.join(format!("{PREFIX}{millis:016}{SUFFIX}"));
-        let temporary = self.directory.join(format!(".{PREFIX}{millis:016}.tmp"));
-        let error = |source| OutputError::Write {
-            path: path.display().to_string(),
-            source,
-        };
-        fs::write(&temporary, gzipped).map_err(error)?;
-        fs::rename(&temporary, &path).map_err(error)?;
+        let temporary = self
+            .directory
+            .join(format!("{TEMPORARY_PREFIX}{millis:016}{TEMPORARY_SUFFIX}"));
+        let written = fs::write(&temporary, gzipped).and_then(|()| fs::rename(&temporary, &path));
+        if let Err(source) = written {
+            // A full or read-only store fails after creating the file: an
+            // empty temporary per interval would pile up otherwise.
+            let _ = fs::remove_file(&temporary);
+            return Err(OutputError::Write {
+                path: path.display().to_string(),
+                source,
+            });
+        }
         self.enforce_limit();
         Ok(path)
     }
@@ -130,6 +156,80 @@ mod tests {
         let remaining: Vec<bool> = written.iter().map(|p| p.exists()).collect();
         assert_eq!(remaining, [false, false, true, true]);
         assert_eq!(stats.snapshot().local_profiles_deleted, 2);
+    }
+
+    /// A tmpfs of 64 KiB, unmounted (lazily) when dropped.
+    struct SmallTmpfs(PathBuf);
+
+    impl SmallTmpfs {
+        fn mount(path: &Path) -> Self {
+            use std::ffi::CString;
+            let target = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+            // SAFETY: valid NUL-terminated strings; a fresh mount on our
+            // own temporary directory.
+            let status = unsafe {
+                libc::mount(
+                    c"tmpfs".as_ptr(),
+                    target.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    0,
+                    c"size=64k".as_ptr().cast(),
+                )
+            };
+            assert_eq!(
+                status,
+                0,
+                "mounting a tmpfs needs root (the tests run as root): {}",
+                std::io::Error::last_os_error()
+            );
+            Self(path.to_path_buf())
+        }
+    }
+
+    impl Drop for SmallTmpfs {
+        fn drop(&mut self) {
+            use std::ffi::CString;
+            let target = CString::new(self.0.as_os_str().as_encoded_bytes()).expect("path");
+            // SAFETY: unmounts the tmpfs `mount` made.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+
+    fn leftovers(dir: &Path) -> Vec<String> {
+        fs::read_dir(dir)
+            .expect("readable")
+            .filter_map(Result::ok)
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(TEMPORARY_SUFFIX))
+            .collect()
+    }
+
+    #[test]
+    fn a_full_store_fails_with_the_os_error_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let _tmpfs = SmallTmpfs::mount(dir.path());
+        let store =
+            LocalStore::new(dir.path(), 1 << 30, Arc::new(Stats::default())).expect("store");
+        let base = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let mut failures = 0;
+        for i in 0..4 {
+            if let Err(error) = store.write(&[7u8; 48 << 10], base + Duration::from_secs(i)) {
+                failures += 1;
+                let chain = format!("{:#}", anyhow::Error::from(error));
+                assert!(chain.contains("No space left on device"), "{chain}");
+            }
+        }
+        assert!(failures >= 2, "a 64 KiB store takes one 48 KiB profile");
+        assert_eq!(leftovers(dir.path()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn temporary_files_of_an_earlier_run_are_removed_at_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join(".profile-0000000000000001.tmp"), b"").expect("file");
+        fs::write(dir.path().join("unrelated.tmp"), b"").expect("file");
+        LocalStore::new(dir.path(), 1 << 30, Arc::new(Stats::default())).expect("store");
+        assert_eq!(leftovers(dir.path()), ["unrelated.tmp"]);
     }
 
     #[test]

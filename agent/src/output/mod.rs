@@ -8,6 +8,8 @@ mod local;
 pub mod parca;
 
 use std::{
+    fs::OpenOptions,
+    path::Path,
     sync::Arc,
     time::{Instant, SystemTime},
 };
@@ -39,6 +41,31 @@ pub enum OutputError {
     },
     #[error(transparent)]
     Parca(#[from] parca::ParcaError),
+}
+
+/// Checks that `path` can be written, without changing what is there:
+/// `firn record` looks before sampling, so a typo in `--output` does not
+/// cost the whole recording. A file that does not exist yet is created and
+/// removed again.
+pub fn check_writable(path: &Path) -> Result<(), OutputError> {
+    let error = |source| OutputError::Write {
+        path: path.display().to_string(),
+        source,
+    };
+    if path.is_dir() {
+        return Err(error(std::io::Error::from(
+            std::io::ErrorKind::IsADirectory,
+        )));
+    }
+    match OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(_) => std::fs::remove_file(path).map_err(error),
+        Err(existing) if existing.kind() == std::io::ErrorKind::AlreadyExists => OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map(drop)
+            .map_err(error),
+        Err(other) => Err(error(other)),
+    }
 }
 
 /// How an exporter wants an interval cut into profiles.
@@ -91,4 +118,26 @@ pub trait Exporter: Send {
 
     /// Shutdown: delivers what is still pending, giving up at `deadline`.
     fn finish(self: Box<Self>, deadline: Instant);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writable_paths_are_checked_without_a_trace() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fresh = dir.path().join("p.pb.gz");
+        check_writable(&fresh).expect("a new file in a directory that exists");
+        assert!(!fresh.exists(), "the check leaves nothing behind");
+        let existing = dir.path().join("old.pb.gz");
+        std::fs::write(&existing, b"old").expect("file");
+        check_writable(&existing).expect("an existing file");
+        assert_eq!(std::fs::read(&existing).expect("read"), b"old");
+        for bad in [dir.path().join("missing/p.pb.gz"), dir.path().to_path_buf()] {
+            let error = check_writable(&bad).expect_err("refused");
+            let chain = format!("{:#}", anyhow::Error::from(error));
+            assert!(chain.contains(&bad.display().to_string()), "{chain}");
+        }
+    }
 }

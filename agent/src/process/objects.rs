@@ -24,7 +24,7 @@ use super::{
 use crate::{
     elf::{self, BuildId, ElfLayout, SharedBytes},
     stats::Stats,
-    untrusted::{self, ProcessRoot, Refusals},
+    untrusted::{self, FuseMounts, ProcessRoot, Refusal, Refusals},
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -395,8 +395,24 @@ fn open_object(
     let map_file = process_dir
         .join("map_files")
         .join(format!("{:x}-{:x}", mapping.start, mapping.end));
+    // Decided from the kernel's own lists before touching the file: a
+    // stat or page fault on FUSE waits for its server, unkillably.
+    let fuse = FuseMounts::of_process(process_dir);
+    if fuse.has_device(mapping.dev) {
+        let error = untrusted::OpenError::Refused {
+            path: mapping.path.clone(),
+            reason: Refusal::Fuse,
+            detail: "on a FUSE mount".into(),
+        };
+        refusals.record(pid, &error);
+        return Err(ObjectError::Open {
+            path: mapping.path.clone(),
+            pid,
+            source: error,
+        });
+    }
     let root = inside_root
-        .then(|| ProcessRoot::open(&process_dir.join("root")).ok())
+        .then(|| ProcessRoot::of_process(process_dir, fuse).ok())
         .flatten();
     let host_path = Path::new(&mapping.path);
     let mut last_error = None;

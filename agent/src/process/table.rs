@@ -21,7 +21,7 @@ use super::{
 use crate::{
     config::Limits,
     stats::Stats,
-    untrusted::{self, ProcessRoot, Refusals},
+    untrusted::{self, FuseMounts, ProcessRoot, Refusals},
 };
 
 /// How often a process's maps may be re-read because an address fell
@@ -290,7 +290,8 @@ impl ProcessTable {
         }
         let opened = self.offload.run(move || {
             let nspid = namespace_pid(&process_dir).unwrap_or(pid);
-            let root = ProcessRoot::open(&process_dir.join("root"))?;
+            let fuse = FuseMounts::of_process(&process_dir);
+            let root = ProcessRoot::of_process(&process_dir, fuse)?;
             root.open_file(
                 Path::new(&format!("/tmp/perf-{nspid}.map")),
                 untrusted::MAX_OBJECT_BYTES,

@@ -192,6 +192,7 @@ impl Delivery {
         let status = match answer {
             Ok(Ok(_)) => {
                 Stats::add(&self.stats.remote_profiles_sent, item.profiles as u64);
+                self.queue.settled(item.profiles);
                 if item.attempts > 0 {
                     info!(
                         server = self.address,
@@ -217,6 +218,7 @@ impl Delivery {
         let reason = describe(&status);
         if classify(status.code()) == Failure::Reject {
             Stats::add(&self.stats.remote_profiles_rejected, item.profiles as u64);
+            self.queue.settled(item.profiles);
             error!(
                 server = self.address,
                 profiles = item.profiles,

@@ -240,6 +240,8 @@ impl Exporter for ParcaExporter {
             destination: self.address.clone(),
             bytes: 0,
         };
+        // Counted per series, the unit of sent, dropped and queued.
+        Stats::add(&self.stats.profiles_written, batch.profiles.len() as u64);
         for request in requests(&self.series_labels, batch.profiles, MAX_REQUEST_BYTES) {
             receipt.bytes += request.bytes;
             let dropped = self.queue.push_back(request);
@@ -252,7 +254,6 @@ impl Exporter for ParcaExporter {
                 );
             }
         }
-        Stats::inc(&self.stats.profiles_written);
         if let Some(uploads) = &self.uploads {
             for object in batch.debuginfo_candidates {
                 if uploads.try_send(object).is_err() {

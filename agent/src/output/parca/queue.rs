@@ -36,6 +36,11 @@ pub struct ByteQueue {
     items: VecDeque<Pending>,
     bytes: usize,
     limit: usize,
+    /// Profiles in `items`.
+    profiles: usize,
+    /// Profiles taken by the sender and not yet sent, refused or put back:
+    /// still owed to `profiles_written = sent + dropped + queued`.
+    in_flight: usize,
 }
 
 impl ByteQueue {
@@ -44,7 +49,14 @@ impl ByteQueue {
             items: VecDeque::new(),
             bytes: 0,
             limit,
+            profiles: 0,
+            in_flight: 0,
         }
+    }
+
+    /// Profiles waiting or being sent.
+    pub fn profiles(&self) -> usize {
+        self.profiles + self.in_flight
     }
 
     pub fn bytes(&self) -> usize {
@@ -78,6 +90,7 @@ impl ByteQueue {
             dropped.profiles += oldest.profiles;
         }
         self.bytes += item.bytes;
+        self.profiles += item.profiles;
         self.items.push_back(item);
         dropped
     }
@@ -92,6 +105,7 @@ impl ByteQueue {
             };
         }
         self.bytes += item.bytes;
+        self.profiles += item.profiles;
         self.items.push_front(item);
         Dropped::default()
     }
@@ -99,13 +113,15 @@ impl ByteQueue {
     pub fn pop_front(&mut self) -> Option<Pending> {
         let item = self.items.pop_front()?;
         self.bytes -= item.bytes;
+        self.profiles -= item.profiles;
         Some(item)
     }
 }
 
 /// The queue shared by the builder thread (which pushes, never waiting on
 /// the network) and the delivery task (which waits for work).
-/// Keeps the `remote_queue_bytes` gauge up to date.
+/// Keeps the `remote_queue_bytes` and `remote_queue_profiles` gauges up
+/// to date.
 pub struct SharedQueue {
     inner: Mutex<ByteQueue>,
     ready: Notify,
@@ -128,6 +144,7 @@ impl SharedQueue {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let result = f(&mut queue);
         Stats::set(&self.stats.remote_queue_bytes, queue.bytes() as u64);
+        Stats::set(&self.stats.remote_queue_profiles, queue.profiles() as u64);
         result
     }
 
@@ -137,20 +154,35 @@ impl SharedQueue {
         dropped
     }
 
+    /// Puts back a request [`Self::next`] handed out whose push failed.
     pub fn push_front(&self, item: Pending) -> Dropped {
-        self.with(|queue| queue.push_front(item))
+        self.with(|queue| {
+            queue.in_flight = queue.in_flight.saturating_sub(item.profiles);
+            queue.push_front(item)
+        })
+    }
+
+    /// A request [`Self::next`] handed out was sent or refused for good.
+    pub fn settled(&self, profiles: usize) {
+        self.with(|queue| queue.in_flight = queue.in_flight.saturating_sub(profiles));
     }
 
     pub fn pop_front(&self) -> Option<Pending> {
         self.with(ByteQueue::pop_front)
     }
 
-    /// Waits for a request and takes it.
+    /// Waits for a request and takes it; it counts as queued until
+    /// [`Self::settled`] or [`Self::push_front`].
     pub async fn next(&self) -> Pending {
         loop {
             // Registered before looking, so a push in between still wakes us.
             let notified = self.ready.notified();
-            if let Some(item) = self.pop_front() {
+            let taken = self.with(|queue| {
+                let item = queue.pop_front()?;
+                queue.in_flight += item.profiles;
+                Some(item)
+            });
+            if let Some(item) = taken {
                 return item;
             }
             notified.await;
@@ -226,5 +258,27 @@ mod tests {
         queue.push_back(item(7, 1));
         assert_eq!(waiter.await.expect("joins"), 5);
         assert_eq!(stats.snapshot().remote_queue_bytes, 7);
+    }
+
+    #[tokio::test]
+    async fn profiles_being_sent_still_count_as_queued() {
+        let stats = Arc::new(Stats::default());
+        let queue = SharedQueue::new(1000, stats.clone());
+        queue.push_back(item(10, 3));
+        queue.push_back(item(10, 2));
+        let queued = || stats.snapshot().remote_queue_profiles;
+        assert_eq!(queued(), 5);
+        let first = queue.next().await;
+        assert_eq!(queued(), 5, "in flight");
+        queue.push_front(first);
+        assert_eq!(queued(), 5, "put back");
+        let first = queue.next().await;
+        queue.settled(first.profiles);
+        assert_eq!(queued(), 2, "sent");
+        // Dropped to make room: out of the gauge (the caller counts it).
+        let small = SharedQueue::new(15, stats.clone());
+        small.push_back(item(10, 4));
+        assert_eq!(small.push_back(item(10, 1)).profiles, 4);
+        assert_eq!(queued(), 1);
     }
 }

@@ -27,6 +27,10 @@ use tracing::warn;
 
 use crate::stats::Stats;
 
+mod mounts;
+
+pub use mounts::FuseMounts;
+
 /// The largest object or debug file firn reads (the biggest real debug
 /// files, of browsers and LLVM, are a few GiB).
 pub const MAX_OBJECT_BYTES: u64 = 8 << 30;
@@ -113,31 +117,53 @@ impl OpenError {
 #[derive(Debug)]
 pub struct ProcessRoot {
     dir: OwnedFd,
+    fuse: FuseMounts,
 }
 
 impl ProcessRoot {
-    /// `root` is `/proc/PID/root` (or any directory standing for a root).
+    /// `root` is a directory standing for a root, with no FUSE mounts
+    /// beneath it.
     pub fn open(root: &Path) -> Result<Self, OpenError> {
+        Self::with_mounts(root, FuseMounts::default())
+    }
+
+    /// The root of the process at `process_dir` (`/proc/PID`), with the
+    /// FUSE mounts of its mount namespace.
+    pub fn of_process(process_dir: &Path, fuse: FuseMounts) -> Result<Self, OpenError> {
+        Self::with_mounts(&process_dir.join("root"), fuse)
+    }
+
+    fn with_mounts(root: &Path, fuse: FuseMounts) -> Result<Self, OpenError> {
         let dir = rustix::fs::open(
             root,
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )
         .map_err(|errno| io_error(root, errno))?;
-        Ok(Self { dir })
+        Ok(Self { dir, fuse })
     }
 
     /// Opens `path` (absolute or relative, as the process sees it) for
     /// reading. Symlinks, absolute ones included, and `..` resolve inside
     /// the root; magic links (`/proc/*/root`, `/proc/*/fd/*`) are refused.
+    /// In a mount namespace with FUSE mounts, a path beneath one is refused
+    /// before any lookup, and symlinks are not followed (one could lead
+    /// beneath one).
     pub fn open_file(&self, path: &Path, max_bytes: u64) -> Result<File, OpenError> {
+        let mut resolve = ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS;
+        if !self.fuse.is_empty() {
+            if self.fuse.covers(path) {
+                return Err(refused(path, Refusal::Fuse, "beneath a FUSE mount".into()));
+            }
+            resolve |= ResolveFlags::NO_SYMLINKS;
+        }
         let relative = path.strip_prefix("/").unwrap_or(path);
         let handle = rustix::fs::openat2(
             &self.dir,
             relative,
             OFlags::PATH | OFlags::CLOEXEC,
             Mode::empty(),
-            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+            resolve,
         )
         .map_err(|errno| io_error(path, errno))?;
         reopen_checked(handle, path, max_bytes)

@@ -1,0 +1,327 @@
+//! End to end: what firn does at the edges. SIGHUP, a full local store,
+//! log levels and flags out of range, `firn record` pointed at a path or
+//! pid that cannot work, and the profile counters reconciling against a
+//! real Parca.
+
+mod common;
+mod parca_support;
+
+use std::{
+    ffi::CString,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use common::*;
+use parca_support::harness::{ParcaServer, free_port};
+
+/// Every `.gz` and `.tmp` file in `dir`.
+fn store_files(dir: &Path) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("the store exists")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .collect();
+    let with = |extension: &str| {
+        paths
+            .iter()
+            .filter(|path| path.extension().is_some_and(|e| e == extension))
+            .cloned()
+            .collect()
+    };
+    (with("gz"), with("tmp"))
+}
+
+#[test]
+fn sighup_writes_the_last_profile_and_exits_0() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _workload = start_chain(dir.path(), &FP_FLAGS);
+    let store = dir.path().join("store");
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
+            "--profiling-duration",
+            "10m",
+            "--local-store-directory",
+            store.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    agent.wait_for_samples(50.0);
+    let Stopped { status, log, took } = agent.stop_with(libc::SIGHUP);
+    assert!(status.success(), "exit status {status}:\n{log}");
+    assert!(took < Duration::from_secs(10), "took {took:?}:\n{log}");
+    assert!(log.contains("signal=SIGHUP"), "{log}");
+    let (profiles, _) = store_files(&store);
+    assert_eq!(
+        profiles.len(),
+        1,
+        "the partial profile: {profiles:?}\n{log}"
+    );
+}
+
+/// A tmpfs of `size`, lazily unmounted when dropped.
+struct Tmpfs(CString);
+
+impl Tmpfs {
+    fn mount(path: &Path, size: &str) -> Self {
+        let target = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
+        let options = CString::new(format!("size={size}")).expect("options");
+        // SAFETY: NUL-terminated strings; a fresh mount on our own directory.
+        let status = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                target.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                options.as_ptr().cast(),
+            )
+        };
+        assert_eq!(
+            status,
+            0,
+            "tmpfs on {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        );
+        Self(target)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // SAFETY: unmounts what `mount` mounted.
+        unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+#[test]
+fn a_full_store_logs_the_os_error_and_leaves_no_temporary_files() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _workload = start_chain(dir.path(), &FP_FLAGS);
+    let store = dir.path().join("store");
+    std::fs::create_dir(&store).expect("store");
+    let _tmpfs = Tmpfs::mount(&store, "64k");
+    // Fill it: every profile write fails for want of space.
+    let filler = vec![0u8; 64 << 10];
+    let _ = std::fs::write(store.join("filler"), &filler);
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
+            "--profiling-duration",
+            "1s",
+            "--local-store-directory",
+            store.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    wait_for(
+        "two failed writes",
+        Duration::from_secs(60),
+        || {
+            agent.assert_running();
+            agent.log().matches("profile dropped").count() >= 2
+        },
+        || agent.log(),
+    );
+    let address = agent.http_address();
+    let dropped =
+        metric(address, "firn_profiles_dropped_total{reason=\"pipeline\"}").unwrap_or(0.0);
+    let Stopped { status, log, .. } = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(dropped >= 2.0, "{dropped} counted as dropped:\n{log}");
+    assert!(
+        log.lines().any(
+            |line| line.contains("profile dropped") && line.contains("No space left on device")
+        ),
+        "the OS error is in the log line:\n{log}"
+    );
+    let (_, temporary) = store_files(&store);
+    assert!(temporary.is_empty(), "left behind: {temporary:?}");
+}
+
+/// `firn ARGS` (with `env`) refused as a usage error, stderr holding `wanted`.
+fn refused(args: &[&str], env: &[(&str, &str)], wanted: &[&str]) {
+    let output = firn()
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("firn runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{args:?} {env:?}:\n{stderr}");
+    for part in wanted {
+        assert!(
+            stderr.contains(part),
+            "`{part}` missing for {args:?}:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn log_levels_and_flags_out_of_range_exit_2_naming_the_limit() {
+    let levels = "off, error, warn, info, debug, trace";
+    refused(&["--log-level", "warning"], &[], &["`warning`", levels]);
+    refused(&[], &[("FIRN_LOG_LEVEL", "warning")], &[levels]);
+    refused(&["--log-level", "info,firn=loud"], &[], &["`firn=loud`"]);
+    for (flag, value, limit) in [
+        ("--profiling-duration", "1ns", "at least 1s"),
+        ("--profiling-duration", "500ms", "at least 1s"),
+        ("--remote-store-queue-bytes", "0", "at least 1KiB"),
+        ("--local-store-max-bytes", "100", "at least 1KiB"),
+        ("--remote-store-rpc-unary-timeout", "10ms", "at least 1s"),
+        ("--debuginfo-upload-timeout-duration", "1ms", "at least 1s"),
+        ("--profiling-duration", "1000y", "at most 366 days"),
+    ] {
+        refused(&[flag, value], &[], &[limit]);
+    }
+    refused(&["record", "--duration", "0s"], &[], &["longer than zero"]);
+    // The config file goes through the same checks.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("firn.yaml");
+    let path = config.to_str().expect("utf-8");
+    for (text, wanted) in [
+        (
+            "log-level: warning\n",
+            &["`log-level: warning`", levels][..],
+        ),
+        ("profiling-duration: 1ns\n", &["line 1", "at least 1s"]),
+        ("remote-store-queue-bytes: 0\n", &["at least 1KiB"]),
+    ] {
+        std::fs::write(&config, text).expect("config file");
+        refused(&["--config-path", path], &[], wanted);
+    }
+}
+
+/// `firn record ARGS`: fails at once (before sampling), exit 1, naming
+/// `wanted`.
+fn record_refused(args: &[&str], wanted: &[&str]) {
+    let started = Instant::now();
+    let output = firn()
+        .args(["record", "--duration", "60s"])
+        .args(args)
+        .output()
+        .expect("firn runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{args:?}:\n{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{args:?} recorded before failing:\n{stderr}"
+    );
+    for part in wanted {
+        assert!(
+            stderr.contains(part),
+            "`{part}` missing for {args:?}:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn record_checks_its_outputs_and_pids_before_sampling() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("missing/p.pb.gz");
+    let missing = missing.to_str().expect("utf-8");
+    record_refused(&["-o", missing], &[missing, "No such file or directory"]);
+    let output = dir.path().join("p.pb.gz");
+    let output = output.to_str().expect("utf-8");
+    record_refused(
+        &["-o", output, "--flamegraph", "/nonexistent/flame.svg"],
+        &["/nonexistent/flame.svg"],
+    );
+    assert!(
+        !Path::new(output).exists(),
+        "the check leaves no file behind"
+    );
+    record_refused(
+        &["-o", output, "--pid", "4000000"],
+        &["no process has the pid 4000000"],
+    );
+    // A thread of this test process is no process of its own.
+    // SAFETY: gettid has no preconditions.
+    let tid = unsafe { libc::gettid() } as u32;
+    if tid != std::process::id() {
+        record_refused(
+            &["-o", output, "--pid", &tid.to_string()],
+            &["is a thread of process"],
+        );
+    }
+}
+
+#[test]
+fn profile_counters_reconcile_against_a_real_parca() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let parca = ParcaServer::start(&dir.path().join("parca"), free_port());
+    let workloads = [
+        start_chain(dir.path(), &FP_FLAGS),
+        start_chain(dir.path(), &FP_FLAGS),
+    ];
+    let [first, second] = workloads
+        .each_ref()
+        .map(|workload| workload.pid().to_string());
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
+            "--remote-store-address",
+            &parca.address(),
+            "--remote-store-insecure",
+            "--profiling-duration",
+            "1s",
+            "--pid",
+            &first,
+            "--pid",
+            &second,
+            "--debuginfo-upload-disable",
+        ],
+        &[],
+    );
+    let address = agent.http_address();
+    let read = |name: &str| metric(address, name).unwrap_or(0.0);
+    // Each interval holds two series (the two processes): written counts
+    // series, as sent, dropped and queued do.
+    wait_for(
+        "three intervals sent",
+        Duration::from_secs(60),
+        || {
+            agent.assert_running();
+            read("firn_profiles_sent_total") >= 6.0
+        },
+        || agent.log(),
+    );
+    let mut last = String::new();
+    wait_for(
+        "written = sent + dropped + queued",
+        Duration::from_secs(30),
+        || {
+            let written = read("firn_profiles_written_total");
+            let accounted = read("firn_profiles_sent_total")
+                + read("firn_profiles_dropped_total{reason=\"queue\"}")
+                + read("firn_profiles_dropped_total{reason=\"rejected\"}")
+                + read("firn_queue_profiles");
+            last = format!("written {written}, sent + dropped + queued {accounted}");
+            written > 0.0 && written == accounted
+        },
+        || agent.log(),
+    );
+    eprintln!("{last}");
+    let Stopped { status, log, .. } = agent.stop();
+    assert!(status.success(), "{log}");
+    let intervals = log.matches("profiles queued").count() as u64;
+    let total = |field| log_field(&log, "firn agent stopped", field).unwrap_or(0);
+    let written = total("profiles_written");
+    assert!(
+        written >= 2 * intervals.saturating_sub(1),
+        "{written} profiles for {intervals} intervals of two processes:\n{log}"
+    );
+    assert_eq!(
+        written,
+        total("remote_profiles_sent")
+            + total("remote_profiles_dropped")
+            + total("remote_profiles_rejected"),
+        "after exit nothing is queued:\n{log}"
+    );
+}
