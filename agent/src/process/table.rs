@@ -527,6 +527,11 @@ mod tests {
         // Pid 42 on the host is pid 7 in its container.
         std::fs::write(process.join("status"), "Name:\tnode\nNSpid:\t42\t7\n").expect("write");
         std::fs::write(
+            process.join("mountinfo"),
+            "22 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n",
+        )
+        .expect("write");
+        std::fs::write(
             process.join("maps"),
             "7f0000000000-7f0000100000 r-xp 00000000 00:00 0 \n",
         )
