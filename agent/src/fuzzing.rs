@@ -442,6 +442,7 @@ mod tests {
         let Ok(directories) = fs::read_dir(&regressions) else {
             return;
         };
+        let mut failing = Vec::new();
         for directory in directories {
             let directory = directory.expect("readable directory").path();
             if !directory.is_dir() {
@@ -455,10 +456,13 @@ mod tests {
             for input in fs::read_dir(&directory).expect("readable directory") {
                 let path = input.expect("readable entry").path();
                 let data = fs::read(&path).expect("readable input");
-                eprintln!("replaying {}", path.display());
-                (target.run)(&data);
+                let replay = std::panic::AssertUnwindSafe(|| (target.run)(&data));
+                if std::panic::catch_unwind(replay).is_err() {
+                    failing.push(path.display().to_string());
+                }
             }
         }
+        assert!(failing.is_empty(), "still failing: {failing:#?}");
     }
 
     /// The committed seeds run too: a target that fails on its own seeds
