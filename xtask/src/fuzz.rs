@@ -132,7 +132,13 @@ fn run_target(root: &Path, nightly: &str, target: &str, seconds: u64) -> Result<
         .args(["run", target])
         .args(BUILD_FLAGS)
         .arg(&scratch)
-        .arg(&seeds)
+        .arg(&seeds);
+    // Inputs that once failed run first thing, every time.
+    let regressions = root.join("fuzz/regressions").join(target);
+    if regressions.is_dir() {
+        command.arg(&regressions);
+    }
+    command
         .arg("--")
         .arg(format!("-max_total_time={seconds}"))
         .arg(format!("-rss_limit_mb={RSS_LIMIT_MB}"))
@@ -156,7 +162,6 @@ fn run_target(root: &Path, nightly: &str, target: &str, seconds: u64) -> Result<
             describe(&command)
         );
     }
-    let regressions = root.join("fuzz/regressions").join(target);
     fs::create_dir_all(&regressions)
         .with_context(|| format!("could not create {}", regressions.display()))?;
     let mut kept = Vec::new();
