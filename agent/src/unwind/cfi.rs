@@ -180,7 +180,10 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
             debug_frame: None,
             text,
         };
-        if source.eh_frame.is_some() && !source.has_header_table() {
+        if !source.has_header_table() {
+            source.eh_frame_hdr = None;
+        }
+        if source.eh_frame.is_some() && source.eh_frame_hdr.is_none() {
             let eh_frame = source.eh_frame_section();
             source.eh_frame_index = index_fdes(&eh_frame, &source.bases)?;
         }
@@ -209,13 +212,23 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
         section
     }
 
+    /// Whether `.eh_frame_hdr` has a search table that can be true: gimli's
+    /// binary search multiplies the header's FDE count by the row size
+    /// unchecked, so a count the section cannot hold (corrupt) would
+    /// overflow.
     fn has_header_table(&self) -> bool {
         let Some(header) = &self.eh_frame_hdr else {
             return false;
         };
-        EhFrameHdr::new(&self.data[header.range.clone()], LittleEndian)
+        let bytes = &self.data[header.range.clone()];
+        EhFrameHdr::new(bytes, LittleEndian)
             .parse(&self.bases, 8)
-            .is_ok_and(|parsed| parsed.table().is_some())
+            .is_ok_and(|parsed| {
+                parsed.table().is_some_and(|table| {
+                    let (rows, _) = table.iter(&self.bases).size_hint();
+                    rows > 0 && rows <= bytes.len() / MIN_TABLE_ROW_BYTES
+                })
+            })
     }
 
     /// The rules at link-time address `vaddr`, if any FDE covers it.
@@ -278,6 +291,9 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
         visitor.visit(&debug_frame, &self.bases, &fde, context)
     }
 }
+
+/// The smallest `.eh_frame_hdr` table row: two 2-byte pointers.
+const MIN_TABLE_ROW_BYTES: usize = 4;
 
 /// Most a compressed section may inflate: deflate's limit is 1032 to 1,
 /// and real CFI compresses a few times at best.
