@@ -119,10 +119,12 @@ pub struct ElfLayout {
 impl ElfLayout {
     /// The link-time virtual address of a byte at `file_offset`.
     pub fn vaddr_for_file_offset(&self, file_offset: u64) -> Option<u64> {
+        // Segment fields come from the file: a vaddr near the top of the
+        // address space must not wrap.
         self.segments
             .iter()
             .find(|s| file_offset >= s.file_offset && file_offset - s.file_offset < s.file_size)
-            .map(|s| s.vaddr + (file_offset - s.file_offset))
+            .and_then(|s| s.vaddr.checked_add(file_offset - s.file_offset))
     }
 }
 
@@ -377,6 +379,16 @@ pub(crate) mod tests {
         let offset = main - segment.vaddr + segment.file_offset;
         assert_eq!(layout.vaddr_for_file_offset(offset), Some(main));
         assert_eq!(layout.vaddr_for_file_offset(u64::MAX), None);
+        let wrapping = ElfLayout {
+            segments: vec![LoadSegment {
+                file_offset: 0,
+                file_size: 0x1000,
+                vaddr: u64::MAX - 1,
+            }],
+            ..ElfLayout::default()
+        };
+        assert_eq!(wrapping.vaddr_for_file_offset(1), Some(u64::MAX));
+        assert_eq!(wrapping.vaddr_for_file_offset(2), None);
     }
 
     #[test]

@@ -13,6 +13,9 @@ pub mod cli;
 pub mod config;
 pub mod config_file;
 pub mod elf;
+/// Entry points of the fuzz targets in `fuzz/`; not part of the daemon.
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod http;
 pub mod labels;
 pub mod logging;

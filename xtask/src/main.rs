@@ -3,6 +3,7 @@
 mod bench;
 mod bench_unwind;
 mod ebpf;
+mod fuzz;
 mod install;
 mod setup;
 mod util;
@@ -22,8 +23,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Install what building the BPF object and running the tests need:
-    /// the pinned nightly with rust-src, bpf-linker, Debian packages, the
-    /// Parca server. Idempotent.
+    /// the pinned nightly with rust-src, bpf-linker, cargo-fuzz, Debian
+    /// packages, the Parca server. Idempotent.
     Setup {
         /// Only the Debian packages the tests and benchmarks use.
         #[arg(long)]
@@ -50,6 +51,9 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Build the fuzz targets in fuzz/ and run each for a bounded time;
+    /// failing inputs become regression fixtures.
+    Fuzz(fuzz::FuzzArgs),
     /// Measure firn against `perf record` on a busy workload and print
     /// the figures.
     Bench(bench::BenchArgs),
@@ -63,6 +67,7 @@ fn main() -> Result<()> {
             setup::debian_packages()?;
             if !packages_only {
                 setup::bpf_toolchain()?;
+                setup::fuzz_toolchain(&setup::pinned_nightly()?)?;
                 setup::parca_server()?;
                 setup::python_tools()?;
             }
@@ -77,6 +82,7 @@ fn main() -> Result<()> {
             util::run_tests(&root, &args)
         }
         Command::Install(args) => install::run(&root, &args),
+        Command::Fuzz(args) => fuzz::run_targets(&root, &args),
         Command::Bench(args) => {
             setup::debian_packages()?;
             bench::run(&root, &args)

@@ -1,5 +1,5 @@
-//! `cargo xtask setup`: the pinned nightly, bpf-linker, Debian packages and
-//! the Parca server the end-to-end tests push to. Every step checks first
+//! `cargo xtask setup`: the pinned nightly, bpf-linker, cargo-fuzz, Debian
+//! packages and the Parca server the end-to-end tests push to. Every step checks first
 //! and does nothing when already done.
 
 use std::{fs, path::PathBuf, process::Command};
@@ -11,6 +11,8 @@ use crate::util::{describe, is_root, run};
 mod apt;
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The cargo-fuzz `cargo xtask fuzz` drives (builds in about 2 minutes).
+pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
 /// The Parca server release the push tests run against.
 pub const PARCA_VERSION: &str = "v0.28.0";
 
@@ -117,6 +119,50 @@ pub fn bpf_toolchain() -> Result<()> {
         return Ok(());
     }
     build_bpf_linker(&nightly)
+}
+
+/// The pinned nightly (libFuzzer and the sanitizers need one) and
+/// cargo-fuzz, for `cargo xtask fuzz`.
+pub fn fuzz_toolchain(nightly: &str) -> Result<()> {
+    let nightly_works = Command::new("rustup")
+        .args(["run", nightly, "rustc", "--version"])
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !nightly_works {
+        run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            nightly,
+            "--profile",
+            "minimal",
+        ]))?;
+    }
+    if cargo_fuzz_works() {
+        return Ok(());
+    }
+    eprintln!("xtask: building cargo-fuzz {CARGO_FUZZ_VERSION} (about 2 minutes)");
+    run(Command::new("cargo").env_remove("RUSTUP_TOOLCHAIN").args([
+        "install",
+        "cargo-fuzz",
+        "--locked",
+        "--version",
+        CARGO_FUZZ_VERSION,
+    ]))?;
+    if !cargo_fuzz_works() {
+        bail!("cargo-fuzz was built but `cargo fuzz --version` does not run");
+    }
+    Ok(())
+}
+
+fn cargo_fuzz_works() -> bool {
+    Command::new(cargo_home().join("bin/cargo-fuzz"))
+        .args(["fuzz", "--version"])
+        .output()
+        .is_ok_and(|output| {
+            output.status.success()
+                && String::from_utf8_lossy(&output.stdout).contains(CARGO_FUZZ_VERSION)
+        })
 }
 
 fn bpf_linker_works() -> bool {

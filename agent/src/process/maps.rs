@@ -1,11 +1,8 @@
-//! `/proc/PID/maps`: parsing (pure) and reading.
+//! `/proc/PID/maps`: parsing (pure) and reading. The paths in it are chosen
+//! by the process (any file it maps, under any name), so nothing in a line
+//! may make the parser panic.
 
 use std::{io, path::Path};
-
-use procfs::{
-    FromBufRead,
-    process::{MMPermissions, MMapPath, MemoryMaps},
-};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
@@ -18,12 +15,8 @@ pub enum MapsError {
         #[source]
         source: io::Error,
     },
-    #[error("could not parse /proc/{pid}/maps")]
-    Parse {
-        pid: u32,
-        #[source]
-        source: procfs::ProcError,
-    },
+    #[error("could not parse line {line} of /proc/{pid}/maps")]
+    Parse { pid: u32, line: usize },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,53 +44,113 @@ pub struct MappingSpec {
     pub deleted: bool,
 }
 
-fn makedev(major: i32, minor: i32) -> u64 {
-    let (major, minor) = (major as u64, minor as u64);
+fn makedev(major: u64, minor: u64) -> u64 {
     ((major & 0xffff_f000) << 32)
         | ((major & 0xfff) << 8)
         | ((minor & 0xffff_ff00) << 12)
         | (minor & 0xff)
 }
 
+/// The fields of one maps line, as the kernel prints them:
+/// `start-end perms offset major:minor inode   path`.
+struct Line<'a> {
+    start: u64,
+    end: u64,
+    executable: bool,
+    offset: u64,
+    dev: u64,
+    inode: u64,
+    /// Empty for anonymous memory; may hold spaces.
+    path: &'a str,
+}
+
+/// The next space-separated field of `rest`, and what follows it.
+fn field(rest: &str) -> Option<(&str, &str)> {
+    let rest = rest.trim_start_matches(' ');
+    let end = rest.find(' ').unwrap_or(rest.len());
+    (end > 0).then(|| rest.split_at(end))
+}
+
+fn hex(text: &str) -> Option<u64> {
+    u64::from_str_radix(text, 16).ok()
+}
+
+fn parse_line(line: &str) -> Option<Line<'_>> {
+    let (range, rest) = field(line)?;
+    let (perms, rest) = field(rest)?;
+    let (offset, rest) = field(rest)?;
+    let (dev, rest) = field(rest)?;
+    let (inode, rest) = field(rest)?;
+    let (start, end) = range.split_once('-')?;
+    let (major, minor) = dev.split_once(':')?;
+    if perms.len() != 4 {
+        return None;
+    }
+    Some(Line {
+        start: hex(start)?,
+        end: hex(end)?,
+        executable: perms.as_bytes()[2] == b'x',
+        offset: hex(offset)?,
+        dev: makedev(hex(major)?, hex(minor)?),
+        inode: inode.parse().ok()?,
+        path: rest.trim(),
+    })
+}
+
+/// What a mapping's path says it is; `None` for what there is nothing to
+/// symbolize in (`[vsyscall]`, `[vvar]`, SysV shared memory).
+fn classify(path: &str) -> Option<(MappingKind, String, bool)> {
+    if path.is_empty() {
+        return Some((MappingKind::Anonymous, String::new(), false));
+    }
+    if path == "[vdso]" {
+        return Some((MappingKind::Vdso, path.to_owned(), false));
+    }
+    if path.starts_with('[') || path.starts_with("/SYSV") {
+        return None;
+    }
+    let (path, deleted) = match path.strip_suffix(" (deleted)") {
+        Some(stripped) => (stripped, true),
+        None => (path, false),
+    };
+    // memfd code is JIT output, not a file to symbolize.
+    let kind = if path.starts_with("/memfd:") {
+        MappingKind::Anonymous
+    } else {
+        MappingKind::File
+    };
+    Some((kind, path.to_owned(), deleted))
+}
+
 /// The executable mappings in the text of `/proc/PID/maps`, sorted by start.
 pub fn parse_maps(pid: u32, text: &[u8]) -> Result<Vec<MappingSpec>, MapsError> {
-    let maps =
-        MemoryMaps::from_buf_read(text).map_err(|source| MapsError::Parse { pid, source })?;
-    let mut mappings: Vec<MappingSpec> = maps
-        .into_iter()
-        .filter(|map| map.perms.contains(MMPermissions::EXECUTE))
-        .filter_map(|map| {
-            let (kind, path, deleted) = match map.pathname {
-                MMapPath::Path(path) => {
-                    let text = path.to_string_lossy();
-                    let (path, deleted) = match text.strip_suffix(" (deleted)") {
-                        Some(stripped) => (stripped.to_owned(), true),
-                        None => (text.into_owned(), false),
-                    };
-                    // memfd code is JIT output, not a file to symbolize.
-                    if path.starts_with("/memfd:") {
-                        (MappingKind::Anonymous, path, deleted)
-                    } else {
-                        (MappingKind::File, path, deleted)
-                    }
-                }
-                MMapPath::Vdso => (MappingKind::Vdso, "[vdso]".to_owned(), false),
-                MMapPath::Anonymous => (MappingKind::Anonymous, String::new(), false),
-                // [vsyscall] and friends: nothing to symbolize.
-                _ => return None,
-            };
-            Some(MappingSpec {
-                start: map.address.0,
-                end: map.address.1,
-                offset: map.offset,
-                dev: makedev(map.dev.0, map.dev.1),
-                inode: map.inode,
-                path,
-                kind,
-                deleted,
-            })
-        })
-        .collect();
+    let text = String::from_utf8_lossy(text);
+    let mut mappings = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let line = parse_line(line).ok_or(MapsError::Parse {
+            pid,
+            line: index + 1,
+        })?;
+        if !line.executable {
+            continue;
+        }
+        let Some((kind, path, deleted)) = classify(line.path) else {
+            continue;
+        };
+        mappings.push(MappingSpec {
+            start: line.start,
+            end: line.end,
+            offset: line.offset,
+            dev: line.dev,
+            inode: line.inode,
+            path,
+            kind,
+            deleted,
+        });
+    }
     mappings.sort_by_key(|m| m.start);
     Ok(mappings)
 }
@@ -186,8 +239,30 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
     fn garbage_is_a_parse_error() {
         assert!(matches!(
             parse_maps(7, b"this is not a maps file\n"),
-            Err(MapsError::Parse { pid: 7, .. })
+            Err(MapsError::Parse { pid: 7, line: 1 })
         ));
+        let truncated = &MAPS.as_bytes()[..MAPS.len() / 2];
+        assert!(parse_maps(7, truncated).is_err());
+    }
+
+    #[test]
+    fn paths_are_whatever_the_process_named_its_files() {
+        // procfs panicked on a path starting with /SYSV shorter than the
+        // SysV key it expected.
+        let maps = "\
+7f2a1c028000-7f2a1c17d000 r-xp 00028000 fe:01 1049013 /SYSV
+7f2a1c300000-7f2a1c301000 r-xp 00000000 fe:01 7   /opt/my app/lib x.so
+7f2a1c400000-7f2a1c401000 r-xp 00000000 fe:01 8   [stack:
+7f2a1c500000-7f2a1c501000 r-xp 00000000 fe:01 9   (deleted)
+";
+        let paths: Vec<String> = parse_maps(1, maps.as_bytes())
+            .expect("parses")
+            .into_iter()
+            .map(|m| m.path)
+            .collect();
+        assert_eq!(paths, ["/opt/my app/lib x.so", "(deleted)"]);
+        assert!(parse_maps(1, b"1-2 r-xp 0 fe:01 x /a\n").is_err());
+        assert!(parse_maps(1, b"1-2 rx 0 fe:01 1 /a\n").is_err());
     }
 
     #[test]

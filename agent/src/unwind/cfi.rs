@@ -8,11 +8,11 @@
 use std::ops::{Deref, Range};
 
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EhFrameHdr, EndianSlice,
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EhFrameHdr, EhFrameOffset, EndianSlice,
     FrameDescriptionEntry, LittleEndian, RegisterRule, UnwindContext, UnwindSection,
     UnwindTableRow, X86_64,
 };
-use object::{Object, ObjectSection};
+use object::{CompressionFormat, Object, ObjectSection};
 
 pub(super) type Reader<'a> = EndianSlice<'a, LittleEndian>;
 
@@ -166,6 +166,7 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
             });
             let debug_frame = file
                 .section_by_name(".debug_frame")
+                .filter(inflated_size_is_plausible)
                 .and_then(|s| s.uncompressed_data().ok())
                 .map(|bytes| bytes.into_owned());
             (bases, eh_frame, eh_frame_hdr, debug_frame, text)
@@ -179,7 +180,10 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
             debug_frame: None,
             text,
         };
-        if source.eh_frame.is_some() && !source.has_header_table() {
+        if !source.has_header_table() {
+            source.eh_frame_hdr = None;
+        }
+        if source.eh_frame.is_some() && source.eh_frame_hdr.is_none() {
             let eh_frame = source.eh_frame_section();
             source.eh_frame_index = index_fdes(&eh_frame, &source.bases)?;
         }
@@ -208,13 +212,23 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
         section
     }
 
+    /// Whether `.eh_frame_hdr` has a search table that can be true: gimli's
+    /// binary search multiplies the header's FDE count by the row size
+    /// unchecked, so a count the section cannot hold (corrupt) would
+    /// overflow.
     fn has_header_table(&self) -> bool {
         let Some(header) = &self.eh_frame_hdr else {
             return false;
         };
-        EhFrameHdr::new(&self.data[header.range.clone()], LittleEndian)
+        let bytes = &self.data[header.range.clone()];
+        EhFrameHdr::new(bytes, LittleEndian)
             .parse(&self.bases, 8)
-            .is_ok_and(|parsed| parsed.table().is_some())
+            .is_ok_and(|parsed| {
+                parsed.table().is_some_and(|table| {
+                    let (rows, _) = table.iter(&self.bases).size_hint();
+                    rows > 0 && rows <= bytes.len() / MIN_TABLE_ROW_BYTES
+                })
+            })
     }
 
     /// The rules at link-time address `vaddr`, if any FDE covers it.
@@ -247,10 +261,20 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
                     let parsed = EhFrameHdr::new(&self.data[header.range.clone()], LittleEndian)
                         .parse(&self.bases, 8)
                         .ok()?;
-                    let table = parsed.table()?;
-                    table
-                        .fde_for_address(&eh_frame, &self.bases, vaddr, EhFrame::cie_from_offset)
+                    // gimli's `fde_for_address` subtracts the table's
+                    // pointer from `.eh_frame`'s unchecked (it panics in a
+                    // build with overflow checks): the same steps, checked.
+                    let pointer = parsed.table()?.lookup(vaddr, &self.bases).ok()?;
+                    let base = parsed.eh_frame_ptr().direct().ok()?;
+                    let offset = pointer.direct().ok()?.checked_sub(base)?;
+                    eh_frame
+                        .fde_from_offset(
+                            &self.bases,
+                            EhFrameOffset(usize::try_from(offset).ok()?),
+                            EhFrame::cie_from_offset,
+                        )
                         .ok()
+                        .filter(|fde| fde.contains(vaddr))
                         .and_then(|fde| visitor.visit(&eh_frame, &self.bases, &fde, context))
                 }
                 _ => fde_from_index(&eh_frame, &self.bases, &self.eh_frame_index, vaddr)
@@ -266,6 +290,27 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
         let fde = fde_from_index(&debug_frame, &self.bases, index, vaddr)?;
         visitor.visit(&debug_frame, &self.bases, &fde, context)
     }
+}
+
+/// The smallest `.eh_frame_hdr` table row: two 2-byte pointers.
+const MIN_TABLE_ROW_BYTES: usize = 4;
+
+/// Most a compressed section may inflate: deflate's limit is 1032 to 1,
+/// and real CFI compresses a few times at best.
+const MAX_COMPRESSION_RATIO: u64 = 1032;
+/// Most `.debug_frame` firn inflates; the largest real ones are tens of MB.
+const MAX_INFLATED_BYTES: u64 = 256 << 20;
+
+/// Whether a compressed section's claimed size can be true. The inflated
+/// buffer is allocated at the claimed size before a byte is inflated, so a
+/// corrupt header claiming gigabytes would otherwise allocate them.
+fn inflated_size_is_plausible(section: &object::Section<'_, '_>) -> bool {
+    section.compressed_file_range().is_ok_and(|range| {
+        range.format == CompressionFormat::None
+            || (range.uncompressed_size <= MAX_INFLATED_BYTES
+                && range.uncompressed_size
+                    <= range.compressed_size.saturating_mul(MAX_COMPRESSION_RATIO))
+    })
 }
 
 fn index_fdes<'a, S>(section: &S, bases: &BaseAddresses) -> Result<Vec<FdeEntry>, CfiError>

@@ -29,7 +29,7 @@ use tracing::debug;
 pub use cfi::{Cfa, CfiContext, CfiError, CfiSource, Rule, UnwindRow};
 pub use dwarf::{Code, CodeLookup, Outcome, StackCopy, Stop, unwind};
 pub use mode::{CopyMapError, CopySizeMap, ProcessUnwinding, UnwindPolicy, is_system_library};
-pub use survey::{FrameSurvey, ObjectFrames, is_go};
+pub use survey::{FrameSurvey, ObjectFrames, is_go, survey};
 
 use crate::{
     cache::ByteBoundedCache,

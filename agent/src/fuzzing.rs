@@ -1,0 +1,487 @@
+//! Entry points of the fuzz targets in `fuzz/` (`cargo xtask fuzz`), one per
+//! parser fed by data another process controls. Each hands the bytes to the
+//! real code path and then does with the result what firn's callers do
+//! (lookups, checks), so a malformed input reaches the code that trusts the
+//! parse. Built for the fuzz crate (feature `fuzzing`) and for the unit
+//! tests, which replay every stored crash input (`fuzz/regressions/`).
+//!
+//! None may panic, hang or allocate without bound on any input.
+
+use std::{
+    cell::RefCell,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use agent_common::UserRegs;
+
+use crate::{
+    config_file::ConfigFile,
+    elf::{self, Bytes, ElfLayout},
+    labels::{
+        CgroupInfo,
+        kubernetes::objects::{parse_event, parse_pod_list, parse_status},
+        relabel::{LabelSet, relabel},
+    },
+    process::{
+        DebugFileKind, MappingSpec, ProcessImage, candidate_paths, debug_file_matches, parse_maps,
+    },
+    sampler,
+    symbolize::{DemangleMode, DwarfInfo, Kallsyms, PerfMapTable, demangle, parse_build_id_note},
+    unwind::{
+        self, CfiContext, CfiSource, Code, CodeLookup, MAX_USER_FRAMES, StackCopy, repair_leaf,
+        stitch,
+    },
+};
+
+/// A fuzz target: its name (the binary in `fuzz/fuzz_targets/` and the
+/// directory of its corpus and regressions) and its entry point.
+pub struct Target {
+    pub name: &'static str,
+    pub run: fn(&[u8]),
+}
+
+/// Every target; `cargo xtask fuzz` and the regression replay use this list.
+pub const TARGETS: &[Target] = &[
+    Target {
+        name: "elf_object",
+        run: elf_object,
+    },
+    Target {
+        name: "build_id_note",
+        run: build_id_note,
+    },
+    Target {
+        name: "dwarf_lines",
+        run: dwarf_lines,
+    },
+    Target {
+        name: "cfi_rows",
+        run: cfi_rows,
+    },
+    Target {
+        name: "unwind_stack",
+        run: unwind_stack,
+    },
+    Target {
+        name: "perf_map",
+        run: perf_map,
+    },
+    Target {
+        name: "proc_maps",
+        run: proc_maps,
+    },
+    Target {
+        name: "cgroup",
+        run: cgroup,
+    },
+    Target {
+        name: "kallsyms",
+        run: kallsyms,
+    },
+    Target {
+        name: "ring_record",
+        run: ring_record,
+    },
+    Target {
+        name: "config_file",
+        run: config_file,
+    },
+    Target {
+        name: "relabel",
+        run: relabel_labels,
+    },
+    Target {
+        name: "kubernetes_pod",
+        run: kubernetes_pod,
+    },
+    Target {
+        name: "demangle",
+        run: demangle_name,
+    },
+];
+
+/// The DWARF budget of the default `--debuginfo-cache-size`.
+const DWARF_LIMIT: usize = 16 << 20;
+
+/// Addresses probed per object: enough to reach several functions, few
+/// enough to keep an execution fast.
+const PROBES: u64 = 32;
+
+/// Link-time addresses spread over the object's load segments, plus their
+/// edges: where lookups go in practice.
+fn probe_addresses(layout: &ElfLayout) -> Vec<u64> {
+    let mut addresses = Vec::new();
+    for segment in layout.segments.iter().take(8) {
+        let step = (segment.file_size / PROBES).max(1);
+        for probe in 0..PROBES {
+            addresses.push(segment.vaddr.wrapping_add(probe.wrapping_mul(step)));
+        }
+        addresses.push(segment.vaddr.wrapping_add(segment.file_size));
+    }
+    addresses.extend([0, 1, u64::MAX]);
+    addresses
+}
+
+fn shared(data: &[u8]) -> Bytes {
+    Bytes::new(Arc::new(data.to_vec()))
+}
+
+/// An ELF object: its layout (build id, segments, debug link), its symbol
+/// tables, and the debug-file checks the symbolizer runs on it.
+pub fn elf_object(data: &[u8]) {
+    let layout = elf::read_layout(data);
+    if let Ok(layout) = &layout {
+        for segment in &layout.segments {
+            let _ = layout.vaddr_for_file_offset(segment.file_offset);
+            let _ = layout.vaddr_for_file_offset(segment.file_offset.wrapping_add(1));
+        }
+        let directories = [PathBuf::from("/usr/lib/debug")];
+        let _ = candidate_paths("/usr/bin/app", layout, &directories);
+        // The object checked as its own debug file, both ways one is found.
+        let _ = debug_file_matches(layout, DebugFileKind::BuildId, data);
+        if let Some(link) = &layout.debug_link {
+            let _ = debug_file_matches(layout, DebugFileKind::DebugLink { crc: link.crc }, data);
+        }
+    }
+    let _ = unwind::is_go(data);
+    if let Ok(table) = elf::read_symbols(&shared(data)) {
+        let addresses = layout.as_ref().map(probe_addresses).unwrap_or_default();
+        for address in addresses {
+            let _ = table.lookup(address);
+        }
+    }
+}
+
+/// The kernel's `/sys/kernel/notes`.
+pub fn build_id_note(data: &[u8]) {
+    let _ = parse_build_id_note(data);
+}
+
+/// DWARF line tables and inline frames of an object.
+pub fn dwarf_lines(data: &[u8]) {
+    let Ok(mut info) = DwarfInfo::parse(shared(data), DWARF_LIMIT) else {
+        return;
+    };
+    let layout = elf::read_layout(data).unwrap_or_default();
+    for address in probe_addresses(&layout) {
+        if info.frames(address).is_err() {
+            break;
+        }
+    }
+}
+
+/// An object's CFI: rows at addresses across its code, and the survey of
+/// whether it keeps frame pointers.
+pub fn cfi_rows(data: &[u8]) {
+    let Ok(source) = CfiSource::new(data) else {
+        return;
+    };
+    let mut context = CfiContext::new();
+    let layout = elf::read_layout(data).unwrap_or_default();
+    for address in probe_addresses(&layout) {
+        let _ = source.row(address, &mut context);
+    }
+    let _ = unwind::survey(&source, &mut context);
+}
+
+/// The sample the unwinder's fixture tests use: `chain_inline` (no frame
+/// pointers) and the maps of the process it was captured from.
+const UNWIND_OBJECT: &[u8] = include_bytes!("../fixtures/chain_inline");
+const UNWIND_CAPTURE: &str = include_str!("../fixtures/chain_inline.regs");
+
+/// The captured process's code: the fixture object has CFI, its other
+/// mappings (libc, the loader) are code without.
+struct FixtureCode {
+    maps: Vec<MappingSpec>,
+    layout: ElfLayout,
+    source: CfiSource<&'static [u8]>,
+    context: CfiContext,
+}
+
+impl FixtureCode {
+    fn new() -> Option<Self> {
+        let (_, maps) = UNWIND_CAPTURE.split_once('\n')?;
+        Some(Self {
+            maps: parse_maps(1, maps.as_bytes()).ok()?,
+            layout: elf::read_layout(UNWIND_OBJECT).ok()?,
+            source: CfiSource::new(UNWIND_OBJECT).ok()?,
+            context: CfiContext::new(),
+        })
+    }
+
+    fn vaddr(&self, address: u64) -> Option<u64> {
+        let map = self
+            .maps
+            .iter()
+            .find(|m| (m.start..m.end).contains(&address))?;
+        if !map.path.ends_with("/chain_inline") {
+            return None;
+        }
+        self.layout
+            .vaddr_for_file_offset(address - map.start + map.offset)
+    }
+}
+
+impl CodeLookup for FixtureCode {
+    fn code(&mut self, address: u64) -> Code {
+        if let Some(vaddr) = self.vaddr(address) {
+            return self
+                .source
+                .row(vaddr, &mut self.context)
+                .map_or(Code::NoCfi, |row| Code::Row { row, system: false });
+        }
+        if self
+            .maps
+            .iter()
+            .any(|m| (m.start..m.end).contains(&address))
+        {
+            Code::NoCfi
+        } else {
+            Code::Unmapped
+        }
+    }
+}
+
+thread_local! {
+    static FIXTURE_CODE: RefCell<Option<FixtureCode>> = RefCell::new(FixtureCode::new());
+}
+
+/// Size of the registers at the start of an `unwind_stack` input.
+const REGS_BYTES: usize = 24;
+
+fn le_u64(bytes: &[u8]) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&bytes[..8]);
+    u64::from_le_bytes(word)
+}
+
+/// A sample's registers (`ip`, `sp`, `bp`, little-endian) followed by its
+/// stack copy, unwound against the fixture's real CFI the way the agent
+/// does: the DWARF unwind, the join with a frame-pointer walk, leaf repair.
+pub fn unwind_stack(data: &[u8]) {
+    let Some((regs, stack)) = data.split_at_checked(REGS_BYTES) else {
+        return;
+    };
+    let regs = UserRegs {
+        ip: le_u64(regs),
+        sp: le_u64(&regs[8..]),
+        bp: le_u64(&regs[16..]),
+    };
+    FIXTURE_CODE.with_borrow_mut(|code| {
+        let Some(code) = code else { return };
+        let mut frames = Vec::new();
+        let copy = StackCopy {
+            sp: regs.sp,
+            bytes: stack,
+        };
+        unwind::unwind(regs, copy, code, MAX_USER_FRAMES, &mut frames);
+        assert!(
+            !frames.is_empty() && frames.len() <= MAX_USER_FRAMES,
+            "{} frames",
+            frames.len()
+        );
+        // A walk from the same words, as if the kernel had followed them.
+        let walk: Vec<u64> = stack.chunks_exact(8).take(16).map(le_u64).collect();
+        let mut joined = frames.clone();
+        stitch(&mut joined, &walk);
+        assert!(joined.len() <= MAX_USER_FRAMES);
+        if let Code::Row { row, .. } = code.code(regs.ip) {
+            let mut walk = walk;
+            walk.insert(0, regs.ip);
+            repair_leaf(&mut walk, &row, (regs.ip, regs.sp, regs.bp), stack);
+        }
+    });
+}
+
+/// A JIT perf map (`/tmp/perf-PID.map`), read in two parts as an
+/// incremental read would, then looked up at every function it names.
+pub fn perf_map(data: &[u8]) {
+    let mut table = PerfMapTable::default();
+    let split = data.len() / 2;
+    let (consumed, _) = table.extend(&data[..split]);
+    let _ = table.extend(&data[consumed..]);
+    for line in data.split(|&b| b == b'\n') {
+        let parsed = std::str::from_utf8(line)
+            .ok()
+            .and_then(crate::symbolize::parse_perf_map_line);
+        if let Some((start, size, _)) = parsed {
+            let _ = table.lookup(start);
+            let _ = table.lookup(start.saturating_add(size));
+        }
+    }
+    let _ = table.lookup(0);
+    let _ = table.lookup(u64::MAX);
+}
+
+/// `/proc/PID/maps`, and the lookups of a process image built from it.
+pub fn proc_maps(data: &[u8]) {
+    let Ok(specs) = parse_maps(1, data) else {
+        return;
+    };
+    let probes: Vec<u64> = specs
+        .iter()
+        .flat_map(|spec| [spec.start, spec.end, spec.end.wrapping_sub(1)])
+        .collect();
+    let image = ProcessImage::new(1, "fuzz".into(), specs);
+    for address in probes {
+        let _ = image.mapping_index(address);
+    }
+    let _ = image.executable();
+}
+
+/// `/proc/PID/cgroup`.
+pub fn cgroup(data: &[u8]) {
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = CgroupInfo::parse(text);
+    }
+}
+
+/// `/proc/kallsyms`.
+pub fn kallsyms(data: &[u8]) {
+    let Ok(table) = Kallsyms::parse_bytes(data) else {
+        return;
+    };
+    if let Some((low, high)) = table.range() {
+        for address in [low, low.wrapping_add(1), high.wrapping_sub(1), high] {
+            let _ = table.lookup(address);
+        }
+    }
+    let _ = table.lookup(0);
+    let _ = table.lookup(u64::MAX);
+}
+
+/// One BPF ring buffer record.
+pub fn ring_record(data: &[u8]) {
+    let _ = sampler::decode(data);
+}
+
+/// The labels a process typically has when the relabel rules run.
+fn typical_labels() -> LabelSet {
+    [
+        ("comm", "java"),
+        ("executable", "/usr/bin/java"),
+        ("pid", "4242"),
+        ("cgroup", "/system.slice/app.service"),
+        ("systemd_unit", "app.service"),
+        ("__meta_kubernetes_pod_label_app", "checkout"),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_owned(), value.to_owned()))
+    .collect()
+}
+
+fn rules_of(text: &str) -> Vec<crate::labels::relabel::Rule> {
+    let path = Path::new("firn.yaml");
+    ConfigFile::parse(text, path)
+        .and_then(|config| config.relabel_rules(path))
+        .unwrap_or_default()
+}
+
+/// The `--config-path` file, its relabel rules applied to typical labels.
+pub fn config_file(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let rules = rules_of(text);
+    let _ = relabel(&rules, typical_labels());
+}
+
+/// Relabel rules (a config file) and the labels they rewrite (label values
+/// come from processes: names, cgroup paths, pod labels): the config, a NUL
+/// byte, then `name=value` lines.
+pub fn relabel_labels(data: &[u8]) {
+    let (config, labels) = match data.iter().position(|&b| b == 0) {
+        Some(nul) => (&data[..nul], &data[nul + 1..]),
+        None => (data, &[][..]),
+    };
+    let Ok(config) = std::str::from_utf8(config) else {
+        return;
+    };
+    let rules = rules_of(config);
+    let mut set = typical_labels();
+    for line in String::from_utf8_lossy(labels).lines() {
+        if let Some((name, value)) = line.split_once('=') {
+            set.insert(name.to_owned(), value.to_owned());
+        }
+    }
+    let _ = relabel(&rules, set);
+}
+
+/// Kubernetes API answers: a pod list, a watch event line, a status.
+pub fn kubernetes_pod(data: &[u8]) {
+    let _ = parse_pod_list(data);
+    let _ = parse_event(data);
+    let _ = parse_status(data);
+}
+
+/// A symbol name from an object or a perf map, demangled every way.
+pub fn demangle_name(data: &[u8]) {
+    if let Ok(name) = std::str::from_utf8(data) {
+        for mode in [DemangleMode::Simplified, DemangleMode::Full] {
+            let _ = demangle(name, mode);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::*;
+
+    fn fuzz_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
+    }
+
+    /// Every crash the fuzzers found, stored under
+    /// `fuzz/regressions/<target>/`, runs through its target again.
+    #[test]
+    fn stored_crash_inputs_no_longer_fail() {
+        let regressions = fuzz_dir().join("regressions");
+        let Ok(directories) = fs::read_dir(&regressions) else {
+            return;
+        };
+        let mut failing = Vec::new();
+        for directory in directories {
+            let directory = directory.expect("readable directory").path();
+            if !directory.is_dir() {
+                continue;
+            }
+            let name = directory.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let target = TARGETS
+                .iter()
+                .find(|t| t.name == name)
+                .unwrap_or_else(|| panic!("{} names no fuzz target", directory.display()));
+            for input in fs::read_dir(&directory).expect("readable directory") {
+                let path = input.expect("readable entry").path();
+                let data = fs::read(&path).expect("readable input");
+                let replay = std::panic::AssertUnwindSafe(|| (target.run)(&data));
+                if std::panic::catch_unwind(replay).is_err() {
+                    failing.push(path.display().to_string());
+                }
+            }
+        }
+        assert!(failing.is_empty(), "still failing: {failing:#?}");
+    }
+
+    /// The committed seeds run too: a target that fails on its own seeds
+    /// is caught without a fuzzer.
+    #[test]
+    fn seed_corpora_run_cleanly() {
+        for target in TARGETS {
+            let corpus = fuzz_dir().join("corpus").join(target.name);
+            let inputs = fs::read_dir(&corpus)
+                .unwrap_or_else(|_| panic!("{} has no seed corpus", target.name));
+            for input in inputs {
+                let data = fs::read(input.expect("readable entry").path()).expect("readable");
+                (target.run)(&data);
+            }
+        }
+    }
+
+    #[test]
+    fn the_unwind_fixture_loads() {
+        assert!(FixtureCode::new().is_some());
+    }
+}
