@@ -28,6 +28,7 @@ use crate::{
     },
     sampler,
     symbolize::{DemangleMode, DwarfInfo, Kallsyms, PerfMapTable, demangle, parse_build_id_note},
+    untrusted::FuseMounts,
     unwind::{
         self, CfiContext, CfiSource, Code, CodeLookup, MAX_USER_FRAMES, StackCopy, repair_leaf,
         stitch,
@@ -74,6 +75,10 @@ pub const TARGETS: &[Target] = &[
     Target {
         name: "cgroup",
         run: cgroup,
+    },
+    Target {
+        name: "mountinfo",
+        run: mountinfo,
     },
     Target {
         name: "kallsyms",
@@ -335,6 +340,19 @@ pub fn cgroup(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = CgroupInfo::parse(text);
     }
+}
+
+/// `/proc/PID/mountinfo`: mount points are names a process chooses.
+pub fn mountinfo(data: &[u8]) {
+    let mounts = FuseMounts::parse(&String::from_utf8_lossy(data));
+    for path in [
+        "/",
+        "/usr/lib/debug/.build-id/ab/cd.debug",
+        "tmp/perf-1.map",
+    ] {
+        let _ = mounts.covers(Path::new(path));
+    }
+    let _ = mounts.has_device(0);
 }
 
 /// `/proc/kallsyms`.
