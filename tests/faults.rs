@@ -78,7 +78,9 @@ impl Firn {
             .filter(|(name, _)| {
                 *name == series
                     || (!series.contains('{')
-                        && name.strip_prefix(series).is_some_and(|l| l.starts_with('{')))
+                        && name
+                            .strip_prefix(series)
+                            .is_some_and(|l| l.starts_with('{')))
             })
             .filter_map(|(_, value)| value.parse::<f64>().ok())
             .sum()
@@ -99,7 +101,11 @@ impl Firn {
                     .and_then(|stat| Some(stat.rsplit_once(')')?.1.trim_start().starts_with('Z')))
                     .unwrap_or(true)
             });
-            assert!(!exited, "firn exited while waiting for {what}:\n{}", self.log());
+            assert!(
+                !exited,
+                "firn exited while waiting for {what}:\n{}",
+                self.log()
+            );
             assert!(
                 Instant::now() < deadline,
                 "{what}: not within {timeout:?}:\n{}",

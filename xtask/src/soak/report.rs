@@ -98,7 +98,7 @@ impl Outcome {
         }
         let mut problems = Vec::new();
         let (stall, at) = self.longest_stall();
-        if stall > (3 * self.profile_seconds).max(15) as f64 {
+        if stall > stall_threshold(self.profile_seconds) {
             problems.push(format!("stalled {stall:.0} s from t={at:.0}"));
         }
         if self.exit.as_ref().is_some_and(|exit| exit.status.is_none()) {
@@ -108,8 +108,8 @@ impl Outcome {
             problems.push("delivery did not resume".to_owned());
         }
         if self.targets {
-            let (peak, steady, _) = self.memory();
-            if peak >= PEAK_TARGET_MB || steady >= STEADY_TARGET_MB {
+            let memory = self.memory();
+            if memory.peak >= PEAK_TARGET_MB || memory.steady >= STEADY_TARGET_MB {
                 problems.push("over the memory targets".to_owned());
             }
         }
@@ -120,31 +120,43 @@ impl Outcome {
         }
     }
 
-    /// Peak RSS up to the end of the fault phase; steady RSS (median of the
-    /// fault phase's second half); growth over the fault phase (median of
-    /// its last quarter minus its first quarter), all MB.
-    fn memory(&self) -> (f64, f64, f64) {
-        let peak = self
-            .points()
-            .iter()
-            .filter(|p| p.phase <= self.fault_phase)
-            .map(|p| p.rss_kb)
-            .max()
-            .unwrap_or(0);
-        let fault: Vec<f64> = self
-            .phase_points(self.fault_phase)
-            .iter()
-            .map(|p| mb(p.rss_kb))
-            .collect();
-        let n = fault.len();
-        let steady = median(&fault[n / 2..]);
-        let growth = if n >= 4 {
-            median(&fault[n - n / 4..]) - median(&fault[..n / 4])
-        } else {
-            0.0
-        };
-        (mb(peak), steady, growth)
+    /// Up to the end of the fault phase: the peak RSS (VmHWM, which sees
+    /// peaks between two looks) and the peak anonymous RSS; over the fault
+    /// phase's second half, the median RSS and anonymous RSS ("steady");
+    /// the growth over the fault phase (median of its last quarter minus
+    /// its first quarter). All MB.
+    fn memory(&self) -> Memory {
+        let until_fault_end = || self.points().iter().filter(|p| p.phase <= self.fault_phase);
+        let fault = self.phase_points(self.fault_phase);
+        let rss: Vec<f64> = fault.iter().map(|p| mb(p.rss_kb)).collect();
+        let anon: Vec<f64> = fault.iter().map(|p| mb(p.anon_kb)).collect();
+        let n = rss.len();
+        Memory {
+            peak: mb(until_fault_end().map(|p| p.hwm_kb).max().unwrap_or(0)),
+            peak_anon: mb(until_fault_end().map(|p| p.anon_kb).max().unwrap_or(0)),
+            steady: median(&rss[n / 2..]),
+            steady_anon: median(&anon[n / 2..]),
+            growth: if n >= 4 {
+                median(&rss[n - n / 4..]) - median(&rss[..n / 4])
+            } else {
+                0.0
+            },
+        }
     }
+}
+
+/// Seconds without a sample handled that count as a stall: three profile
+/// intervals, at least 10 s.
+fn stall_threshold(profile_seconds: u64) -> f64 {
+    (3 * profile_seconds).max(10) as f64
+}
+
+struct Memory {
+    peak: f64,
+    peak_anon: f64,
+    steady: f64,
+    steady_anon: f64,
+    growth: f64,
 }
 
 fn mb(kb: u64) -> f64 {
@@ -188,7 +200,7 @@ pub fn print_scenario(outcome: &Outcome) {
         outcome.profile_seconds
     );
     println!(
-        "{:<10}{:>6}{:>20}{:>9}{:>9}{:>8}{:>9}{:>9}{:>8}{:>8}{:>7}{:>8}{:>10}{:>7}",
+        "{:<10}{:>6}{:>20}{:>9}{:>9}{:>8}{:>9}{:>9}{:>8}{:>8}{:>7}{:>8}{:>11}{:>7}",
         "phase",
         "secs",
         "RSS MB min/med/max",
@@ -219,7 +231,7 @@ pub fn print_scenario(outcome: &Outcome) {
             - points.first().map_or(0.0, |p| p.cpu_seconds);
         let samples = delta(&points, |c| c.samples);
         println!(
-            "{:<10}{:>6.0}{:>20}{:>9.1}{:>9.1}{:>8.2}{:>9.1}{:>9.0}{:>8.0}{:>8.0}{:>7.0}{:>8.0}{:>10.0}{:>7.0}",
+            "{:<10}{:>6.0}{:>20}{:>9.1}{:>9.1}{:>8.2}{:>9.1}{:>9.0}{:>8.0}{:>8.0}{:>7.0}{:>8.0}{:>11.0}{:>7.0}",
             name,
             own.last().map_or(0.0, |p| p.at) - points.first().map_or(0.0, |p| p.at),
             format!(
@@ -278,10 +290,12 @@ pub fn print_scenario(outcome: &Outcome) {
         None => {}
     }
     if outcome.targets {
-        let (peak, steady, growth) = outcome.memory();
+        let m = outcome.memory();
         println!(
-            "memory targets: peak {peak:.1} MB (< {PEAK_TARGET_MB}), steady {steady:.1} MB \
-             (< {STEADY_TARGET_MB}), growth over the fault phase {growth:+.1} MB"
+            "memory targets: peak RSS (VmHWM) {:.1} MB (< {PEAK_TARGET_MB}), steady {:.1} MB \
+             (< {STEADY_TARGET_MB}), growth over the fault phase {:+.1} MB; anonymous: peak \
+             {:.1} MB, steady {:.1} MB",
+            m.peak, m.steady, m.growth, m.peak_anon, m.steady_anon
         );
     }
     for note in &outcome.notes {
@@ -300,11 +314,13 @@ pub fn print_scenario(outcome: &Outcome) {
 pub fn print_summary(outcomes: &[Outcome]) {
     println!("\n== summary ==");
     println!(
-        "{:<14}{:>6}{:>9}{:>10}{:>8}{:>9}{:>9}{:>9}{:>7}{:>8}{:>11}{:>9}{:>9}  verdict",
+        "{:<14}{:>6}{:>8}{:>10}{:>11}{:>9}{:>8}{:>9}{:>9}{:>9}{:>7}{:>8}{:>11}{:>9}{:>9}  verdict",
         "scenario",
         "secs",
-        "peak MB",
+        "HWM MB",
+        "sampled MB",
         "steady MB",
+        "anon MB",
         "CPU s",
         "us/smpl",
         "lost",
@@ -317,8 +333,10 @@ pub fn print_summary(outcomes: &[Outcome]) {
     );
     for outcome in outcomes {
         let points = outcome.points();
-        let (_, steady, _) = outcome.memory();
+        let memory = outcome.memory();
+        let hwm = mb(points.iter().map(|p| p.hwm_kb).max().unwrap_or(0));
         let peak = mb(points.iter().map(|p| p.rss_kb).max().unwrap_or(0));
+        let anon = mb(points.iter().map(|p| p.anon_kb).max().unwrap_or(0));
         let cpu = points.last().map_or(0.0, |p| p.cpu_seconds);
         let samples = delta(points, |c| c.samples);
         let resumed = match &outcome.resumed {
@@ -335,11 +353,13 @@ pub fn print_summary(outcomes: &[Outcome]) {
             None => "-".to_owned(),
         };
         println!(
-            "{:<14}{:>6.0}{:>9.1}{:>10.1}{:>8.2}{:>9.1}{:>9.0}{:>9.0}{:>7.0}{:>8.0}{:>11.0}{:>9}{:>9}  {}",
+            "{:<14}{:>6.0}{:>8.1}{:>10.1}{:>11.1}{:>9.1}{:>8.2}{:>9.1}{:>9.0}{:>9.0}{:>7.0}{:>8.0}{:>11.0}{:>9}{:>9}  {}",
             outcome.scenario.name(),
             points.last().map_or(0.0, |p| p.at),
+            hwm,
             peak,
-            steady,
+            memory.steady,
+            anon,
             cpu,
             cpu * 1e6 / samples.max(1.0),
             delta(points, |c| c.lost),

@@ -318,7 +318,8 @@ fn hostile_files(ctx: &Ctx) -> Result<Outcome> {
     run.outcome.fault_phase = 2;
     let _app = workloads::in_container(&fifo.root, "/app")?;
     let _jit = workloads::in_container(&fifo.root, "/jit")?;
-    run.hold(ctx.phase(FAULT, FAULT));
+    // Long enough to tell a stall (10 s without a sample) at any scale.
+    run.hold(ctx.phase(FAULT, FAULT).max(Duration::from_secs(30)));
     Ok(run.finish())
 }
 
