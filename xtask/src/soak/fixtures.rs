@@ -53,9 +53,27 @@ impl Guard {
             }
             thread::sleep(Duration::from_millis(20));
         }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        self.kill_and_reap(KILL_DEADLINE);
         (None, sent.elapsed())
+    }
+
+    /// SIGKILL, then waits at most `deadline`: a process blocked in the
+    /// kernel (state D) dies only once that call returns. Returns whether
+    /// it was reaped.
+    pub fn kill_and_reap(&mut self, deadline: Duration) -> bool {
+        let _ = self.0.kill();
+        let sent = Instant::now();
+        while sent.elapsed() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return true;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!(
+            "soak: pid {} still not gone {deadline:?} after SIGKILL (blocked in the kernel); left behind",
+            self.0.id()
+        );
+        false
     }
 
     pub fn exited(&mut self) -> bool {
@@ -63,10 +81,14 @@ impl Guard {
     }
 }
 
+/// How long a SIGKILLed child may take to go.
+const KILL_DEADLINE: Duration = Duration::from_secs(30);
+
 impl Drop for Guard {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        if let Ok(None) = self.0.try_wait() {
+            self.kill_and_reap(KILL_DEADLINE);
+        }
     }
 }
 
@@ -270,7 +292,9 @@ impl Exit {
             Some(status) if status.success() => format!("exited in {:.1} s", self.seconds),
             Some(status) => format!("exited in {:.1} s ({status})", self.seconds),
             None => format!(
-                "STALLED: still running {:.0} s after SIGTERM, killed",
+                "STALLED: still running {:.0} s after SIGTERM; SIGKILLed, gone (or given up on) \
+                 {:.0} s after SIGTERM",
+                EXIT_DEADLINE.as_secs_f64(),
                 self.seconds
             ),
         }

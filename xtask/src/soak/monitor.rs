@@ -7,7 +7,8 @@ use std::{
     net::{SocketAddr, TcpStream},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc,
     },
     thread::{self, JoinHandle},
     time::{Duration, Instant},
@@ -81,11 +82,16 @@ pub struct Point {
     pub counters: Option<Counters>,
 }
 
+/// Longest one look at firn may take (the `/metrics` scrape alone may
+/// take 3 s).
+const LOOK_TIMEOUT: Duration = Duration::from_secs(5);
+
 #[derive(Default)]
 struct Shared {
     points: Mutex<Vec<Point>>,
     phases: Mutex<Vec<String>>,
     stop: AtomicBool,
+    unanswered: AtomicU64,
 }
 
 pub struct Monitor {
@@ -98,6 +104,10 @@ pub struct Monitor {
 pub struct Series {
     pub points: Vec<Point>,
     pub phases: Vec<String>,
+    /// Seconds from the start to the end of watching.
+    pub end: f64,
+    /// Looks at /proc that took longer than 5 s.
+    pub unanswered: u64,
 }
 
 impl Monitor {
@@ -108,14 +118,30 @@ impl Monitor {
             let shared = shared.clone();
             thread::spawn(move || {
                 let mut next = Instant::now();
+                // A look at /proc can block (a process whose memory map is
+                // locked): each runs on a thread of its own, and the
+                // monitor counts the ticks it did not answer in time.
+                let mut pending: Option<mpsc::Receiver<Option<Point>>> = None;
                 while !shared.stop.load(Ordering::Relaxed) {
-                    let phase = lock(&shared.phases).len().saturating_sub(1);
-                    let Some(mut point) = look(pid, metrics) else {
-                        break; // firn is gone
-                    };
-                    point.at = started.elapsed().as_secs_f64();
-                    point.phase = phase;
-                    lock(&shared.points).push(point);
+                    let receiver = pending.take().unwrap_or_else(|| {
+                        let (sender, receiver) = mpsc::channel();
+                        thread::spawn(move || {
+                            let _ = sender.send(look(pid, metrics));
+                        });
+                        receiver
+                    });
+                    match receiver.recv_timeout(LOOK_TIMEOUT) {
+                        Ok(Some(mut point)) => {
+                            point.at = started.elapsed().as_secs_f64();
+                            point.phase = lock(&shared.phases).len().saturating_sub(1);
+                            lock(&shared.points).push(point);
+                        }
+                        Ok(None) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            shared.unanswered.fetch_add(1, Ordering::Relaxed);
+                            pending = Some(receiver);
+                        }
+                    }
                     next += Duration::from_secs(1);
                     thread::sleep(next.saturating_duration_since(Instant::now()));
                 }
@@ -150,6 +176,8 @@ impl Monitor {
         Series {
             points: std::mem::take(&mut *lock(&self.shared.points)),
             phases: std::mem::take(&mut *lock(&self.shared.phases)),
+            end: self.started.elapsed().as_secs_f64(),
+            unanswered: self.shared.unanswered.load(Ordering::Relaxed),
         }
     }
 }

@@ -88,6 +88,12 @@ impl Outcome {
                 _ => last = Some((point.at, counters.samples)),
             }
         }
+        // Until the end of watching: a firn that stopped answering.
+        if let (Some((at, _)), Some(series)) = (last, &self.series)
+            && series.end - at > longest.0
+        {
+            longest = (series.end - at, at);
+        }
         longest
     }
 
@@ -279,6 +285,12 @@ pub fn print_scenario(outcome: &Outcome) {
     let scrapes_failed = points.iter().filter(|p| p.counters.is_none()).count();
     if scrapes_failed > 0 {
         println!("/metrics did not answer {scrapes_failed} times");
+    }
+    if series.unanswered > 0 {
+        println!(
+            "firn's /proc files did not answer within 5 s {} times (firn blocked in the kernel)",
+            series.unanswered
+        );
     }
     match &outcome.resumed {
         Some(Resumed::After(seconds, what)) => {
