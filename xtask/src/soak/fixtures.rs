@@ -44,6 +44,17 @@ impl Guard {
         signal: i32,
         deadline: Duration,
     ) -> (Option<ExitStatus>, Duration) {
+        self.signal_and_wait_then(signal, deadline, || {})
+    }
+
+    /// As [`Guard::signal_and_wait`], calling `before_kill` when the
+    /// deadline passed, before SIGKILL.
+    pub fn signal_and_wait_then(
+        &mut self,
+        signal: i32,
+        deadline: Duration,
+        before_kill: impl FnOnce(),
+    ) -> (Option<ExitStatus>, Duration) {
         // SAFETY: signalling our own child, which has not been reaped.
         unsafe { libc::kill(self.0.id() as i32, signal) };
         let sent = Instant::now();
@@ -53,6 +64,7 @@ impl Guard {
             }
             thread::sleep(Duration::from_millis(20));
         }
+        before_kill();
         self.kill_and_reap(KILL_DEADLINE);
         (None, sent.elapsed())
     }
@@ -90,6 +102,21 @@ impl Drop for Guard {
             self.kill_and_reap(KILL_DEADLINE);
         }
     }
+}
+
+/// Where the threads of `pid` sleep in the kernel (`/proc/PID/task/*/wchan`),
+/// e.g. `d_alloc_parallel` behind a hung file system.
+pub fn wait_channels(pid: u32) -> String {
+    let mut channels: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|task| fs::read_to_string(task.path().join("wchan")).ok())
+        .filter(|channel| !channel.is_empty() && channel != "0")
+        .collect();
+    channels.sort();
+    channels.dedup();
+    channels.join(", ")
 }
 
 /// A loopback port nothing listens on (yet).
@@ -284,6 +311,8 @@ pub struct Firn {
 pub struct Exit {
     pub status: Option<ExitStatus>,
     pub seconds: f64,
+    /// Where firn's threads slept when SIGTERM went unanswered.
+    pub wait_channels: String,
 }
 
 impl Exit {
@@ -333,7 +362,11 @@ impl Firn {
                 break;
             }
             if Instant::now() > deadline {
-                bail!("firn was not ready within 60 s; see {}", log.display());
+                bail!(
+                    "firn was not ready within 60 s (its threads wait in: {}); see {}",
+                    wait_channels(child.pid()),
+                    log.display()
+                );
             }
             thread::sleep(Duration::from_millis(200));
         }
@@ -354,10 +387,17 @@ impl Firn {
 
     /// SIGTERM; killed when still running after [`EXIT_DEADLINE`].
     pub fn terminate(mut self) -> Exit {
-        let (status, took) = self.child.signal_and_wait(libc::SIGTERM, EXIT_DEADLINE);
+        let pid = self.pid();
+        let mut channels = String::new();
+        let (status, took) = self
+            .child
+            .signal_and_wait_then(libc::SIGTERM, EXIT_DEADLINE, || {
+                channels = wait_channels(pid)
+            });
         Exit {
             status,
             seconds: took.as_secs_f64(),
+            wait_channels: channels,
         }
     }
 

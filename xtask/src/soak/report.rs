@@ -315,6 +315,9 @@ pub fn print_scenario(outcome: &Outcome) {
     }
     if let Some(exit) = &outcome.exit {
         println!("SIGTERM: {}", exit.describe());
+        if !exit.wait_channels.is_empty() {
+            println!("  firn's threads were waiting in: {}", exit.wait_channels);
+        }
     }
     println!(
         "verdict: {}   (log: {})",
@@ -360,6 +363,7 @@ pub fn print_summary(outcomes: &[Outcome]) {
             Some(Exit {
                 status: Some(_),
                 seconds,
+                ..
             }) => format!("{seconds:.1}"),
             Some(_) => "KILLED".to_owned(),
             None => "-".to_owned(),
