@@ -6,6 +6,7 @@ mod ebpf;
 mod fuzz;
 mod install;
 mod setup;
+mod soak;
 mod util;
 
 use std::path::PathBuf;
@@ -57,6 +58,10 @@ enum Command {
     /// Measure firn against `perf record` on a busy workload and print
     /// the figures.
     Bench(bench::BenchArgs),
+    /// Run firn through faults (exec churn, the server down, killed or
+    /// silent, a full store, hostile files, a 200+ MB binary) and print
+    /// its memory, CPU, losses and deliveries.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> Result<()> {
@@ -86,6 +91,10 @@ fn main() -> Result<()> {
         Command::Bench(args) => {
             setup::debian_packages()?;
             bench::run(&root, &args)
+        }
+        Command::Soak(args) => {
+            setup::parca_server()?;
+            soak::run(&root, &args)
         }
     }
 }
