@@ -7,7 +7,6 @@ mod common;
 mod parca_support;
 
 use std::{
-    ffi::CString,
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -62,41 +61,6 @@ fn sighup_writes_the_last_profile_and_exits_0() {
     );
 }
 
-/// A tmpfs of `size`, lazily unmounted when dropped.
-struct Tmpfs(CString);
-
-impl Tmpfs {
-    fn mount(path: &Path, size: &str) -> Self {
-        let target = CString::new(path.as_os_str().as_encoded_bytes()).expect("path");
-        let options = CString::new(format!("size={size}")).expect("options");
-        // SAFETY: NUL-terminated strings; a fresh mount on our own directory.
-        let status = unsafe {
-            libc::mount(
-                c"tmpfs".as_ptr(),
-                target.as_ptr(),
-                c"tmpfs".as_ptr(),
-                0,
-                options.as_ptr().cast(),
-            )
-        };
-        assert_eq!(
-            status,
-            0,
-            "tmpfs on {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
-        Self(target)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        // SAFETY: unmounts what `mount` mounted.
-        unsafe { libc::umount2(self.0.as_ptr(), libc::MNT_DETACH) };
-    }
-}
-
 #[test]
 fn a_full_store_logs_the_os_error_and_leaves_no_temporary_files() {
     require_root();
@@ -104,11 +68,9 @@ fn a_full_store_logs_the_os_error_and_leaves_no_temporary_files() {
     let dir = tempfile::tempdir().expect("tempdir");
     let _workload = start_chain(dir.path(), &FP_FLAGS);
     let store = dir.path().join("store");
-    std::fs::create_dir(&store).expect("store");
-    let _tmpfs = Tmpfs::mount(&store, "64k");
+    let tmpfs = Tmpfs::mount(&store, 64 << 10);
     // Fill it: every profile write fails for want of space.
-    let filler = vec![0u8; 64 << 10];
-    let _ = std::fs::write(store.join("filler"), &filler);
+    tmpfs.fill("filler");
     let agent = Agent::start(
         &dir.path().join("firn.log"),
         &[

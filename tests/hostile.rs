@@ -18,9 +18,6 @@ use common::{
 };
 use firn::pprof;
 
-/// The deadline from SIGTERM to exit.
-const EXIT_DEADLINE: Duration = Duration::from_secs(10);
-
 /// The workload, built with frame pointers; `strip`ped when asked.
 fn build_workload(dir: &Path, strip: bool) -> PathBuf {
     let binary = build_c(
@@ -115,6 +112,19 @@ fn start_agent(dir: &Path, pid: u32, store: &Path) -> Agent {
     )
 }
 
+/// Waits until `/metrics` counts `count` files refused for `reason`;
+/// returns where `/metrics` is.
+fn wait_for_refusals(agent: &Agent, reason: &str, count: f64) -> std::net::SocketAddr {
+    let address = agent.http_address();
+    let series = format!("firn_untrusted_files_refused_total{{reason=\"{reason}\"}}");
+    agent.wait_until(
+        &format!("{count} files refused as {reason}"),
+        Duration::from_secs(30),
+        || metric(address, &series).unwrap_or(0.0) >= count,
+    );
+    address
+}
+
 /// Waits until a profile written after `after` holds the chain in most of
 /// `pid`'s samples.
 fn wait_for_named_chain(agent: &Agent, store: &Path, pid: u32, after: Instant) {
@@ -133,18 +143,6 @@ fn wait_for_named_chain(agent: &Agent, store: &Path, pid: u32, after: Instant) {
             chain_share(&last_stacks, &CHAIN).0 > 0.5
         },
         || agent.log(),
-    );
-}
-
-/// SIGTERM: the agent exits 0 within the deadline.
-fn assert_clean_exit(agent: Agent) {
-    let stopped = agent.stop_with(libc::SIGTERM);
-    assert!(
-        stopped.status.success() && stopped.took < EXIT_DEADLINE,
-        "{} after {:?}:\n{}",
-        stopped.status,
-        stopped.took,
-        stopped.log
     );
 }
 
@@ -170,14 +168,7 @@ fn planted_fifos_are_refused_and_the_agent_keeps_sampling() {
     let pid = workload.pid();
     let store = dir.path().join("profiles");
     let agent = start_agent(dir.path(), pid, &store);
-    let address = agent.http_address();
-    let refused = "firn_untrusted_files_refused_total{reason=\"not_regular\"}";
-    wait_for(
-        "both FIFOs to be refused",
-        Duration::from_secs(30),
-        || metric(address, refused).unwrap_or(0.0) >= 2.0,
-        || agent.log(),
-    );
+    let address = wait_for_refusals(&agent, "not_regular", 2.0);
     // Profiles keep coming after the refusals, with the chain named from
     // the symbol table.
     wait_for_named_chain(&agent, &store, pid, Instant::now());
@@ -188,7 +179,7 @@ fn planted_fifos_are_refused_and_the_agent_keeps_sampling() {
         "the refusal is logged:\n{}",
         agent.log()
     );
-    assert_clean_exit(agent);
+    agent.terminate_cleanly();
 }
 
 /// Profiles in `store` written after `after`, newest first.
@@ -296,14 +287,7 @@ os.execv(sys.argv[1], [sys.argv[1]])
     wait_until_app(pid);
     let store = dir.path().join("profiles");
     let agent = start_agent(dir.path(), pid, &store);
-    let address = agent.http_address();
-    let on_fuse = "firn_untrusted_files_refused_total{reason=\"fuse\"}";
-    wait_for(
-        "the lookup beneath the FUSE mount to be refused",
-        Duration::from_secs(30),
-        || metric(address, on_fuse).unwrap_or(0.0) >= 1.0,
-        || agent.log(),
-    );
+    let address = wait_for_refusals(&agent, "fuse", 1.0);
     wait_for_named_chain(&agent, &store, pid, Instant::now());
     let (status, body) = get(address, "/ready").expect("/ready answers");
     assert_eq!(status, 200, "{body}");
@@ -324,5 +308,5 @@ os.execv(sys.argv[1], [sys.argv[1]])
         "{}",
         agent.log()
     );
-    assert_clean_exit(agent);
+    agent.terminate_cleanly();
 }

@@ -124,6 +124,10 @@ pub fn wait_for(
     }
 }
 
+/// The longest an agent may take from SIGTERM to its exit (what
+/// orchestrators allow before they kill it).
+pub const EXIT_DEADLINE: Duration = Duration::from_secs(10);
+
 /// A running `firn` agent, its log in a file (a pipe nobody reads could
 /// fill and stall it). The one guard every test starts the agent through:
 /// killed when dropped, so a failed assertion leaves no agent running.
@@ -248,6 +252,33 @@ impl Agent {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Polls `done` until it holds, failing (with the log) after
+    /// `timeout` or as soon as the agent exits.
+    pub fn wait_until(&self, what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+        wait_for(
+            what,
+            timeout,
+            || {
+                self.assert_running();
+                done()
+            },
+            || self.log(),
+        );
+    }
+
+    /// SIGTERM: the agent must exit 0 within [`EXIT_DEADLINE`].
+    pub fn terminate_cleanly(self) -> Stopped {
+        let stopped = self.stop_with(libc::SIGTERM);
+        assert!(
+            stopped.status.success() && stopped.took < EXIT_DEADLINE,
+            "{} after {:?}:\n{}",
+            stopped.status,
+            stopped.took,
+            stopped.log
+        );
+        stopped
     }
 
     /// SIGINT, then waits (at most 30 s) for the agent to flush and exit.
@@ -536,4 +567,48 @@ pub fn online_cpus() -> usize {
             None => 1,
         })
         .sum()
+}
+
+/// A tmpfs of `bytes` mounted at `dir` (created if missing), lazily
+/// unmounted when dropped.
+pub struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    pub fn mount(dir: &Path, bytes: u64) -> Self {
+        std::fs::create_dir_all(dir).expect("mount point");
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "firn-test"])
+            .arg(dir)
+            .status()
+            .expect("mount runs");
+        assert!(status.success(), "could not mount a tmpfs at {dir:?}");
+        Self(dir.to_path_buf())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// Writes `name` until no space is left.
+    pub fn fill(&self, name: &str) {
+        use std::io::Write;
+        let mut file = std::fs::File::create(self.0.join(name)).expect("filler");
+        let block = [0u8; 4096];
+        loop {
+            match file.write(&block) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(error) => {
+                    assert_eq!(error.raw_os_error(), Some(libc::ENOSPC), "{error}");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
 }

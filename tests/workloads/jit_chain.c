@@ -1,39 +1,12 @@
-/* The chain workload with a second thread spinning in code it generated
- * itself (anonymous executable memory, as a JIT has), so that a profiler
- * looks for this process's /tmp/perf-PID.map. */
+/* The chain workload (chain.c) with a second thread spinning in code it
+ * generated itself (anonymous executable memory, as a JIT has), so that a
+ * profiler looks for this process's /tmp/perf-PID.map. */
 #include <pthread.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 
-volatile uint64_t sink;
-
-__attribute__((noinline)) uint64_t burn_leaf(uint64_t rounds) {
-    uint64_t x = rounds;
-    for (uint64_t i = 0; i < rounds; i++) {
-        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    }
-    return x;
-}
-
-__attribute__((noinline)) uint64_t level_three(uint64_t rounds) {
-    uint64_t r = burn_leaf(rounds);
-    sink = r;
-    return r + 3;
-}
-
-__attribute__((noinline)) uint64_t level_two(uint64_t rounds) {
-    uint64_t r = level_three(rounds);
-    sink = r;
-    return r + 2;
-}
-
-__attribute__((noinline)) uint64_t level_one(uint64_t rounds) {
-    uint64_t r = level_two(rounds);
-    sink = r;
-    return r + 1;
-}
+#include "chain.c"
 
 static void *jit_thread(void *unused) {
     (void)unused;
@@ -50,11 +23,8 @@ static void *jit_thread(void *unused) {
     return 0;
 }
 
-int main(void) {
+/* Started before chain.c's main, which stays the outermost frame. */
+__attribute__((constructor)) static void start_jit_thread(void) {
     pthread_t thread;
     pthread_create(&thread, 0, jit_thread, 0);
-    for (;;) {
-        sink = level_one(100000);
-    }
-    return 0;
 }
