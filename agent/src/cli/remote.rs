@@ -47,8 +47,9 @@ pub struct RemoteStoreArgs {
     pub remote_store_grpc_headers: Vec<KeyValues>,
 
     /// Unsent profiles kept while the server is slow or down; the oldest
-    /// are dropped (and counted) beyond this.
-    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    /// are dropped (and counted) beyond this. A few minutes of a busy
+    /// node's profiles: a larger queue would be most of firn's memory.
+    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_bytes)]
     pub remote_store_queue_bytes: u64,
 
     /// Longest a single push may take before it is retried.
