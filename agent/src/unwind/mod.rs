@@ -288,6 +288,15 @@ impl Unwinder {
         }
     }
 
+    /// Once an interval: the object pages unwinding touched (CFI sections,
+    /// an index built over `.eh_frame`) are dropped from RSS, as the
+    /// symbolizer does after each profile; the rows that matter are cached.
+    pub fn release_pages(&self) {
+        for source in self.cfi.sources.values() {
+            source.release_pages();
+        }
+    }
+
     /// Unwinds the user side of `sample`.
     pub fn user_frames(
         &mut self,
