@@ -292,16 +292,18 @@ pub fn read_symbols_from(inputs: &[Bytes]) -> Result<SymbolTable, ElfError> {
         return Err(first_error.unwrap_or(ElfError::NoInput));
     }
     // Sized up front: doubling a vector of a few hundred thousand
-    // candidates would briefly hold both copies.
+    // candidates would briefly hold both copies. Each candidate is the
+    // entry it becomes plus its rank, and the entries are made in place:
+    // a second vector of candidates would double the peak.
     let upper_bound = files
         .iter()
         .map(|(_, file)| file.symbols().count() + file.dynamic_symbols().count())
         .sum();
-    let mut candidates: Vec<(u64, u64, Preference, u32, &str)> = Vec::with_capacity(upper_bound);
+    let mut candidates: Vec<(SymbolEntry, Preference)> = Vec::with_capacity(upper_bound);
     for (source, symbol) in files.iter().flat_map(|(source, file)| {
         file.symbols()
             .chain(file.dynamic_symbols())
-            .map(move |symbol| (*source as u32, symbol))
+            .map(move |symbol| (*source, symbol))
     }) {
         if symbol.kind() != SymbolKind::Text || !symbol.is_definition() || symbol.address() == 0 {
             continue;
@@ -310,33 +312,33 @@ pub fn read_symbols_from(inputs: &[Bytes]) -> Result<SymbolTable, ElfError> {
         if name.is_empty() {
             continue;
         }
-        let rank = preference(name, symbol.is_global(), symbol.is_weak());
-        candidates.push((symbol.address(), symbol.size(), rank, source, name));
-    }
-    candidates.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.2.cmp(&b.2)));
-    candidates.dedup_by_key(|c| c.0);
-
-    let mut table = SymbolTable {
-        entries: Vec::with_capacity(candidates.len()),
-        sources: inputs.to_vec(),
-    };
-    for (address, size, _, source, name) in candidates {
         // Names are slices of their file's string table.
-        let base = inputs[source as usize].as_ptr() as usize;
+        let base = inputs[source].as_ptr() as usize;
         let Some(offset) = (name.as_ptr() as usize).checked_sub(base) else {
             continue;
         };
         let Ok(name_len) = u32::try_from(name.len()) else {
             continue;
         };
-        table.entries.push(SymbolEntry {
-            address,
-            size,
+        let rank = preference(name, symbol.is_global(), symbol.is_weak());
+        let entry = SymbolEntry {
+            address: symbol.address(),
+            size: symbol.size(),
             name_offset: offset as u64,
             name_len,
-            source,
-        });
+            source: source as u32,
+        };
+        candidates.push((entry, rank));
     }
+    candidates.sort_unstable_by(|a, b| a.0.address.cmp(&b.0.address).then(a.1.cmp(&b.1)));
+    candidates.dedup_by_key(|c| c.0.address);
+    // Reuses the candidates' allocation; shrinking it gives the rest back.
+    let mut entries: Vec<SymbolEntry> = candidates.into_iter().map(|(entry, _)| entry).collect();
+    entries.shrink_to_fit();
+    let table = SymbolTable {
+        entries,
+        sources: inputs.to_vec(),
+    };
     Ok(table)
 }
 

@@ -7,6 +7,7 @@
 //! agent's [`http`] endpoint serves [`metrics`] from [`stats`].
 
 pub mod aggregate;
+pub mod allocator;
 pub mod bpf;
 pub mod cache;
 pub mod cli;

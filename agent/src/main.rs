@@ -26,6 +26,7 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 }
 
 fn main() -> ExitCode {
+    firn::allocator::tune();
     let cli = match parse_args(std::env::args_os()) {
         Ok(cli) => cli,
         // Usage errors exit 2, --help and --version 0.

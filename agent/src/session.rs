@@ -249,6 +249,7 @@ impl Pipeline {
     }
 
     pub fn take_profile(&mut self) -> AggregatedProfile {
+        self.unwinder.release_pages();
         self.aggregator.take()
     }
 }

@@ -47,8 +47,10 @@ pub struct RemoteStoreArgs {
     pub remote_store_grpc_headers: Vec<KeyValues>,
 
     /// Unsent profiles kept while the server is slow or down; the oldest
-    /// are dropped (and counted) beyond this (at least 1KiB).
-    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_store_bytes)]
+    /// are dropped (and counted) beyond this (at least 1KiB). A few
+    /// minutes of a busy node's profiles: a larger queue would be most of
+    /// firn's memory.
+    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_store_bytes)]
     pub remote_store_queue_bytes: u64,
 
     /// Longest a single push may take before it is retried (at least 1s).

@@ -12,5 +12,5 @@ pub use debugfiles::{
     DebugFile, DebugFileKind, candidate_paths, debug_file_matches, open_debug_files,
 };
 pub use maps::{MappingKind, MappingSpec, MapsError, parse_maps};
-pub use objects::{ContentKey, ObjectData, ObjectFile, ObjectKey, ObjectRegistry};
+pub use objects::{ContentKey, ObjectContents, ObjectData, ObjectFile, ObjectKey, ObjectRegistry};
 pub use table::{Mapping, ProcessImage, ProcessTable, ProcessTableStats};

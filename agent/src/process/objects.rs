@@ -97,6 +97,12 @@ impl SharedBytes for ObjectData {
     }
 }
 
+/// An object's bytes for positioned reads, see [`ObjectFile::contents`].
+pub enum ObjectContents {
+    File(File),
+    Memory(Arc<[u8]>),
+}
+
 /// What caches of parsed object contents are keyed by: the build id when
 /// the object has one (copies of one binary in different places share an
 /// entry), else the file's identity.
@@ -127,6 +133,16 @@ impl ObjectFile {
             // package managers, which replace them instead).
             ObjectSource::File(file) => unsafe { memmap2::Mmap::map(file) }.map(ObjectData::Mapped),
             ObjectSource::Memory(bytes) => Ok(ObjectData::Memory(bytes.clone())),
+        }
+    }
+
+    /// The object's bytes for reading in pieces (the debuginfo upload
+    /// streams them): another handle on the open file, or the bytes in
+    /// memory. Nothing is mapped, so nothing stays resident.
+    pub fn contents(&self) -> io::Result<ObjectContents> {
+        match &self.source {
+            ObjectSource::File(file) => file.try_clone().map(ObjectContents::File),
+            ObjectSource::Memory(bytes) => Ok(ObjectContents::Memory(bytes.clone())),
         }
     }
 

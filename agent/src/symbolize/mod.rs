@@ -100,8 +100,6 @@ pub struct Symbolizer {
     /// The most one object's DWARF may take (the whole cache).
     max_dwarf_bytes: usize,
     perf_map_max_bytes: u64,
-    /// DWARF was dropped since the last profile: its heap can be returned.
-    dwarf_freed: bool,
     stats: Arc<Stats>,
 }
 
@@ -136,7 +134,6 @@ impl Symbolizer {
             perf_maps: ByteBoundedCache::new(limits.perf_map_cache_bytes),
             max_dwarf_bytes: limits.debuginfo_cache_bytes,
             perf_map_max_bytes: limits.perf_map_cache_bytes as u64,
-            dwarf_freed: false,
             stats,
         }
     }
@@ -264,7 +261,6 @@ impl Symbolizer {
             let info = self.load_dwarf(object);
             let bytes = info.as_ref().map_or(64, DwarfInfo::heap_bytes);
             let evicted = self.dwarf.insert(key.clone(), info, bytes);
-            self.dwarf_freed |= evicted > 0;
             Stats::add(&self.stats.debuginfo_cache_evictions, evicted as u64);
         }
         let Some(Some(info)) = self.dwarf.get_mut(&key) else {
@@ -273,23 +269,12 @@ impl Symbolizer {
         let result = info.frames(vaddr);
         let bytes = info.heap_bytes();
         let evicted = self.dwarf.set_bytes(&key, bytes);
-        self.dwarf_freed |= evicted > 0;
         Stats::add(&self.stats.debuginfo_cache_evictions, evicted as u64);
         result.unwrap_or_else(|error| {
             Stats::inc(&self.stats.dwarf_errors);
             debug!(path = object.path, vaddr, error = %error_chain(&error), "DWARF lookup failed");
             Vec::new()
         })
-    }
-}
-
-/// A DWARF context is hundreds of thousands of small allocations; once
-/// freed they would stay in the allocator's arenas (firn's RSS) for good.
-fn release_freed_heap() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim has no preconditions; it only returns free memory.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 
@@ -400,9 +385,10 @@ impl FrameSymbolizer for Symbolizer {
         for table in self.symbols.values() {
             table.release_pages();
         }
-        if std::mem::take(&mut self.dwarf_freed) || evicted > 0 {
-            release_freed_heap();
-        }
+        // Every profile frees what building it took (its DWARF units,
+        // symbol tables evicted): give it back each time, not
+        // only after a large free, or it accumulates as fragmentation.
+        crate::allocator::release_freed_heap();
     }
 }
 

@@ -132,6 +132,14 @@ pub struct CfiSource<D> {
     text: Option<Range<u64>>,
 }
 
+impl<D: crate::elf::SharedBytes> CfiSource<D> {
+    /// Lets the object's pages this source touched leave firn's RSS; they
+    /// are read back from the file when next needed.
+    pub fn release_pages(&self) {
+        self.data.release_pages();
+    }
+}
+
 impl<D: Deref<Target = [u8]>> CfiSource<D> {
     /// Reads the section headers of the ELF object in `data`.
     pub fn new(data: D) -> Result<Self, CfiError> {

@@ -38,9 +38,18 @@ use crate::{
     stats::Stats,
 };
 
-/// Rows looked up recently, by object and address: stacks repeat the same
-/// return addresses, so most lookups never reach the CFI.
-const ROW_CACHE_ENTRIES: usize = 65_536;
+/// Memory for rows looked up recently, by object and address: stacks
+/// repeat the same return addresses, so most lookups never reach the CFI.
+const ROW_CACHE_BYTES: usize = 4 << 20;
+
+/// What one cached row costs: its key and value, the LRU's two links and
+/// hash slot (a key pointer and a node pointer, at most half the buckets
+/// used), and the allocator's header and rounding of the node.
+const ROW_ENTRY_BYTES: usize = std::mem::size_of::<(ContentKey, u64)>()
+    + std::mem::size_of::<Option<UnwindRow>>()
+    + 2 * std::mem::size_of::<usize>()
+    + 2 * 2 * std::mem::size_of::<usize>()
+    + 16;
 
 /// Objects whose frame-pointer verdict is remembered.
 const VERDICT_CACHE_ENTRIES: usize = 4_096;
@@ -157,7 +166,10 @@ impl CfiCache {
         let row = self
             .source(object, &key)
             .and_then(|source| source.row(vaddr, &mut self.context));
-        self.rows.put((key, vaddr), row);
+        // `push` hands back the least recently used row it let go.
+        if self.rows.push((key, vaddr), row).is_some() {
+            Stats::inc(&self.stats.unwind_cache_evictions);
+        }
         row
     }
 
@@ -267,12 +279,21 @@ impl Unwinder {
         Self {
             cfi: CfiCache {
                 sources: ByteBoundedCache::new(max_bytes),
-                rows: LruCache::new(entries(ROW_CACHE_ENTRIES)),
+                rows: LruCache::new(entries(ROW_CACHE_BYTES / ROW_ENTRY_BYTES)),
                 context: Box::new(CfiContext::new()),
                 stats: stats.clone(),
             },
             verdicts: LruCache::new(entries(VERDICT_CACHE_ENTRIES)),
             stats,
+        }
+    }
+
+    /// Once an interval: the object pages unwinding touched (CFI sections,
+    /// an index built over `.eh_frame`) are dropped from RSS, as the
+    /// symbolizer does after each profile; the rows that matter are cached.
+    pub fn release_pages(&self) {
+        for source in self.cfi.sources.values() {
+            source.release_pages();
         }
     }
 

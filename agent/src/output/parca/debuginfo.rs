@@ -1,10 +1,12 @@
 //! Debug information for the server's symbolizer: for each object in the
-//! profiles (those whose frames firn sent without names first), find a file
-//! with symbols or DWARF (a `.build-id` debug file, else the object itself),
-//! ask the server whether it wants it, and upload it through
-//! `parca.debuginfo.v1alpha1`. At most
-//! a few uploads at once, one per build id, outcomes remembered in a
-//! bounded table.
+//! profiles (those whose frames firn sent without names first), ask the
+//! server by build id whether it wants debug information, and only then
+//! find a file with symbols or DWARF (a `.build-id` debug file, else the
+//! object itself), hash it and stream it through
+//! `parca.debuginfo.v1alpha1`. Nothing is read before the server asks for
+//! it, so a server that is down or has the file costs no I/O and no
+//! memory. At most a few uploads at once, the bytes they hold bounded by
+//! one budget; one per build id, outcomes remembered in a bounded table.
 
 use std::{
     num::NonZeroUsize,
@@ -13,14 +15,17 @@ use std::{
     time::{Duration, Instant},
 };
 
+use bytes::Bytes;
 use lru::LruCache;
 use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::{StreamExt, wrappers::ReceiverStream};
 use tonic::{Code, codegen::InterceptedService, transport::Channel};
 use tracing::{debug, info, warn};
 
 use super::{
+    budget::{ByteBudget, reserved_bytes},
     connect::RequestMetadata,
-    debugfile::{CHUNK, find_source},
+    debugfile::{CHUNK, Source, find_source, may_have_source},
     debuginfo_proto::{
         BuildIdType, DebuginfoType, InitiateUploadRequest, MarkUploadFinishedRequest,
         ShouldInitiateUploadRequest, UploadInfo, UploadRequest, debuginfo_service_client,
@@ -37,6 +42,9 @@ pub type DebuginfoClient =
 const REMEMBERED: usize = 4096;
 /// A failed upload is tried again after this long.
 const RETRY_AFTER: Duration = Duration::from_secs(300);
+/// Bytes of debug files read but not yet handed to the network, across
+/// all uploads: a few chunks each for two uploads at full speed.
+pub const BYTES_IN_FLIGHT: usize = 8 * CHUNK;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Outcome {
@@ -76,6 +84,7 @@ pub struct Uploader {
     directories: Arc<[PathBuf]>,
     timeout: Duration,
     slots: Arc<Semaphore>,
+    budget: ByteBudget,
     outcomes: Arc<Mutex<LruCache<String, Outcome>>>,
     stats: Arc<Stats>,
 }
@@ -87,6 +96,7 @@ impl Uploader {
             directories: config.directories.clone().into(),
             timeout: config.upload_timeout,
             slots: Arc::new(Semaphore::new(config.max_parallel.max(1))),
+            budget: ByteBudget::new(BYTES_IN_FLIGHT),
             outcomes: Arc::new(Mutex::new(LruCache::new(
                 NonZeroUsize::new(REMEMBERED).unwrap_or(NonZeroUsize::MIN),
             ))),
@@ -171,23 +181,17 @@ impl Uploader {
         object: Arc<ObjectFile>,
     ) -> Result<Outcome, UploadError> {
         let object_path = object.path.clone();
-        let directories = self.directories.clone();
-        let wanted = build_id.to_owned();
-        let source =
-            tokio::task::spawn_blocking(move || find_source(&object, &directories, &wanted))
-                .await
-                .map_err(|error| UploadError::Read {
-                    source: std::io::Error::other(error),
-                })?
-                .map_err(|source| UploadError::Read { source })?;
-        let Some(source) = source else {
+        if !may_have_source(&object, &self.directories, build_id) {
             return Ok(self.skipped(build_id, &object_path, "no symbols or DWARF found for it"));
-        };
+        }
         let mut client = self.client.clone();
+        // By build id alone: the hash costs a read of the whole file, and
+        // the server needs it only to refuse a file it already marked
+        // invalid, which InitiateUpload checks (AlreadyExists) anyway.
         let answer = client
             .should_initiate_upload(ShouldInitiateUploadRequest {
                 build_id: build_id.to_owned(),
-                hash: source.hash.clone(),
+                hash: String::new(),
                 force: false,
                 r#type: DebuginfoType::DebuginfoUnspecified.into(),
                 build_id_type: BuildIdType::Gnu.into(),
@@ -198,12 +202,27 @@ impl Uploader {
         if !answer.should_initiate_upload {
             return Ok(self.skipped(build_id, &object_path, &answer.reason));
         }
+        let directories = self.directories.clone();
+        let wanted = build_id.to_owned();
+        let source = blocking(move || find_source(&object, &directories, &wanted)).await?;
+        let Some(source) = source else {
+            return Ok(self.skipped(build_id, &object_path, "no symbols or DWARF found for it"));
+        };
+        let hash = {
+            let reservation = self.budget.reserve(CHUNK).await;
+            let source = source.clone();
+            blocking(move || {
+                let _reservation = reservation;
+                source.hash(&mut Vec::with_capacity(CHUNK))
+            })
+            .await?
+        };
         let size = source.len();
         let initiated = client
             .initiate_upload(InitiateUploadRequest {
                 build_id: build_id.to_owned(),
                 size: i64::try_from(size).unwrap_or(i64::MAX),
-                hash: source.hash.clone(),
+                hash,
                 force: false,
                 r#type: DebuginfoType::DebuginfoUnspecified.into(),
                 build_id_type: BuildIdType::Gnu.into(),
@@ -214,8 +233,9 @@ impl Uploader {
                 .into_inner()
                 .upload_instructions
                 .ok_or(UploadError::NoInstructions)?,
-            // Another agent got there first, or the server will never take
-            // this file (too large): asking again would not help.
+            // Another agent got there first, the server holds this very
+            // file already marked invalid, or it will never take this file
+            // (too large): asking again would not help.
             Err(status)
                 if matches!(
                     status.code(),
@@ -240,13 +260,29 @@ impl Uploader {
                 r#type: DebuginfoType::DebuginfoUnspecified.into(),
             })),
         };
-        let chunks = source.clone().chunks(CHUNK).map(|chunk| UploadRequest {
+        // Chunks are read as the stream is sent, each holding its share of
+        // the budget until the encoder has copied it.
+        let (sender, receiver) = mpsc::channel(1);
+        let mut reader = AbortOnDrop(tokio::spawn(read_chunks(
+            source.clone(),
+            self.budget.clone(),
+            sender,
+        )));
+        let chunks = ReceiverStream::new(receiver).map(|chunk| UploadRequest {
             data: Some(upload_request::Data::ChunkData(chunk)),
         });
         client
-            .upload(tokio_stream::iter(std::iter::once(info).chain(chunks)))
+            .upload(tokio_stream::iter([info]).chain(chunks))
             .await
             .map_err(|status| UploadError::rpc("Upload", &status))?;
+        // A read that failed ended the stream early: the server must not
+        // be told that a short file is complete.
+        (&mut reader.0)
+            .await
+            .map_err(|error| UploadError::Read {
+                source: std::io::Error::other(error),
+            })?
+            .map_err(|source| UploadError::Read { source })?;
         client
             .mark_upload_finished(MarkUploadFinishedRequest {
                 build_id: build_id.to_owned(),
@@ -266,3 +302,56 @@ impl Uploader {
         Ok(Outcome::Uploaded)
     }
 }
+
+/// Reads `source` a chunk at a time into `sender`, each chunk waiting for
+/// its bytes in `budget`. Stops quietly when the upload stops listening
+/// (its own error is the one reported).
+async fn read_chunks(
+    source: Source,
+    budget: ByteBudget,
+    sender: mpsc::Sender<Bytes>,
+) -> std::io::Result<()> {
+    for (offset, length) in source.pieces(CHUNK) {
+        let reservation = budget.reserve(length).await;
+        let piece = source.clone();
+        let chunk = tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0; length];
+            piece.read_at(offset, &mut buf).map(|()| buf)
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        if sender
+            .send(reserved_bytes(chunk, reservation))
+            .await
+            .is_err()
+        {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// File reads off the runtime's thread.
+async fn blocking<T: Send + 'static>(
+    read: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, UploadError> {
+    tokio::task::spawn_blocking(read)
+        .await
+        .map_err(|error| UploadError::Read {
+            source: std::io::Error::other(error),
+        })?
+        .map_err(|source| UploadError::Read { source })
+}
+
+/// The reader stops with the upload that reads (a timeout drops it).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+#[path = "debuginfo_tests.rs"]
+mod tests;

@@ -9,6 +9,7 @@
 //! runs on its own thread and runtime: the builder thread only puts
 //! requests in a byte-bounded queue, so sampling never waits on the server.
 
+mod budget;
 mod connect;
 mod debugfile;
 mod debuginfo;
