@@ -196,8 +196,9 @@ const UNWIND_OBJECT: &[u8] = include_bytes!("../fixtures/chain_inline");
 const UNWIND_CAPTURE: &str = include_str!("../fixtures/chain_inline.regs");
 
 /// The captured process's code: the fixture object has CFI, its other
-/// mappings (libc, the loader) are code without.
-struct FixtureCode {
+/// mappings (libc, the loader) are code without. Also what the unwinder's
+/// fixture tests unwind against.
+pub(crate) struct FixtureCode {
     maps: Vec<MappingSpec>,
     layout: ElfLayout,
     source: CfiSource<&'static [u8]>,
@@ -205,7 +206,7 @@ struct FixtureCode {
 }
 
 impl FixtureCode {
-    fn new() -> Option<Self> {
+    pub(crate) fn new() -> Option<Self> {
         let (_, maps) = UNWIND_CAPTURE.split_once('\n')?;
         Some(Self {
             maps: parse_maps(1, maps.as_bytes()).ok()?,
@@ -215,7 +216,8 @@ impl FixtureCode {
         })
     }
 
-    fn vaddr(&self, address: u64) -> Option<u64> {
+    /// The link-time address in the fixture object of a runtime address.
+    pub(crate) fn vaddr(&self, address: u64) -> Option<u64> {
         let map = self
             .maps
             .iter()

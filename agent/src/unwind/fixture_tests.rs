@@ -6,69 +6,13 @@
 use agent_common::UserRegs;
 
 use super::*;
-use crate::{
-    elf::{self, ElfLayout},
-    process::{MappingSpec, parse_maps},
-};
+use crate::{elf, fuzzing::FixtureCode};
 
 const BINARY: &[u8] = include_bytes!("../../fixtures/chain_inline");
 const STACK: &[u8] = include_bytes!("../../fixtures/chain_inline.stack");
 const REGS: &str = include_str!("../../fixtures/chain_inline.regs");
 
 const CHAIN: [&str; 5] = ["burn_leaf", "level_three", "level_two", "level_one", "main"];
-
-/// The captured process's code: the fixture binary has CFI, every other
-/// mapping (libc, the loader) is mapped code without.
-struct FixtureCode {
-    maps: Vec<MappingSpec>,
-    layout: ElfLayout,
-    source: CfiSource<&'static [u8]>,
-    context: CfiContext,
-}
-
-impl FixtureCode {
-    fn new() -> Self {
-        let maps_text = REGS.split_once('\n').map_or("", |(_, rest)| rest);
-        Self {
-            maps: parse_maps(1, maps_text.as_bytes()).expect("fixture maps parse"),
-            layout: elf::read_layout(BINARY).expect("fixture parses"),
-            source: CfiSource::new(BINARY).expect("fixture CFI"),
-            context: CfiContext::new(),
-        }
-    }
-
-    fn vaddr(&self, address: u64) -> Option<u64> {
-        let map = self
-            .maps
-            .iter()
-            .find(|m| (m.start..m.end).contains(&address))?;
-        if !map.path.ends_with("/chain_inline") {
-            return None;
-        }
-        self.layout
-            .vaddr_for_file_offset(address - map.start + map.offset)
-    }
-}
-
-impl CodeLookup for FixtureCode {
-    fn code(&mut self, address: u64) -> Code {
-        if let Some(vaddr) = self.vaddr(address) {
-            return self
-                .source
-                .row(vaddr, &mut self.context)
-                .map_or(Code::NoCfi, |row| Code::Row { row, system: false });
-        }
-        if self
-            .maps
-            .iter()
-            .any(|m| (m.start..m.end).contains(&address))
-        {
-            Code::NoCfi
-        } else {
-            Code::Unmapped
-        }
-    }
-}
 
 fn regs() -> UserRegs {
     let line = REGS.lines().next().expect("registers line");
@@ -100,7 +44,7 @@ fn names(code: &FixtureCode, frames: &[u64]) -> Vec<String> {
 }
 
 fn run(regs: UserRegs, stack: &[u8]) -> (Vec<u64>, Outcome, FixtureCode) {
-    let mut code = FixtureCode::new();
+    let mut code = FixtureCode::new().expect("the fixture parses");
     let mut frames = Vec::new();
     let copy = StackCopy {
         sp: regs.sp,
