@@ -124,6 +124,22 @@ pub fn wait_for(
     }
 }
 
+/// Waits for `child` to exit until `deadline`; past it, kills it and
+/// returns `None`.
+fn wait_or_kill(child: &mut Child, deadline: Instant) -> Option<ExitStatus> {
+    loop {
+        if let Some(status) = child.try_wait().expect("waits") {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The longest an agent may take from SIGTERM to its exit (what
 /// orchestrators allow before they kill it).
 pub const EXIT_DEADLINE: Duration = Duration::from_secs(10);
@@ -292,20 +308,11 @@ impl Agent {
         // SAFETY: signalling our own child.
         unsafe { libc::kill(child.id() as i32, signal) };
         let sent = Instant::now();
-        let deadline = sent + Duration::from_secs(30);
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("waits") {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!(
-                    "firn did not exit within 30 s of signal {signal}:\n{}",
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let Some(status) = wait_or_kill(&mut child, sent + Duration::from_secs(30)) else {
+            panic!(
+                "firn did not exit within 30 s of signal {signal}:\n{}",
+                self.log()
+            );
         };
         Stopped {
             status,
@@ -455,16 +462,8 @@ impl Recording {
     pub fn finish(mut self, duration: Duration) -> (String, Profile) {
         let mut child = self.child.take().expect("running");
         let deadline = Instant::now() + duration + Duration::from_secs(60);
-        let status = loop {
-            if let Some(status) = child.try_wait().expect("waits") {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("firn record did not end in time:\n{}", self.log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let Some(status) = wait_or_kill(&mut child, deadline) else {
+            panic!("firn record did not end in time:\n{}", self.log());
         };
         let log = self.log();
         assert!(status.success(), "firn record failed ({status}):\n{log}");
