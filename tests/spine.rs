@@ -314,14 +314,17 @@ fn agent_writes_a_profile_per_interval_and_flushes_on_sigint() {
         &[],
     );
     // Two intervals written (4 s, longer on a loaded machine).
-    wait_for(
-        "two profiles",
-        Duration::from_secs(60),
-        || {
-            agent.assert_running();
-            agent.log().matches("profile written").count() >= 2
-        },
-        || agent.log(),
+    agent.wait_until("two profiles", Duration::from_secs(60), || {
+        agent.log().matches("profile written").count() >= 2
+    });
+    // A sample handled since: the interval SIGINT cuts short is not empty
+    // (an empty one is not written).
+    let address = agent.http_address();
+    let handled = metric(address, "firn_samples_total").unwrap_or(0.0);
+    agent.wait_until(
+        "a sample in the third interval",
+        Duration::from_secs(30),
+        || metric(address, "firn_samples_total").is_some_and(|now| now > handled),
     );
     let Stopped { status, log, took } = agent.stop();
     assert!(
