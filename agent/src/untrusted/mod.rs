@@ -57,19 +57,6 @@ pub enum Refusal {
     TimedOut,
 }
 
-impl Refusal {
-    pub const ALL: [Self; 4] = [Self::NotRegular, Self::TooLarge, Self::Fuse, Self::TimedOut];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::NotRegular => "not_regular",
-            Self::TooLarge => "too_large",
-            Self::Fuse => "fuse",
-            Self::TimedOut => "timed_out",
-        }
-    }
-}
-
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
