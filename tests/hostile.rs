@@ -54,7 +54,7 @@ fn run(program: &str, args: &[impl AsRef<std::ffi::OsStr>]) {
 
 fn build_id(binary: &Path) -> String {
     let object = std::fs::read(binary).expect("the workload");
-    let layout = firn::elf::read_layout(&object).expect("an ELF");
+    let layout = agent_elf::read_layout(&object).expect("an ELF");
     layout.build_id.expect("gcc writes a build id").to_hex()
 }
 

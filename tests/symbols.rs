@@ -180,7 +180,7 @@ fn build_inline_chain(dir: &Path) -> PathBuf {
 
 fn build_id_hex(binary: &Path) -> String {
     let bytes = std::fs::read(binary).expect("binary");
-    firn::elf::read_layout(&bytes)
+    agent_elf::read_layout(&bytes)
         .expect("ELF")
         .build_id
         .expect("gcc writes a build id")

@@ -127,7 +127,7 @@ fn main() {
     let object_path = match arguments.iter().find(|a| !a.starts_with("--")) {
         Some(path) => PathBuf::from(path),
         None if benchmarking => manifest.join("../target/debug/firn"),
-        None => manifest.join("fixtures/inline_chain"),
+        None => agent_fixtures::dir().join("inline_chain"),
     };
     if !object_path.exists() {
         eprintln!(
@@ -228,7 +228,7 @@ fn main() {
     let heap = || LIVE.load(Ordering::Relaxed);
     let base = heap();
     let started = Instant::now();
-    let table = firn::elf::read_symbols(&Bytes::new(data.clone())).expect("symbols");
+    let table = agent_elf::read_symbols(&Bytes::new(data.clone())).expect("symbols");
     println!(
         "symbol table: {:.1} ms, heap {}, estimate {}",
         started.elapsed().as_secs_f64() * 1e3,

@@ -17,7 +17,6 @@ use agent_common::UserRegs;
 
 use crate::{
     config_file::ConfigFile,
-    elf::{self, Bytes, ElfLayout},
     labels::{
         CgroupInfo,
         kubernetes::objects::{parse_event, parse_pod_list, parse_status},
@@ -34,6 +33,7 @@ use crate::{
         stitch,
     },
 };
+use agent_elf::{self as elf, Bytes, ElfLayout};
 
 /// A fuzz target: its name (the binary in `fuzz/fuzz_targets/` and the
 /// directory of its corpus and regressions) and its entry point.
@@ -192,8 +192,8 @@ pub fn cfi_rows(data: &[u8]) {
 
 /// The sample the unwinder's fixture tests use: `chain_inline` (no frame
 /// pointers) and the maps of the process it was captured from.
-const UNWIND_OBJECT: &[u8] = include_bytes!("../fixtures/chain_inline");
-const UNWIND_CAPTURE: &str = include_str!("../fixtures/chain_inline.regs");
+const UNWIND_OBJECT: &[u8] = agent_fixtures::CHAIN_INLINE;
+const UNWIND_CAPTURE: &str = agent_fixtures::CHAIN_INLINE_REGS;
 
 /// The captured process's code: the fixture object has CFI, its other
 /// mappings (libc, the loader) are code without. Also what the unwinder's

@@ -9,11 +9,9 @@
 pub mod aggregate;
 pub mod allocator;
 pub mod bpf;
-pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod config_file;
-pub mod elf;
 /// Entry points of the fuzz targets in `fuzz/`; not part of the daemon.
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

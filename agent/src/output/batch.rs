@@ -273,11 +273,12 @@ mod tests {
         time::{Duration, SystemTime},
     };
 
+    use agent_elf::BuildId;
+
     use super::*;
     use crate::{
         aggregate::{ImageRef, MetadataRef},
         config::{Limits, MetadataConfig},
-        elf::BuildId,
         labels::{MetadataLimits, MetadataReader, Rule, relabel::RuleSpec},
         pprof::{decode, sample_label},
         process::ProcessTable,

@@ -441,10 +441,11 @@ impl Builder<'_> {
 mod tests {
     use std::time::{Duration, SystemTime};
 
+    use agent_elf::BuildId;
+
     use super::*;
     use crate::{
         aggregate::{ImageRef, MetadataRef},
-        elf::BuildId,
         labels::ProcessMetadata,
         pprof::sample_function_names,
         process::{MappingSpec, ObjectFile},

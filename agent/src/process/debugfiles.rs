@@ -13,10 +13,8 @@ use std::{
 };
 
 use super::objects::ObjectData;
-use crate::{
-    elf::{self, ElfLayout},
-    untrusted::{MAX_OBJECT_BYTES, OpenError, ProcessRoot, open_host_file},
-};
+use crate::untrusted::{MAX_OBJECT_BYTES, OpenError, ProcessRoot, open_host_file};
+use agent_elf::{self as elf, ElfLayout};
 
 /// At most this many candidate debug files are kept open per object.
 const MAX_DEBUG_FILES: usize = 4;
@@ -173,7 +171,7 @@ pub fn debug_file_matches(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::elf::{BuildId, DebugLink};
+    use agent_elf::{BuildId, DebugLink};
 
     fn layout(build_id: Option<&[u8]>, link: Option<(&str, u32)>) -> ElfLayout {
         ElfLayout {
@@ -309,7 +307,7 @@ mod tests {
 
     #[test]
     fn matching_checks_build_id_then_crc() {
-        let chain = crate::elf::tests::CHAIN;
+        let chain = agent_fixtures::CHAIN;
         let own = elf::read_layout(chain).expect("fixture");
         assert!(debug_file_matches(&own, DebugFileKind::BuildId, chain).expect("parses"));
         let other = layout(Some(&[1, 2, 3]), None);

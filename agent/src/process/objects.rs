@@ -22,10 +22,10 @@ use super::{
     offload::{OPEN_DEADLINE, Offload, OffloadError, SlowRoots},
 };
 use crate::{
-    elf::{self, BuildId, ElfLayout, SharedBytes},
     stats::Stats,
     untrusted::{self, FuseMounts, ProcessRoot, Refusal, Refusals},
 };
+use agent_elf::{self as elf, BuildId, ElfLayout, SharedBytes};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ObjectKey {

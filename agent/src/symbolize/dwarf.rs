@@ -17,14 +17,7 @@ use std::{
 use gimli::Section as _;
 use object::{CompressionFormat, Object, ObjectSection};
 
-pub use crate::elf::Bytes;
-
-// SAFETY: the bytes live behind an `Arc` (a mapping or a heap buffer that is
-// never resized), so moving or cloning a `Bytes` never moves them, and
-// `deref` returns the same slice for the life of the value.
-unsafe impl gimli::StableDeref for Bytes {}
-// SAFETY: as above; clones share the same allocation.
-unsafe impl gimli::CloneStableDeref for Bytes {}
+pub use agent_elf::Bytes;
 
 pub type Reader = gimli::EndianReader<gimli::RunTimeEndian, Bytes>;
 

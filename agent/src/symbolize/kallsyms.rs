@@ -3,7 +3,7 @@
 
 use std::{io, path::Path};
 
-use crate::elf::BuildId;
+use agent_elf::BuildId;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KallsymsError {

@@ -20,12 +20,12 @@ pub use kallsyms::{Kallsyms, KallsymsError, KernelSymbol, kernel_build_id, parse
 pub use perfmap::{PerfMapTable, ReadReport, parse_line as parse_perf_map_line};
 
 use crate::{
-    cache::ByteBoundedCache,
     config::{Limits, SymbolConfig},
-    elf::{self, BuildId, SymbolTable},
     process::{ContentKey, ObjectData, ObjectFile, ObjectKey, debug_file_matches},
     stats::Stats,
 };
+use agent_cache::ByteBoundedCache;
+use agent_elf::{self as elf, BuildId, SymbolTable};
 
 /// The name of an inlined function DWARF does not name.
 const UNNAMED: &str = "??";

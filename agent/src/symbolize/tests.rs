@@ -8,11 +8,11 @@ use object::{Object, ObjectSection, ObjectSymbol};
 use super::*;
 use crate::process::{DebugFile, DebugFileKind, ObjectFile, ObjectKey};
 
-const INLINE_CHAIN: &[u8] = include_bytes!("../../fixtures/inline_chain");
-const INLINE_CHAIN_STRIPPED: &[u8] = include_bytes!("../../fixtures/inline_chain.stripped");
-const INLINE_CHAIN_DEBUG: &[u8] = include_bytes!("../../fixtures/inline_chain.debug");
-const INLINE_CHAIN_COMPRESSED: &[u8] = include_bytes!("../../fixtures/inline_chain.compressed");
-const TEMPLATES: &[u8] = include_bytes!("../../fixtures/templates");
+const INLINE_CHAIN: &[u8] = agent_fixtures::INLINE_CHAIN;
+const INLINE_CHAIN_STRIPPED: &[u8] = agent_fixtures::INLINE_CHAIN_STRIPPED;
+const INLINE_CHAIN_DEBUG: &[u8] = agent_fixtures::INLINE_CHAIN_DEBUG;
+const INLINE_CHAIN_COMPRESSED: &[u8] = agent_fixtures::INLINE_CHAIN_COMPRESSED;
+const TEMPLATES: &[u8] = agent_fixtures::TEMPLATES;
 const SOURCE: &str = include_str!("../../../tests/workloads/inline_chain.c");
 
 /// The 1-based line of `inline_chain.c` holding `marker`.
@@ -138,7 +138,7 @@ fn stripped_binary_gets_names_and_lines_from_its_debug_file() {
     assert_eq!(link.name, "inline_chain.debug");
     // A stale candidate first: another program's debug file.
     stripped.debug_files = vec![
-        debug_file(crate::elf::tests::CHAIN, DebugFileKind::BuildId),
+        debug_file(agent_fixtures::CHAIN, DebugFileKind::BuildId),
         debug_file(
             INLINE_CHAIN_DEBUG,
             DebugFileKind::DebugLink { crc: link.crc },

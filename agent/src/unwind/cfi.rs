@@ -132,7 +132,7 @@ pub struct CfiSource<D> {
     text: Option<Range<u64>>,
 }
 
-impl<D: crate::elf::SharedBytes> CfiSource<D> {
+impl<D: agent_elf::SharedBytes> CfiSource<D> {
     /// Lets the object's pages this source touched leave firn's RSS; they
     /// are read back from the file when next needed.
     pub fn release_pages(&self) {
@@ -447,7 +447,7 @@ fn compile_rule(rule: Option<RegisterRule<usize>>) -> Rule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::elf::tests::CHAIN;
+    use agent_fixtures::CHAIN;
 
     fn function(name: &str) -> u64 {
         object_symbol(name).unwrap_or_else(|| panic!("{name} is not in the fixture"))

@@ -4,13 +4,14 @@
 //! every which way: stops with a reason, never a panic.
 
 use agent_common::UserRegs;
+use agent_elf as elf;
 
 use super::*;
-use crate::{elf, fuzzing::FixtureCode};
+use crate::fuzzing::FixtureCode;
 
-const BINARY: &[u8] = include_bytes!("../../fixtures/chain_inline");
-const STACK: &[u8] = include_bytes!("../../fixtures/chain_inline.stack");
-const REGS: &str = include_str!("../../fixtures/chain_inline.regs");
+const BINARY: &[u8] = agent_fixtures::CHAIN_INLINE;
+const STACK: &[u8] = agent_fixtures::CHAIN_INLINE_STACK;
+const REGS: &str = agent_fixtures::CHAIN_INLINE_REGS;
 
 const CHAIN: [&str; 5] = ["burn_leaf", "level_three", "level_two", "level_one", "main"];
 

@@ -32,11 +32,11 @@ pub use mode::{CopyMapError, CopySizeMap, ProcessUnwinding, UnwindPolicy, is_sys
 pub use survey::{FrameSurvey, ObjectFrames, is_go, survey};
 
 use crate::{
-    cache::ByteBoundedCache,
     process::{ContentKey, ObjectData, ObjectFile, ProcessImage, ProcessTable},
     sampler::{Comm, RawSample},
     stats::Stats,
 };
+use agent_cache::ByteBoundedCache;
 
 /// Memory for rows looked up recently, by object and address: stacks
 /// repeat the same return addresses, so most lookups never reach the CFI.

@@ -364,7 +364,7 @@ mod tests {
         let mut policy =
             UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
 
-        let framed = Child::spawn(crate::elf::tests::CHAIN);
+        let framed = Child::spawn(agent_fixtures::CHAIN);
         let image = processes.image(framed.0.id(), "chain");
         assert_eq!(
             policy.decide(&image, &mut processes, &mut unwinder),
@@ -372,7 +372,7 @@ mod tests {
         );
         assert!(entries.lock().expect("lock").is_empty());
 
-        let frameless = Child::spawn(include_bytes!("../../fixtures/chain_inline"));
+        let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
         let pid = frameless.0.id();
         let image = processes.image(pid, "chain_inline");
         assert_eq!(
@@ -405,7 +405,7 @@ mod tests {
         };
         let mut policy =
             UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
-        let framed = Child::spawn(crate::elf::tests::CHAIN);
+        let framed = Child::spawn(agent_fixtures::CHAIN);
         let image = processes.image(framed.0.id(), "chain");
         policy.decide(&image, &mut processes, &mut unwinder);
         policy.require_dwarf(&image);
@@ -426,7 +426,7 @@ mod tests {
         };
         let mut policy =
             UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
-        let frameless = Child::spawn(include_bytes!("../../fixtures/chain_inline"));
+        let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
         let image = processes.image(frameless.0.id(), "chain_inline");
         assert_eq!(
             policy.decide(&image, &mut processes, &mut unwinder),

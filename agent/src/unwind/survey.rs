@@ -133,7 +133,7 @@ impl FdeVisitor for Shape {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::elf::tests::CHAIN;
+    use agent_fixtures::CHAIN;
 
     #[test]
     fn frame_pointer_fixture_is_recognized() {

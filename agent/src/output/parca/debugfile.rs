@@ -267,11 +267,10 @@ fn hex(bytes: &[u8]) -> String {
 mod tests {
     use std::io::Write;
 
+    use agent_fixtures::{CHAIN, CHAIN_STRIPPED};
+
     use super::*;
-    use crate::{
-        elf::tests::{CHAIN, CHAIN_STRIPPED},
-        process::ObjectKey,
-    };
+    use crate::process::ObjectKey;
 
     fn object(bytes: &'static [u8]) -> ObjectFile {
         ObjectFile::from_memory(ObjectKey::Vdso, "/fixtures/chain", bytes.into()).expect("fixture")

@@ -10,10 +10,11 @@ use std::{
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
+use agent_fixtures::{CHAIN, CHAIN_STRIPPED};
+
 use super::*;
 use crate::{
     config::RemoteStoreConfig,
-    elf::tests::{CHAIN, CHAIN_STRIPPED},
     output::parca::{
         connect,
         debugfile::build_id_path,

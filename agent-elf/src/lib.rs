@@ -58,6 +58,13 @@ impl Deref for Bytes {
     }
 }
 
+// SAFETY: the bytes live behind an `Arc` (a mapping or a heap buffer that is
+// never resized), so moving or cloning a `Bytes` never moves them, and
+// `deref` returns the same slice for the life of the value.
+unsafe impl gimli::StableDeref for Bytes {}
+// SAFETY: as above; clones share the same allocation.
+unsafe impl gimli::CloneStableDeref for Bytes {}
+
 impl fmt::Debug for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Bytes({} bytes)", self.len())
@@ -343,14 +350,10 @@ pub fn read_symbols_from(inputs: &[Bytes]) -> Result<SymbolTable, ElfError> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
+mod tests {
+    use agent_fixtures::{CHAIN, CHAIN_STRIPPED};
 
-    /// `tests/workloads/chain.c` built with `gcc -O1 -g -fno-omit-frame-pointer`
-    /// (see fixtures/README.md).
-    pub(crate) const CHAIN: &[u8] = include_bytes!("../fixtures/chain");
-    /// The same, stripped of `.symtab` and DWARF.
-    pub(crate) const CHAIN_STRIPPED: &[u8] = include_bytes!("../fixtures/chain.stripped");
+    use super::*;
 
     fn address_of(table: &SymbolTable, wanted: &str) -> u64 {
         table
