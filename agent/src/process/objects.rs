@@ -26,16 +26,7 @@ use crate::{
     untrusted::{self, FuseMounts, ProcessRoot, Refusal, Refusals},
 };
 use agent_elf::{self as elf, BuildId, ElfLayout, SharedBytes};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ObjectKey {
-    File {
-        dev: u64,
-        inode: u64,
-    },
-    /// The vDSO image, the same for every 64-bit process on this kernel.
-    Vdso,
-}
+pub use agent_elf::{ContentKey, ObjectKey};
 
 enum ObjectSource {
     File(File),
@@ -103,25 +94,13 @@ pub enum ObjectContents {
     Memory(Arc<[u8]>),
 }
 
-/// What caches of parsed object contents are keyed by: the build id when
-/// the object has one (copies of one binary in different places share an
-/// entry), else the file's identity.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum ContentKey {
-    BuildId(BuildId),
-    Object(ObjectKey),
-}
-
 impl ObjectFile {
     pub fn build_id(&self) -> Option<&BuildId> {
         self.layout.build_id.as_ref()
     }
 
     pub fn content_key(&self) -> ContentKey {
-        match self.build_id() {
-            Some(build_id) => ContentKey::BuildId(build_id.clone()),
-            None => ContentKey::Object(self.key),
-        }
+        ContentKey::of(self.key, &self.layout)
     }
 
     /// The object's bytes, for the symbolizer and unwinder to parse.
