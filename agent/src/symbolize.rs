@@ -6,17 +6,16 @@
 use std::{collections::HashSet, io, path::Path, sync::Arc};
 
 use agent_elf::{BuildId, ObjectKey};
-pub use agent_symbolize::{
-    CacheBytes, DemangleMode, FrameSymbolizer, Line, ObjectSource, PerfMapSource, SymbolConfig,
-    Symbolizer, SymbolizerCounts,
+pub use agent_symbolize::{FrameSymbolizer, Line, ObjectSource, PerfMapSource};
+use agent_symbolize::{
+    Kallsyms, KallsymsError, SymbolConfig, Symbolizer, SymbolizerCounts, parse_build_id_note,
 };
-use agent_symbolize::{Kallsyms, KallsymsError, parse_build_id_note};
 use tracing::{debug, warn};
 
 use crate::stats::Stats;
 
 #[derive(Debug, thiserror::Error)]
-pub enum KernelSymbolsError {
+enum KernelSymbolsError {
     #[error("could not read {path}")]
     Read {
         path: String,
@@ -28,7 +27,7 @@ pub enum KernelSymbolsError {
 }
 
 /// Kernel symbols from the kallsyms file at `path`.
-pub fn read_kallsyms(path: &Path) -> Result<Kallsyms, KernelSymbolsError> {
+fn read_kallsyms(path: &Path) -> Result<Kallsyms, KernelSymbolsError> {
     let text = std::fs::read(path).map_err(|source| KernelSymbolsError::Read {
         path: path.display().to_string(),
         source,
@@ -37,7 +36,7 @@ pub fn read_kallsyms(path: &Path) -> Result<Kallsyms, KernelSymbolsError> {
 }
 
 /// The running kernel's build id, from its notes.
-pub fn kernel_build_id() -> Option<BuildId> {
+fn kernel_build_id() -> Option<BuildId> {
     parse_build_id_note(&std::fs::read("/sys/kernel/notes").ok()?)
 }
 
@@ -67,11 +66,6 @@ impl HostSymbolizer {
         }
     }
 
-    /// Bytes held by each cache, for summaries and benchmarks.
-    pub fn cache_bytes(&self) -> CacheBytes {
-        self.symbolizer.cache_bytes()
-    }
-
     /// Adds what the symbolizer counted since last time to [`Stats`].
     fn publish_counts(&mut self) {
         publish(&self.stats, &self.symbolizer.take_counts());
@@ -79,7 +73,7 @@ impl HostSymbolizer {
 }
 
 /// Adds `counts` to the counters `/metrics` shows.
-pub fn publish(stats: &Stats, counts: &SymbolizerCounts) {
+fn publish(stats: &Stats, counts: &SymbolizerCounts) {
     for (counter, value) in [
         (&stats.symbol_cache_hits, counts.symbols.hits),
         (&stats.symbol_cache_misses, counts.symbols.misses),

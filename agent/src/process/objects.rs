@@ -239,8 +239,22 @@ impl ObjectRegistry {
         stats: Arc<Stats>,
     ) -> Self {
         let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        let refusals = Refusals::new(stats.clone());
         let vdso = match own_vdso() {
-            Ok(vdso) => Some(Arc::new(vdso)),
+            // Its debug file, if the host has one (by build id: the kernel's
+            // debug packages ship it), is the host's.
+            Ok(mut vdso) => {
+                vdso.debug_files = open_debug_files(
+                    None,
+                    &vdso.path,
+                    &vdso.layout,
+                    &debug_directories,
+                    &|error| {
+                        refusals.record(std::process::id(), error);
+                    },
+                );
+                Some(Arc::new(vdso))
+            }
             Err(error) => {
                 debug!(%error, "vDSO frames will not be symbolized");
                 None
@@ -251,7 +265,7 @@ impl ObjectRegistry {
             debug_directories,
             objects: LruCache::new(capacity),
             vdso,
-            refusals: Refusals::new(stats.clone()),
+            refusals,
             stats,
             offload: Offload::new("firn-open", OPEN_DEADLINE),
             slow_roots: SlowRoots::default(),
