@@ -1,10 +1,13 @@
 //! Reading what firn needs from ELF files: build id, load segments, where
-//! the debug info is, function symbols. Pure functions over bytes (no I/O), so they are tested on
-//! checked-in fixtures and corrupt inputs without root.
+//! the debug info is, function symbols, separate debug files. Pure
+//! functions over bytes (no I/O), so they are tested on checked-in fixtures
+//! and corrupt inputs without root.
 
-use std::{fmt, ops::Deref, sync::Arc};
+pub mod debug_files;
 
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, SymbolKind};
+use std::{fmt, io, ops::Deref, sync::Arc};
+
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ReadRef, SymbolKind};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
@@ -17,6 +20,11 @@ pub enum ElfError {
     NotElf { format: object::BinaryFormat },
     #[error("no ELF data given")]
     NoInput,
+    #[error("could not read the file")]
+    Read {
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Bytes that tables read from an object keep pointing into.
@@ -68,6 +76,36 @@ unsafe impl gimli::CloneStableDeref for Bytes {}
 impl fmt::Debug for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Bytes({} bytes)", self.len())
+    }
+}
+
+/// Which object a process maps, as the caller knows it: what per-object
+/// choices are remembered by and what reports name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ObjectKey {
+    File {
+        dev: u64,
+        inode: u64,
+    },
+    /// The vDSO image, the same for every 64-bit process on this kernel.
+    Vdso,
+}
+
+/// What caches of parsed object contents are keyed by: the build id when
+/// the object has one (copies of one binary in different places share an
+/// entry), else the object's identity.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ContentKey {
+    BuildId(BuildId),
+    Object(ObjectKey),
+}
+
+impl ContentKey {
+    pub fn of(key: ObjectKey, layout: &ElfLayout) -> Self {
+        match &layout.build_id {
+            Some(build_id) => Self::BuildId(build_id.clone()),
+            None => Self::Object(key),
+        }
     }
 }
 
@@ -135,7 +173,7 @@ impl ElfLayout {
     }
 }
 
-fn parse(data: &[u8]) -> Result<object::File<'_>, ElfError> {
+fn parse<'data, R: ReadRef<'data>>(data: R) -> Result<object::File<'data, R>, ElfError> {
     let file = object::File::parse(data).map_err(|source| ElfError::Parse { source })?;
     if file.format() != object::BinaryFormat::Elf {
         return Err(ElfError::NotElf {
@@ -146,6 +184,11 @@ fn parse(data: &[u8]) -> Result<object::File<'_>, ElfError> {
 }
 
 pub fn read_layout(data: &[u8]) -> Result<ElfLayout, ElfError> {
+    layout_of(data)
+}
+
+/// [`read_layout`] over bytes in memory or a file read through a cache.
+fn layout_of<'data, R: ReadRef<'data>>(data: R) -> Result<ElfLayout, ElfError> {
     let file = parse(data)?;
     let build_id = file.build_id().ok().flatten().map(BuildId::new);
     let segments = file
@@ -288,7 +331,7 @@ pub fn read_symbols_from(inputs: &[Bytes]) -> Result<SymbolTable, ElfError> {
     let mut files = Vec::with_capacity(inputs.len());
     let mut first_error = None;
     for (source, data) in inputs.iter().enumerate() {
-        match parse(data) {
+        match parse(&data[..]) {
             Ok(file) => files.push((source, file)),
             Err(error) => {
                 first_error.get_or_insert(error);

@@ -18,12 +18,9 @@ use std::{
     time::Instant,
 };
 
-use firn::{
-    config::{Limits, SymbolConfig},
-    process::ObjectFile,
-    stats::Stats,
-    symbolize::{Bytes, DwarfInfo, FrameSymbolizer, Symbolizer},
-};
+use agent_elf::Bytes;
+use agent_symbolize::{DwarfInfo, FrameSymbolizer, SymbolConfig, Symbolizer};
+use firn::{config::DebugFileConfig, process::ObjectFile};
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
 /// Counts live heap bytes and their peak.
@@ -138,9 +135,9 @@ fn main() {
     }
     let addresses = function_addresses(&object_path, if benchmarking { 2000 } else { 20 });
     // Measure the whole cost: no cache limit in the way.
-    let unlimited = Limits {
+    let unlimited = SymbolConfig {
         debuginfo_cache_bytes: 1 << 40,
-        ..Limits::default()
+        ..SymbolConfig::default()
     };
 
     // End to end first, while the process is fresh (clean peak RSS): as
@@ -150,15 +147,9 @@ fn main() {
     let heap_before = LIVE.load(Ordering::Relaxed);
     PEAK.store(heap_before, Ordering::Relaxed);
     let started = Instant::now();
-    let object = ObjectFile::open(&object_path, &SymbolConfig::default().debuginfo_directories)
+    let object = ObjectFile::open(&object_path, &DebugFileConfig::default().directories)
         .expect("object opens");
-    let stats = Arc::new(Stats::default());
-    let mut symbolizer = Symbolizer::new(
-        Path::new("/nonexistent"),
-        &unlimited,
-        &SymbolConfig::default(),
-        stats.clone(),
-    );
+    let mut symbolizer = Symbolizer::new(&unlimited, None, None);
     // A function in the middle of the object, as a sample would hit it.
     let first_address = addresses[addresses.len() / 2];
     let first = symbolizer.user(&object, first_address);
@@ -210,13 +201,13 @@ fn main() {
     symbolizer.end_of_profile();
     let (_, file_released) = rss();
     println!("after the profile: file-backed RSS {}", mib(file_released));
-    let snapshot = stats.snapshot();
+    let counts = symbolizer.take_counts();
     println!(
         "debuginfo cache: {} hits, {} misses, {} evictions, {} DWARF errors",
-        snapshot.debuginfo_cache_hits,
-        snapshot.debuginfo_cache_misses,
-        snapshot.debuginfo_cache_evictions,
-        snapshot.dwarf_errors
+        counts.debuginfo.hits,
+        counts.debuginfo.misses,
+        counts.debuginfo.evictions,
+        counts.dwarf_errors
     );
     assert!(!first.is_empty(), "the first address was symbolized");
     drop(symbolizer);
@@ -242,7 +233,7 @@ fn main() {
         println!("no usable DWARF");
         return;
     };
-    let fits = dwarf.heap_bytes() <= Limits::default().debuginfo_cache_bytes;
+    let fits = dwarf.heap_bytes() <= SymbolConfig::default().debuginfo_cache_bytes;
     println!(
         "DWARF unit index: {:.1} ms, heap {}, estimate {} ({}within the default cache; {:?})",
         started.elapsed().as_secs_f64() * 1e3,

@@ -132,7 +132,7 @@ fn replay(pid: u32, seconds: u64, frequency: u64, passes: usize) -> Result<()> {
     );
     let mut pipeline = Pipeline::new(
         &limits,
-        &firn::config::SymbolConfig::default(),
+        &firn::config::DebugFileConfig::default(),
         stats.clone(),
     )
     .with_unwind(policy);

@@ -17,8 +17,8 @@ pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStor
 
 use crate::{
     config::{
-        AgentConfig, DemangleMode, Limits, LocalStoreConfig, MetadataConfig, RecordConfig,
-        SamplingConfig, SymbolConfig, UnwindMode,
+        AgentConfig, DebugFileConfig, DemangleMode, Limits, LocalStoreConfig, MetadataConfig,
+        RecordConfig, SamplingConfig, SymbolConfig, UnwindMode,
     },
     labels::Rule,
 };
@@ -286,16 +286,15 @@ impl SymbolArgs {
                 DemangleArg::Simplified => DemangleMode::Simplified,
                 DemangleArg::Full => DemangleMode::Full,
             },
-            debuginfo_directories: self.debuginfo_directories.clone(),
-        }
-    }
-
-    fn limits(&self, limits: Limits) -> Limits {
-        Limits {
             symbol_cache_bytes: self.symbol_cache_size,
             debuginfo_cache_bytes: self.debuginfo_cache_size,
             perf_map_cache_bytes: self.perf_map_cache_size,
-            ..limits
+        }
+    }
+
+    fn debug_files(&self) -> DebugFileConfig {
+        DebugFileConfig {
+            directories: self.debuginfo_directories.clone(),
         }
     }
 }
@@ -306,8 +305,9 @@ impl TryFrom<&RecordArgs> for RecordConfig {
     fn try_from(args: &RecordArgs) -> Result<Self, ConfigError> {
         Ok(Self {
             sampling: args.sampling.sampling(),
-            limits: args.symbols.limits(args.sampling.limits()),
+            limits: args.sampling.limits(),
             symbols: args.symbols.symbols(),
+            debug_files: args.symbols.debug_files(),
             metadata: MetadataConfig {
                 node: remote::host_name().unwrap_or_else(|_| "localhost".into()),
                 external_labels: Vec::new(),
@@ -329,8 +329,9 @@ impl TryFrom<&AgentArgs> for AgentConfig {
     fn try_from(args: &AgentArgs) -> Result<Self, ConfigError> {
         Ok(Self {
             sampling: args.sampling.sampling(),
-            limits: args.symbols.limits(args.sampling.limits()),
+            limits: args.sampling.limits(),
             symbols: args.symbols.symbols(),
+            debug_files: args.symbols.debug_files(),
             profiling_duration: args.profiling_duration,
             local_store: LocalStoreConfig {
                 directory: args.local_store_directory.clone(),
@@ -343,7 +344,7 @@ impl TryFrom<&AgentArgs> for AgentConfig {
                 metadata.kubernetes = args.kubernetes.config(&metadata.node)?;
                 metadata
             },
-            debuginfo: args.debuginfo.config(&args.symbols.debuginfo_directories),
+            debuginfo: args.debuginfo.config(),
             http_address: args.http_address,
         })
     }
@@ -461,10 +462,10 @@ mod tests {
         assert_eq!(config.sampling.stack_copy_bytes, 16384);
         assert_eq!(config.symbols.demangle, DemangleMode::Simplified);
         assert_eq!(
-            config.symbols.debuginfo_directories,
+            config.debug_files.directories,
             [PathBuf::from("/usr/lib/debug")]
         );
-        assert_eq!(config.limits.debuginfo_cache_bytes, 16 << 20);
+        assert_eq!(config.symbols.debuginfo_cache_bytes, 16 << 20);
     }
 
     #[test]
@@ -488,12 +489,12 @@ mod tests {
         let config = AgentConfig::try_from(&cli.agent).expect("valid configuration");
         assert_eq!(config.symbols.demangle, DemangleMode::Full);
         assert_eq!(
-            config.symbols.debuginfo_directories,
+            config.debug_files.directories,
             ["/a", "/b", "/c"].map(PathBuf::from)
         );
-        assert_eq!(config.limits.debuginfo_cache_bytes, 8 << 20);
-        assert_eq!(config.limits.perf_map_cache_bytes, 2 << 20);
-        assert_eq!(config.limits.symbol_cache_bytes, 4 << 20);
+        assert_eq!(config.symbols.debuginfo_cache_bytes, 8 << 20);
+        assert_eq!(config.symbols.perf_map_cache_bytes, 2 << 20);
+        assert_eq!(config.symbols.symbol_cache_bytes, 4 << 20);
         for (flag, value) in [("--demangle", "pretty"), ("--debuginfo-cache-size", "1KiB")] {
             let error = Cli::try_parse_from(["firn", flag, value]).expect_err("rejected");
             assert_eq!(error.exit_code(), 2, "{flag} {value}");

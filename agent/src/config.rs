@@ -3,7 +3,7 @@
 
 use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 
-pub use crate::symbolize::DemangleMode;
+pub use agent_symbolize::{DemangleMode, SymbolConfig};
 
 /// What the BPF side samples and how.
 #[derive(Clone, Debug)]
@@ -56,12 +56,6 @@ pub struct Limits {
     pub max_processes: usize,
     /// Open ELF objects (file handles, build ids) kept.
     pub max_objects: usize,
-    /// Bytes of ELF symbol tables kept in memory.
-    pub symbol_cache_bytes: usize,
-    /// Bytes of DWARF (line tables, inline trees; estimated) kept in memory.
-    pub debuginfo_cache_bytes: usize,
-    /// Bytes of JIT perf maps kept in memory; also the most read of one map.
-    pub perf_map_cache_bytes: usize,
     /// Bytes of unwind tables kept in memory.
     pub unwind_cache_bytes: usize,
     /// Distinct stacks per profile; samples beyond are counted as dropped.
@@ -75,9 +69,6 @@ impl Default for Limits {
         Self {
             max_processes: 16_384,
             max_objects: 4_096,
-            symbol_cache_bytes: 16 << 20,
-            debuginfo_cache_bytes: 16 << 20,
-            perf_map_cache_bytes: 8 << 20,
             unwind_cache_bytes: 32 << 20,
             max_stacks_per_profile: 200_000,
             exited_process_grace: Duration::from_secs(30),
@@ -85,21 +76,18 @@ impl Default for Limits {
     }
 }
 
-/// How frames are named.
+/// Where separate debug files are looked for (GDB's debug-file-directory),
+/// inside a process's root first, then on the host: opened with each
+/// object, for the symbolizer and the debuginfo upload.
 #[derive(Clone, Debug)]
-pub struct SymbolConfig {
-    pub demangle: DemangleMode,
-    /// Where separate debug files are looked for (GDB's
-    /// debug-file-directory), inside a process's root first, then on the
-    /// host.
-    pub debuginfo_directories: Vec<PathBuf>,
+pub struct DebugFileConfig {
+    pub directories: Vec<PathBuf>,
 }
 
-impl Default for SymbolConfig {
+impl Default for DebugFileConfig {
     fn default() -> Self {
         Self {
-            demangle: DemangleMode::Simplified,
-            debuginfo_directories: vec![PathBuf::from("/usr/lib/debug")],
+            directories: vec![PathBuf::from("/usr/lib/debug")],
         }
     }
 }
@@ -110,6 +98,7 @@ pub struct RecordConfig {
     pub sampling: SamplingConfig,
     pub limits: Limits,
     pub symbols: SymbolConfig,
+    pub debug_files: DebugFileConfig,
     /// Sample labels and relabeling (no Kubernetes watch for one recording).
     pub metadata: MetadataConfig,
     pub duration: Duration,
@@ -123,6 +112,7 @@ pub struct AgentConfig {
     pub sampling: SamplingConfig,
     pub limits: Limits,
     pub symbols: SymbolConfig,
+    pub debug_files: DebugFileConfig,
     /// One profile per interval.
     pub profiling_duration: Duration,
     /// Used when there is no remote store.
@@ -215,12 +205,11 @@ pub struct KubernetesConfig {
 }
 
 /// Uploads of debug information to the remote store, for the objects whose
-/// frames firn could not name.
+/// frames firn could not name: their debug files (see [`DebugFileConfig`]),
+/// else the objects themselves.
 #[derive(Clone, Debug)]
 pub struct DebuginfoConfig {
     pub upload: bool,
-    /// Searched for `.build-id/xx/rest.debug` files.
-    pub directories: Vec<PathBuf>,
     /// Uploads at once.
     pub max_parallel: usize,
     /// Longest one upload may take.
@@ -231,7 +220,6 @@ impl Default for DebuginfoConfig {
     fn default() -> Self {
         Self {
             upload: true,
-            directories: vec![PathBuf::from("/usr/lib/debug")],
             max_parallel: 4,
             upload_timeout: Duration::from_secs(120),
         }

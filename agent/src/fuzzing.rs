@@ -22,18 +22,22 @@ use crate::{
         kubernetes::objects::{parse_event, parse_pod_list, parse_status},
         relabel::{LabelSet, relabel},
     },
-    process::{
-        DebugFileKind, MappingSpec, ProcessImage, candidate_paths, debug_file_matches, parse_maps,
-    },
+    process::{MappingSpec, ProcessImage, parse_maps},
     sampler,
-    symbolize::{DemangleMode, DwarfInfo, Kallsyms, PerfMapTable, demangle, parse_build_id_note},
     untrusted::FuseMounts,
     unwind::{
         self, CfiContext, CfiSource, Code, CodeLookup, MAX_USER_FRAMES, StackCopy, repair_leaf,
         stitch,
     },
 };
-use agent_elf::{self as elf, Bytes, ElfLayout};
+use agent_elf::{
+    self as elf, Bytes, ElfLayout,
+    debug_files::{self, DebugFileKind},
+};
+use agent_symbolize::{
+    DemangleMode, DwarfInfo, Kallsyms, PerfMapTable, demangle, parse_build_id_note,
+    parse_perf_map_line,
+};
 
 /// A fuzz target: its name (the binary in `fuzz/fuzz_targets/` and the
 /// directory of its corpus and regressions) and its entry point.
@@ -142,11 +146,19 @@ pub fn elf_object(data: &[u8]) {
             let _ = layout.vaddr_for_file_offset(segment.file_offset.wrapping_add(1));
         }
         let directories = [PathBuf::from("/usr/lib/debug")];
-        let _ = candidate_paths("/usr/bin/app", layout, &directories);
-        // The object checked as its own debug file, both ways one is found.
-        let _ = debug_file_matches(layout, DebugFileKind::BuildId, data);
-        if let Some(link) = &layout.debug_link {
-            let _ = debug_file_matches(layout, DebugFileKind::DebugLink { crc: link.crc }, data);
+        let _ = debug_files::candidates("/usr/bin/app", layout, &directories);
+        // The object checked as its own debug file, both ways one is found,
+        // from memory and read in pieces as the uploader reads it.
+        let mut kinds = vec![DebugFileKind::BuildId];
+        kinds.extend(
+            layout
+                .debug_link
+                .as_ref()
+                .map(|link| DebugFileKind::DebugLink { crc: link.crc }),
+        );
+        for kind in kinds {
+            let _ = debug_files::matches(layout, kind, data);
+            let _ = debug_files::matches_file(layout, kind, std::io::Cursor::new(data));
         }
     }
     let _ = unwind::is_go(data);
@@ -309,9 +321,7 @@ pub fn perf_map(data: &[u8]) {
     let (consumed, _) = table.extend(&data[..split]);
     let _ = table.extend(&data[consumed..]);
     for line in data.split(|&b| b == b'\n') {
-        let parsed = std::str::from_utf8(line)
-            .ok()
-            .and_then(crate::symbolize::parse_perf_map_line);
+        let parsed = std::str::from_utf8(line).ok().and_then(parse_perf_map_line);
         if let Some((start, size, _)) = parsed {
             let _ = table.lookup(start);
             let _ = table.lookup(start.saturating_add(size));

@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 use crate::{
     aggregate::{AggregatedProfile, Aggregator, UnwoundSample},
     bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
-    config::{Limits, SamplingConfig, SymbolConfig, UnwindMode},
+    config::{DebugFileConfig, Limits, SamplingConfig, UnwindMode},
     labels::{MetadataLimits, MetadataReader},
     process::{ProcessImage, ProcessTable, ProcessTableStats},
     sampler::{self, RawSample, Record, RingReader},
@@ -77,13 +77,13 @@ pub struct Pipeline {
 impl Pipeline {
     /// Unwinds with `--unwind auto` and no BPF map until
     /// [`Self::with_unwind`] says otherwise.
-    pub fn new(limits: &Limits, symbols: &SymbolConfig, stats: Arc<Stats>) -> Self {
+    pub fn new(limits: &Limits, debug_files: &DebugFileConfig, stats: Arc<Stats>) -> Self {
         let defaults = SamplingConfig::default();
         Self {
             processes: ProcessTable::new(
                 PathBuf::from("/proc"),
                 limits,
-                &symbols.debuginfo_directories,
+                &debug_files.directories,
                 stats.clone(),
             ),
             metadata: MetadataReader::new(
@@ -259,7 +259,7 @@ impl Session {
     pub fn start(
         sampling: &SamplingConfig,
         limits: &Limits,
-        symbols: &SymbolConfig,
+        debug_files: &DebugFileConfig,
         stats: Arc<Stats>,
     ) -> Result<Self, SessionError> {
         raise_open_file_limit();
@@ -275,7 +275,7 @@ impl Session {
         if sampling.unwind == UnwindMode::Auto {
             policy = policy.with_map(Box::new(bpf.take_copy_size_map()?));
         }
-        let mut pipeline = Pipeline::new(limits, symbols, stats).with_unwind(policy);
+        let mut pipeline = Pipeline::new(limits, debug_files, stats).with_unwind(policy);
         if sampling.unwind == UnwindMode::Auto {
             let started = Instant::now();
             let decided = if sampling.pids.is_empty() {
@@ -466,8 +466,9 @@ impl ShutdownSignal {
 mod tests {
     use super::*;
     use crate::{
+        config::SymbolConfig,
         pprof::{build_profile, sample_function_names},
-        symbolize::Symbolizer,
+        symbolize::HostSymbolizer,
     };
 
     /// A sample of a process that exited before firn read its maps: the
@@ -475,8 +476,11 @@ mod tests {
     #[test]
     fn vanished_process_yields_unknown_frames_not_a_crash() {
         let stats = Arc::new(Stats::default());
-        let mut pipeline =
-            Pipeline::new(&Limits::default(), &SymbolConfig::default(), stats.clone());
+        let mut pipeline = Pipeline::new(
+            &Limits::default(),
+            &DebugFileConfig::default(),
+            stats.clone(),
+        );
         // Beyond pid_max: no such process can exist.
         let ghost = 4_194_305;
         pipeline.sample(RawSample {
@@ -488,9 +492,8 @@ mod tests {
         });
         let aggregated = pipeline.take_profile();
         assert_eq!(aggregated.samples, 1);
-        let mut symbolizer = Symbolizer::new(
+        let mut symbolizer = HostSymbolizer::new(
             std::path::Path::new("/proc/kallsyms"),
-            &Limits::default(),
             &SymbolConfig::default(),
             stats.clone(),
         );
@@ -535,8 +538,11 @@ mod tests {
     #[test]
     fn malformed_records_are_counted() {
         let stats = Arc::new(Stats::default());
-        let mut pipeline =
-            Pipeline::new(&Limits::default(), &SymbolConfig::default(), stats.clone());
+        let mut pipeline = Pipeline::new(
+            &Limits::default(),
+            &DebugFileConfig::default(),
+            stats.clone(),
+        );
         pipeline.handle(&[1, 0, 0, 0, 9]);
         pipeline.handle(&[]);
         assert_eq!(stats.snapshot().records_malformed, 2);

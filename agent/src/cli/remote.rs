@@ -207,12 +207,11 @@ impl MetadataArgs {
 }
 
 impl DebuginfoArgs {
-    /// `directories` are the symbolizer's (`--debuginfo-directories`): the
-    /// debug files firn reads are the ones it can upload.
-    pub fn config(&self, directories: &[PathBuf]) -> DebuginfoConfig {
+    /// The files uploaded are the debug files the symbolizer reads (found
+    /// in `--debuginfo-directories`).
+    pub fn config(&self) -> DebuginfoConfig {
         DebuginfoConfig {
             upload: !self.debuginfo_upload_disable,
-            directories: directories.to_vec(),
             max_parallel: usize::try_from(self.debuginfo_upload_max_parallel).unwrap_or(1),
             upload_timeout: self.debuginfo_upload_timeout_duration,
         }

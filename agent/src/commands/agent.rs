@@ -19,7 +19,7 @@ use firn::{
     process::ProcessTableStats,
     session::{Session, ShutdownSignal},
     stats::Stats,
-    symbolize::Symbolizer,
+    symbolize::HostSymbolizer,
     watchdog::{self, Stage},
 };
 use tracing::{error, info, warn};
@@ -138,7 +138,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     let mut session = Session::start(
         &config.sampling,
         &config.limits,
-        &config.symbols,
+        &config.debug_files,
         stats.clone(),
     )?;
     session.watch_drain(drain_stage);
@@ -168,12 +168,8 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     let builder = {
         let stats = stats.clone();
         let period = period_ns(config.sampling.frequency_hz);
-        let symbolizer = Symbolizer::new(
-            Path::new("/proc/kallsyms"),
-            &config.limits,
-            &config.symbols,
-            stats.clone(),
-        );
+        let symbolizer =
+            HostSymbolizer::new(Path::new("/proc/kallsyms"), &config.symbols, stats.clone());
         let deadline = deadline.clone();
         thread::Builder::new()
             .name("firn-builder".into())
@@ -306,7 +302,7 @@ fn build_loop(
     exporter: &mut dyn Exporter,
     labeler: &Labeler,
     period: i64,
-    mut symbolizer: Symbolizer,
+    mut symbolizer: HostSymbolizer,
     stats: Arc<Stats>,
     stage: &Stage,
 ) {

@@ -14,7 +14,7 @@ use firn::{
     pprof::{encode_gzip, validate},
     session::{Session, shutdown_signal},
     stats::Stats,
-    symbolize::Symbolizer,
+    symbolize::HostSymbolizer,
     watchdog::{self, Stage},
 };
 use tracing::{info, warn};
@@ -47,7 +47,7 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
     let mut session = Session::start(
         &config.sampling,
         &config.limits,
-        &config.symbols,
+        &config.debug_files,
         stats.clone(),
     )?;
     let drain_stage = Stage::new("drain", RECORD_DRAIN_STALL, Duration::MAX, |stats| {
@@ -81,12 +81,8 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
     let run_time = session.sampler_run_time();
     drop(session);
 
-    let mut symbolizer = Symbolizer::new(
-        Path::new("/proc/kallsyms"),
-        &config.limits,
-        &config.symbols,
-        stats.clone(),
-    );
+    let mut symbolizer =
+        HostSymbolizer::new(Path::new("/proc/kallsyms"), &config.symbols, stats.clone());
     let stacks = aggregated.stacks.len();
     let dropped = aggregated.dropped;
     let (profile, summary, _) = build_whole_profile(

@@ -282,7 +282,7 @@ mod tests {
         labels::{MetadataLimits, MetadataReader, Rule, relabel::RuleSpec},
         pprof::{decode, sample_label},
         process::ProcessTable,
-        symbolize::Line,
+        symbolize::{Line, ObjectSource, PerfMapSource},
     };
 
     /// Names kernel frames only: every user frame stays unsymbolized.
@@ -293,11 +293,11 @@ mod tests {
             Some(Line::named(&format!("k{address:x}")))
         }
 
-        fn user(&mut self, _object: &ObjectFile, _vaddr: u64) -> Vec<Line> {
+        fn user(&mut self, _object: &dyn ObjectSource, _vaddr: u64) -> Vec<Line> {
             Vec::new()
         }
 
-        fn jit(&mut self, _perf_map: &std::fs::File, _address: u64) -> Option<Line> {
+        fn jit(&mut self, _perf_map: &dyn PerfMapSource, _address: u64) -> Option<Line> {
             None
         }
 

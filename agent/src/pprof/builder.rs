@@ -448,7 +448,8 @@ mod tests {
         aggregate::{ImageRef, MetadataRef},
         labels::ProcessMetadata,
         pprof::sample_function_names,
-        process::{MappingSpec, ObjectFile},
+        process::MappingSpec,
+        symbolize::{ObjectSource, PerfMapSource},
     };
 
     /// Names kernel addresses `k<hex>` and user addresses `u<hex>`.
@@ -461,11 +462,11 @@ mod tests {
             (address != 0xffff_ffff_dead_0000).then(|| Line::named(&format!("k{address:x}")))
         }
 
-        fn user(&mut self, _object: &ObjectFile, vaddr: u64) -> Vec<Line> {
+        fn user(&mut self, _object: &dyn ObjectSource, vaddr: u64) -> Vec<Line> {
             vec![Line::named(&format!("u{vaddr:x}"))]
         }
 
-        fn jit(&mut self, _perf_map: &std::fs::File, address: u64) -> Option<Line> {
+        fn jit(&mut self, _perf_map: &dyn PerfMapSource, address: u64) -> Option<Line> {
             Some(Line::named(&format!("jit{address:x}")))
         }
 

@@ -1,33 +1,18 @@
-//! Separate debug files: found where GDB looks for them, opened when the
-//! object is first opened (while the process, and so its mount namespace,
-//! surely exists) and kept open like the object; checked against the object
-//! later, off the sampling path, because a debuglink check reads the whole
-//! file.
+//! Separate debug files: the candidates `agent_elf::debug_files` names,
+//! opened when the object is first opened (while the process, and so its
+//! mount namespace, surely exists) and kept open like the object; checked
+//! against the object later (`agent_elf::debug_files::matches`), off the
+//! sampling path, because a debuglink check reads the whole file.
 
-use std::{
-    collections::HashSet,
-    fs::File,
-    io,
-    os::unix::fs::MetadataExt,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashSet, fs::File, io, os::unix::fs::MetadataExt, path::PathBuf};
 
 use super::objects::ObjectData;
 use crate::untrusted::{MAX_OBJECT_BYTES, OpenError, ProcessRoot, open_host_file};
-use agent_elf::{self as elf, ElfLayout};
+pub use agent_elf::debug_files::DebugFileKind;
+use agent_elf::{ElfLayout, debug_files};
 
 /// At most this many candidate debug files are kept open per object.
 const MAX_DEBUG_FILES: usize = 4;
-
-/// How a debug file was found, which says how to check that it matches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DebugFileKind {
-    /// `<dir>/.build-id/xx/rest.debug`: its build id must match.
-    BuildId,
-    /// Named by the object's `.gnu_debuglink`: build ids must match when
-    /// both have one, else the CRC-32 of the file must be the link's.
-    DebugLink { crc: u32 },
-}
 
 /// A debug file candidate, open.
 #[derive(Debug)]
@@ -49,58 +34,11 @@ impl DebugFile {
         // for objects, see `ObjectFile::data`).
         unsafe { memmap2::Mmap::map(&self.file) }.map(ObjectData::Mapped)
     }
-}
 
-/// Where to look for the debug file of the object at `object_path` (as its
-/// process sees it), in GDB's order: by build id in each debug directory,
-/// then by debuglink next to the object, in its `.debug/`, and under each
-/// debug directory.
-pub fn candidate_paths(
-    object_path: &str,
-    layout: &ElfLayout,
-    directories: &[PathBuf],
-) -> Vec<(PathBuf, DebugFileKind)> {
-    let mut candidates = Vec::new();
-    if let Some(build_id) = layout
-        .build_id
-        .as_ref()
-        .filter(|id| id.as_bytes().len() >= 2)
-    {
-        let hex = build_id.to_hex();
-        for directory in directories {
-            candidates.push((
-                directory
-                    .join(".build-id")
-                    .join(&hex[..2])
-                    .join(format!("{}.debug", &hex[2..])),
-                DebugFileKind::BuildId,
-            ));
-        }
+    /// The open file, for positioned reads that map nothing.
+    pub fn file(&self) -> &File {
+        &self.file
     }
-    // The link is a file name (GDB joins it to directories); a name with a
-    // slash or `..` could point anywhere, so it names nothing.
-    if let Some(link) = layout
-        .debug_link
-        .as_ref()
-        .filter(|link| is_plain_file_name(&link.name))
-    {
-        let object = Path::new(object_path);
-        let kind = DebugFileKind::DebugLink { crc: link.crc };
-        if let Some(object_dir) = object.parent().filter(|dir| dir.is_absolute()) {
-            candidates.push((object_dir.join(&link.name), kind));
-            candidates.push((object_dir.join(".debug").join(&link.name), kind));
-            let relative = object_dir.strip_prefix("/").unwrap_or(object_dir);
-            for directory in directories {
-                candidates.push((directory.join(relative).join(&link.name), kind));
-            }
-        }
-        candidates.retain(|(path, _)| path != object);
-    }
-    candidates
-}
-
-fn is_plain_file_name(name: &str) -> bool {
-    !name.is_empty() && name != "." && name != ".." && !name.contains('/') && !name.contains('\0')
 }
 
 /// Opens the debug files of an object that has no DWARF of its own: each
@@ -120,7 +58,9 @@ pub fn open_debug_files(
     }
     let mut seen = HashSet::new();
     let mut found = Vec::new();
-    for (path, kind) in candidate_paths(object_path, layout, directories) {
+    for debug_files::Candidate { path, kind } in
+        debug_files::candidates(object_path, layout, directories)
+    {
         let inside = process_root.map(|root| {
             (
                 root.open_file(&path, MAX_OBJECT_BYTES),
@@ -153,65 +93,16 @@ pub fn open_debug_files(
     found
 }
 
-/// Whether the debug file with contents `debug` belongs to the object laid
-/// out as `object`.
-pub fn debug_file_matches(
-    object: &ElfLayout,
-    kind: DebugFileKind,
-    debug: &[u8],
-) -> Result<bool, elf::ElfError> {
-    let debug_layout = elf::read_layout(debug)?;
-    Ok(match (&object.build_id, &debug_layout.build_id, kind) {
-        (Some(ours), Some(theirs), _) => ours == theirs,
-        (_, _, DebugFileKind::DebugLink { crc }) => crc32fast::hash(debug) == crc,
-        (_, _, DebugFileKind::BuildId) => false,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use agent_elf::{BuildId, DebugLink};
+    use agent_elf::BuildId;
 
-    fn layout(build_id: Option<&[u8]>, link: Option<(&str, u32)>) -> ElfLayout {
+    fn layout(build_id: &[u8]) -> ElfLayout {
         ElfLayout {
-            build_id: build_id.map(BuildId::new),
-            debug_link: link.map(|(name, crc)| DebugLink {
-                name: name.into(),
-                crc,
-            }),
+            build_id: Some(BuildId::new(build_id)),
             ..ElfLayout::default()
         }
-    }
-
-    #[test]
-    fn candidates_follow_gdb_order() {
-        let dirs = [PathBuf::from("/usr/lib/debug"), PathBuf::from("/opt/dbg")];
-        let layout = layout(Some(&[0xab, 0xcd, 0xef]), Some(("app.debug", 7)));
-        let paths: Vec<String> = candidate_paths("/usr/bin/app", &layout, &dirs)
-            .into_iter()
-            .map(|(path, _)| path.display().to_string())
-            .collect();
-        assert_eq!(
-            paths,
-            [
-                "/usr/lib/debug/.build-id/ab/cdef.debug",
-                "/opt/dbg/.build-id/ab/cdef.debug",
-                "/usr/bin/app.debug",
-                "/usr/bin/.debug/app.debug",
-                "/usr/lib/debug/usr/bin/app.debug",
-                "/opt/dbg/usr/bin/app.debug",
-            ]
-        );
-    }
-
-    #[test]
-    fn a_link_to_the_object_itself_is_no_candidate() {
-        let layout = layout(None, Some(("app", 1)));
-        let candidates = candidate_paths("/usr/bin/app", &layout, &[]);
-        assert_eq!(candidates.len(), 1, "{candidates:?}");
-        assert_eq!(candidates[0].0, Path::new("/usr/bin/.debug/app"));
-        assert!(candidate_paths("/usr/bin/app", &ElfLayout::default(), &[]).is_empty());
     }
 
     #[test]
@@ -229,7 +120,7 @@ mod tests {
             std::fs::create_dir_all(&dir).expect("mkdir");
             std::fs::write(dir.join("cd.debug"), b"x").expect("write");
         }
-        let layout = layout(Some(&[0xab, 0xcd]), None);
+        let layout = layout(&[0xab, 0xcd]);
         let process_root = ProcessRoot::open(root.path()).expect("root");
         let found = open_debug_files(
             Some(&process_root),
@@ -264,18 +155,6 @@ mod tests {
     }
 
     #[test]
-    fn debug_links_that_are_not_file_names_are_ignored() {
-        for name in ["/etc/shadow", "../../etc/shadow", "..", "", "a/b"] {
-            let layout = layout(None, Some((name, 1)));
-            assert!(
-                candidate_paths("/usr/bin/app", &layout, &[PathBuf::from("/usr/lib/debug")])
-                    .is_empty(),
-                "{name:?}"
-            );
-        }
-    }
-
-    #[test]
     fn a_fifo_among_the_candidates_is_refused_not_waited_for() {
         let root = tempfile::tempdir().expect("tempdir");
         let dir = root.path().join("usr/lib/debug/.build-id/ab");
@@ -293,7 +172,7 @@ mod tests {
         let found = open_debug_files(
             Some(&process_root),
             "/bin/app",
-            &layout(Some(&[0xab, 0xcd]), None),
+            &layout(&[0xab, 0xcd]),
             &[PathBuf::from("/usr/lib/debug")],
             &|error| {
                 if error.refusal().is_some() {
@@ -303,26 +182,5 @@ mod tests {
         );
         assert!(found.is_empty());
         assert_eq!(refused.get(), 1);
-    }
-
-    #[test]
-    fn matching_checks_build_id_then_crc() {
-        let chain = agent_fixtures::CHAIN;
-        let own = elf::read_layout(chain).expect("fixture");
-        assert!(debug_file_matches(&own, DebugFileKind::BuildId, chain).expect("parses"));
-        let other = layout(Some(&[1, 2, 3]), None);
-        assert!(!debug_file_matches(&other, DebugFileKind::BuildId, chain).expect("parses"));
-        // Without a build id on our side the CRC decides.
-        let crc = crc32fast::hash(chain);
-        let unnamed = ElfLayout::default();
-        assert!(
-            debug_file_matches(&unnamed, DebugFileKind::DebugLink { crc }, chain).expect("parses")
-        );
-        assert!(
-            !debug_file_matches(&unnamed, DebugFileKind::DebugLink { crc: !crc }, chain)
-                .expect("parses")
-        );
-        assert!(!debug_file_matches(&unnamed, DebugFileKind::BuildId, chain).expect("parses"));
-        assert!(debug_file_matches(&unnamed, DebugFileKind::BuildId, b"junk").is_err());
     }
 }

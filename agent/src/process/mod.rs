@@ -6,11 +6,11 @@ mod debugfiles;
 mod maps;
 mod objects;
 pub mod offload;
+mod sources;
 mod table;
 
-pub use debugfiles::{
-    DebugFile, DebugFileKind, candidate_paths, debug_file_matches, open_debug_files,
-};
+pub use debugfiles::{DebugFile, DebugFileKind, open_debug_files};
 pub use maps::{MappingKind, MappingSpec, MapsError, parse_maps};
 pub use objects::{ContentKey, ObjectContents, ObjectData, ObjectFile, ObjectKey, ObjectRegistry};
+pub use sources::PerfMapFile;
 pub use table::{Mapping, ProcessImage, ProcessTable, ProcessTableStats};

@@ -26,16 +26,7 @@ use crate::{
     untrusted::{self, FuseMounts, ProcessRoot, Refusal, Refusals},
 };
 use agent_elf::{self as elf, BuildId, ElfLayout, SharedBytes};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ObjectKey {
-    File {
-        dev: u64,
-        inode: u64,
-    },
-    /// The vDSO image, the same for every 64-bit process on this kernel.
-    Vdso,
-}
+pub use agent_elf::{ContentKey, ObjectKey};
 
 enum ObjectSource {
     File(File),
@@ -103,25 +94,13 @@ pub enum ObjectContents {
     Memory(Arc<[u8]>),
 }
 
-/// What caches of parsed object contents are keyed by: the build id when
-/// the object has one (copies of one binary in different places share an
-/// entry), else the file's identity.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum ContentKey {
-    BuildId(BuildId),
-    Object(ObjectKey),
-}
-
 impl ObjectFile {
     pub fn build_id(&self) -> Option<&BuildId> {
         self.layout.build_id.as_ref()
     }
 
     pub fn content_key(&self) -> ContentKey {
-        match self.build_id() {
-            Some(build_id) => ContentKey::BuildId(build_id.clone()),
-            None => ContentKey::Object(self.key),
-        }
+        ContentKey::of(self.key, &self.layout)
     }
 
     /// The object's bytes, for the symbolizer and unwinder to parse.
@@ -260,8 +239,22 @@ impl ObjectRegistry {
         stats: Arc<Stats>,
     ) -> Self {
         let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
+        let refusals = Refusals::new(stats.clone());
         let vdso = match own_vdso() {
-            Ok(vdso) => Some(Arc::new(vdso)),
+            // Its debug file, if the host has one (by build id: the kernel's
+            // debug packages ship it), is the host's.
+            Ok(mut vdso) => {
+                vdso.debug_files = open_debug_files(
+                    None,
+                    &vdso.path,
+                    &vdso.layout,
+                    &debug_directories,
+                    &|error| {
+                        refusals.record(std::process::id(), error);
+                    },
+                );
+                Some(Arc::new(vdso))
+            }
             Err(error) => {
                 debug!(%error, "vDSO frames will not be symbolized");
                 None
@@ -272,7 +265,7 @@ impl ObjectRegistry {
             debug_directories,
             objects: LruCache::new(capacity),
             vdso,
-            refusals: Refusals::new(stats.clone()),
+            refusals,
             stats,
             offload: Offload::new("firn-open", OPEN_DEADLINE),
             slow_roots: SlowRoots::default(),

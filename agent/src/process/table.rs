@@ -3,7 +3,6 @@
 //! number.
 
 use std::{
-    fs::File,
     num::NonZeroUsize,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, OnceLock},
@@ -17,6 +16,7 @@ use super::{
     maps::{MappingKind, MappingSpec, MapsError, read_maps},
     objects::{ObjectFile, ObjectRegistry},
     offload::{OPEN_DEADLINE, Offload, OffloadError, SlowRoots},
+    sources::PerfMapFile,
 };
 use crate::{
     config::Limits,
@@ -79,7 +79,7 @@ pub struct ProcessImage {
 /// sampled and kept open so it stays readable after the process exits.
 #[derive(Debug, Default)]
 struct PerfMapSlot {
-    file: Option<Arc<File>>,
+    file: Option<Arc<PerfMapFile>>,
     tried_at: Option<Instant>,
 }
 
@@ -96,7 +96,7 @@ impl ProcessImage {
     }
 
     /// The perf map of this image's JIT code, if one was found.
-    pub fn perf_map(&self) -> Option<Arc<File>> {
+    pub fn perf_map(&self) -> Option<Arc<PerfMapFile>> {
         self.perf_map
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -298,7 +298,7 @@ impl ProcessTable {
             )
         });
         match opened {
-            Ok(Ok(file)) => slot.file = Some(Arc::new(file)),
+            Ok(Ok(file)) => slot.file = Some(Arc::new(PerfMapFile(file))),
             Ok(Err(error)) => {
                 self.refusals.record(pid, &error);
                 debug!(pid, %error, "no perf map");

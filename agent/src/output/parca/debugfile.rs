@@ -1,6 +1,7 @@
-//! Which file to hand the server for an object it should symbolize: a
-//! separate debug file found by build id, else the object itself when it
-//! has symbols or DWARF.
+//! Which file to hand the server for an object it should symbolize: the
+//! first of the debug files opened with the object that matches it (the
+//! symbolizer's candidates and rules, `agent_elf::debug_files`), else the
+//! object itself when it has symbols or DWARF.
 //!
 //! Files are read with positioned reads, a chunk at a time, never mapped:
 //! a mapping touched end to end (to hash or to stream it) would keep the
@@ -14,23 +15,21 @@
 //! read; the file on disk is never touched or copied whole.
 
 use std::{
-    io,
+    fs::File,
+    io::{self, Read, Seek, SeekFrom},
     os::unix::fs::FileExt,
-    path::{Path, PathBuf},
     sync::Arc,
 };
 
+use agent_elf::debug_files;
 use object::{
-    Endian, Endianness, Object, ObjectSection, ReadCache, ReadRef,
+    Endian, Endianness, ReadCache, ReadRef,
     elf::{FileHeader64, PT_LOAD},
     read::elf::{FileHeader, ProgramHeader},
 };
 use tracing::debug;
 
-use crate::{
-    process::{ObjectContents, ObjectFile},
-    untrusted,
-};
+use crate::process::{ObjectContents, ObjectFile};
 
 /// Bytes per read and per streamed message: small enough to keep memory
 /// flat, large enough that a 200 MB file is 200 messages.
@@ -125,90 +124,90 @@ impl Source {
 }
 
 /// Whether `find_source` could find anything, from what is known without
-/// reading a byte: the object's own sections, or a file at a build-id path.
-pub fn may_have_source(object: &ObjectFile, directories: &[PathBuf], build_id: &str) -> bool {
-    object.layout.has_symtab
-        || object.layout.has_debug_info
-        || directories
-            .iter()
-            .any(|directory| build_id_path(directory, build_id).is_file())
+/// reading a byte: the object's own sections, or debug files opened with it.
+pub fn may_have_source(object: &ObjectFile) -> bool {
+    object.layout.has_symtab || object.layout.has_debug_info || !object.debug_files.is_empty()
 }
 
-/// A debug file for `build_id` in one of `directories`
-/// (`DIR/.build-id/ab/cdef….debug`), else the object itself when it has
-/// symbols or DWARF; `None` when neither can name anything. Reads ELF
-/// headers only.
-pub fn find_source(
-    object: &ObjectFile,
-    directories: &[PathBuf],
-    build_id: &str,
-) -> io::Result<Option<Source>> {
-    for directory in directories {
-        let path = build_id_path(directory, build_id);
-        // A host directory, but checked all the same: a FIFO or device
-        // there must not block the uploader.
-        let file = match untrusted::open_host_file(&path, untrusted::MAX_OBJECT_BYTES) {
-            Ok(file) => file,
+/// The first debug file of `object` that matches it, else the object itself
+/// when it has symbols or DWARF; `None` when neither can name anything.
+/// Reads ELF headers only (and a debuglink candidate whole, for its CRC),
+/// never mapping anything.
+pub fn find_source(object: &ObjectFile) -> io::Result<Option<Source>> {
+    for candidate in &object.debug_files {
+        let file = candidate.file();
+        let matched =
+            debug_files::matches_file(&object.layout, candidate.kind, FileCursor::new(file));
+        match matched {
+            Ok(true) => {}
+            Ok(false) => {
+                debug!(file = %candidate.path.display(), "debug file ignored: another build, or nothing to symbolize with");
+                continue;
+            }
             Err(error) => {
-                if !error.is_not_found() {
-                    debug!(%error, "debug file not uploaded");
-                }
+                debug!(file = %candidate.path.display(), %error, "debug file ignored: unreadable");
                 continue;
             }
-        };
+        }
         let patches = {
-            let debug = ReadCache::new(&file);
-            if !matches_and_symbolizes(&debug, build_id) {
-                debug!(file = %path.display(), "debug file ignored: another build id, or nothing to symbolize with");
-                continue;
-            }
+            let debug = ReadCache::new(FileCursor::new(file));
             match object.contents()? {
                 ObjectContents::File(object_file) => {
-                    load_offset_patches(&debug, &ReadCache::new(&object_file))
+                    load_offset_patches(&debug, &ReadCache::new(FileCursor::new(&object_file)))
                 }
                 ObjectContents::Memory(bytes) => load_offset_patches(&debug, &bytes[..]),
             }
             .unwrap_or_default()
         };
         return Source::new(
-            path.display().to_string(),
-            ObjectContents::File(file),
+            candidate.path.display().to_string(),
+            ObjectContents::File(file.try_clone()?),
             patches,
         )
         .map(Some);
     }
-    let own_id = object.build_id().map(|id| id.to_hex());
-    if own_id.as_deref() == Some(build_id)
-        && (object.layout.has_symtab || object.layout.has_debug_info)
-    {
+    if object.layout.has_symtab || object.layout.has_debug_info {
         return Source::new(object.path.clone(), object.contents()?, Vec::new()).map(Some);
     }
     Ok(None)
 }
 
-pub fn build_id_path(directory: &Path, build_id: &str) -> PathBuf {
-    let (head, tail) = build_id.split_at(2.min(build_id.len()));
-    directory
-        .join(".build-id")
-        .join(head)
-        .join(format!("{tail}.debug"))
+/// Reads a file shared with others through positioned reads: the offset
+/// of the open file, which every handle on it shares, is never moved.
+struct FileCursor<'a> {
+    file: &'a File,
+    position: u64,
 }
 
-/// The ELF's build id is `build_id` and it holds DWARF or a symbol table.
-fn matches_and_symbolizes<'data, R: ReadRef<'data>>(data: R, build_id: &str) -> bool {
-    let Ok(file) = object::File::parse(data) else {
-        return false;
-    };
-    let same = file
-        .build_id()
-        .ok()
-        .flatten()
-        .is_some_and(|id| hex(id) == build_id);
-    let useful = [".debug_info", ".symtab"].iter().any(|name| {
-        file.section_by_name(name)
-            .is_some_and(|section| section.size() > 0)
-    });
-    same && useful
+impl<'a> FileCursor<'a> {
+    fn new(file: &'a File) -> Self {
+        Self { file, position: 0 }
+    }
+}
+
+impl Read for FileCursor<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let read = self.file.read_at(buf, self.position)?;
+        self.position += read as u64;
+        Ok(read)
+    }
+}
+
+impl Seek for FileCursor<'_> {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        let position = match to {
+            SeekFrom::Start(offset) => Some(offset),
+            SeekFrom::End(delta) => self.file.metadata()?.len().checked_add_signed(delta),
+            SeekFrom::Current(delta) => self.position.checked_add_signed(delta),
+        };
+        self.position = position.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "seek before the start of the file",
+            )
+        })?;
+        Ok(self.position)
+    }
 }
 
 /// Patches that give the debug file's PT_LOAD headers the file offsets the
@@ -267,10 +266,12 @@ fn hex(bytes: &[u8]) -> String {
 mod tests {
     use std::io::Write;
 
-    use agent_fixtures::{CHAIN, CHAIN_STRIPPED};
+    use std::path::PathBuf;
+
+    use agent_fixtures::{CHAIN, CHAIN_STRIPPED, INLINE_CHAIN_DEBUG, INLINE_CHAIN_STRIPPED};
 
     use super::*;
-    use crate::process::ObjectKey;
+    use crate::process::{DebugFile, DebugFileKind, ObjectKey};
 
     fn object(bytes: &'static [u8]) -> ObjectFile {
         ObjectFile::from_memory(ObjectKey::Vdso, "/fixtures/chain", bytes.into()).expect("fixture")
@@ -286,54 +287,64 @@ mod tests {
         out
     }
 
-    #[test]
-    fn build_id_paths_follow_the_gdb_layout() {
-        assert_eq!(
-            build_id_path(Path::new("/usr/lib/debug"), "abcdef12"),
-            PathBuf::from("/usr/lib/debug/.build-id/ab/cdef12.debug")
-        );
+    fn debug_file(bytes: &[u8], kind: DebugFileKind) -> DebugFile {
+        let mut file = tempfile::tempfile().expect("tempfile");
+        file.write_all(bytes).expect("writes");
+        DebugFile::new(PathBuf::from(format!("/debug/{kind:?}")), kind, file)
     }
 
     #[test]
-    fn a_debug_file_is_preferred_and_must_match_the_build_id() {
-        let stripped = object(CHAIN_STRIPPED);
-        let build_id = stripped.build_id().expect("build id").to_hex();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let directories = [dir.path().to_path_buf()];
+    fn a_debug_file_is_preferred_and_must_match_the_object() {
+        let mut stripped = object(CHAIN_STRIPPED);
         // Nothing anywhere: a stripped object alone names nothing, and
         // that is known without reading anything.
-        assert!(!may_have_source(&stripped, &directories, &build_id));
-        assert!(
-            find_source(&stripped, &directories, &build_id)
-                .expect("reads")
-                .is_none()
-        );
-        // The unstripped build of the same program serves as its debug file.
-        let path = build_id_path(dir.path(), &build_id);
-        std::fs::create_dir_all(path.parent().expect("parent")).expect("dirs");
-        std::fs::write(&path, CHAIN).expect("debug file");
-        assert!(may_have_source(&stripped, &directories, &build_id));
-        let found = find_source(&stripped, &directories, &build_id)
-            .expect("reads")
-            .expect("found");
-        assert_eq!(found.description, path.display().to_string());
+        assert!(!may_have_source(&stripped));
+        assert!(find_source(&stripped).expect("reads").is_none());
+        // Another program's debug file first: not taken for this one. Then
+        // the unstripped build of the same program, its debug file.
+        stripped.debug_files = vec![
+            debug_file(INLINE_CHAIN_DEBUG, DebugFileKind::BuildId),
+            debug_file(CHAIN, DebugFileKind::BuildId),
+        ];
+        assert!(may_have_source(&stripped));
+        let found = find_source(&stripped).expect("reads").expect("found");
+        assert_eq!(found.description, "/debug/BuildId");
         assert_eq!(found.len(), CHAIN.len() as u64);
         let hash = found.hash(&mut Vec::new()).expect("hashes");
         assert_eq!(hash.len(), 64, "sha256 in hex");
-        // A debug file of another build is not taken for this one.
-        assert!(
-            find_source(&stripped, &directories, "00ff00ff")
-                .expect("reads")
-                .is_none()
-        );
+        stripped.debug_files.remove(1);
+        assert!(find_source(&stripped).expect("reads").is_none());
         // An object with symbols is its own source.
         let full = object(CHAIN);
-        assert!(may_have_source(&full, &[], &build_id));
-        let found = find_source(&full, &[], &build_id)
-            .expect("reads")
-            .expect("found");
+        assert!(may_have_source(&full));
+        let found = find_source(&full).expect("reads").expect("found");
         assert_eq!(found.description, "/fixtures/chain");
         assert_eq!(streamed(&found, CHUNK), CHAIN);
+    }
+
+    /// The debug file `objcopy --only-keep-debug` made, found by the
+    /// object's debuglink: matched by CRC when build ids cannot decide, and
+    /// sent with the object's load offsets.
+    #[test]
+    fn a_debuglink_file_is_found_and_gets_the_objects_load_offsets() {
+        let mut stripped = ObjectFile::from_memory(
+            ObjectKey::Vdso,
+            "/fixtures/inline_chain",
+            INLINE_CHAIN_STRIPPED.into(),
+        )
+        .expect("fixture");
+        let crc = stripped.layout.debug_link.as_ref().expect("debuglink").crc;
+        stripped.layout.build_id = None;
+        stripped.debug_files = vec![
+            debug_file(INLINE_CHAIN_DEBUG, DebugFileKind::DebugLink { crc: !crc }),
+            debug_file(INLINE_CHAIN_DEBUG, DebugFileKind::DebugLink { crc }),
+        ];
+        let found = find_source(&stripped).expect("reads").expect("found");
+        assert_eq!(found.len(), INLINE_CHAIN_DEBUG.len() as u64);
+        assert!(!found.patches.is_empty(), "objcopy moved the load offsets");
+        let sent = streamed(&found, 7);
+        assert_ne!(sent, INLINE_CHAIN_DEBUG);
+        assert_eq!(sent.len(), INLINE_CHAIN_DEBUG.len());
     }
 
     /// A debug file whose PT_LOAD offsets were rewritten gets the object's

@@ -1,8 +1,8 @@
 //! Debug information for the server's symbolizer: for each object in the
 //! profiles (those whose frames firn sent without names first), ask the
 //! server by build id whether it wants debug information, and only then
-//! find a file with symbols or DWARF (a `.build-id` debug file, else the
-//! object itself), hash it and stream it through
+//! find a file with symbols or DWARF (a debug file opened with the object,
+//! else the object itself), hash it and stream it through
 //! `parca.debuginfo.v1alpha1`. Nothing is read before the server asks for
 //! it, so a server that is down or has the file costs no I/O and no
 //! memory. At most a few uploads at once, the bytes they hold bounded by
@@ -10,7 +10,6 @@
 
 use std::{
     num::NonZeroUsize,
-    path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -81,7 +80,6 @@ impl UploadError {
 #[derive(Clone)]
 pub struct Uploader {
     client: DebuginfoClient,
-    directories: Arc<[PathBuf]>,
     timeout: Duration,
     slots: Arc<Semaphore>,
     budget: ByteBudget,
@@ -93,7 +91,6 @@ impl Uploader {
     pub fn new(client: DebuginfoClient, config: &DebuginfoConfig, stats: Arc<Stats>) -> Self {
         Self {
             client,
-            directories: config.directories.clone().into(),
             timeout: config.upload_timeout,
             slots: Arc::new(Semaphore::new(config.max_parallel.max(1))),
             budget: ByteBudget::new(BYTES_IN_FLIGHT),
@@ -181,7 +178,7 @@ impl Uploader {
         object: Arc<ObjectFile>,
     ) -> Result<Outcome, UploadError> {
         let object_path = object.path.clone();
-        if !may_have_source(&object, &self.directories, build_id) {
+        if !may_have_source(&object) {
             return Ok(self.skipped(build_id, &object_path, "no symbols or DWARF found for it"));
         }
         let mut client = self.client.clone();
@@ -202,9 +199,7 @@ impl Uploader {
         if !answer.should_initiate_upload {
             return Ok(self.skipped(build_id, &object_path, &answer.reason));
         }
-        let directories = self.directories.clone();
-        let wanted = build_id.to_owned();
-        let source = blocking(move || find_source(&object, &directories, &wanted)).await?;
+        let source = blocking(move || find_source(&object)).await?;
         let Some(source) = source else {
             return Ok(self.skipped(build_id, &object_path, "no symbols or DWARF found for it"));
         };

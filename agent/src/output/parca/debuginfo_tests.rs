@@ -17,14 +17,13 @@ use crate::{
     config::RemoteStoreConfig,
     output::parca::{
         connect,
-        debugfile::build_id_path,
         debuginfo_proto::{
             InitiateUploadResponse, MarkUploadFinishedResponse, ShouldInitiateUploadResponse,
             UploadInstructions, UploadResponse,
             debuginfo_service_server::{DebuginfoService, DebuginfoServiceServer},
         },
     },
-    process::ObjectKey,
+    process::{DebugFile, DebugFileKind, ObjectKey},
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,7 +138,7 @@ async fn serve(server: Arc<FakeServer>) -> SocketAddr {
     address
 }
 
-fn uploader(address: SocketAddr, directories: Vec<PathBuf>) -> (Uploader, Arc<Stats>) {
+fn uploader(address: SocketAddr) -> (Uploader, Arc<Stats>) {
     let remote = RemoteStoreConfig {
         address: address.to_string(),
         tls: None,
@@ -155,7 +154,6 @@ fn uploader(address: SocketAddr, directories: Vec<PathBuf>) -> (Uploader, Arc<St
     );
     let config = DebuginfoConfig {
         upload: true,
-        directories,
         max_parallel: 2,
         upload_timeout: Duration::from_secs(20),
     };
@@ -181,7 +179,7 @@ fn sha256(bytes: &[u8]) -> String {
 async fn a_server_that_does_not_want_it_is_asked_by_build_id_alone() {
     let server = Arc::new(FakeServer::default());
     let address = serve(server.clone()).await;
-    let (uploader, stats) = uploader(address, Vec::new());
+    let (uploader, stats) = uploader(address);
     let chain = object(CHAIN);
     let build_id = chain.build_id().expect("build id").to_hex();
     assert_eq!(
@@ -209,7 +207,7 @@ async fn a_server_that_is_down_costs_one_failed_question() {
     let address = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("free port");
-    let (uploader, stats) = uploader(address, Vec::new());
+    let (uploader, stats) = uploader(address);
     let chain = object(CHAIN);
     let build_id = chain.build_id().expect("build id").to_hex();
     assert!(matches!(
@@ -232,7 +230,7 @@ async fn an_object_that_cannot_name_anything_is_not_asked_about() {
         ..FakeServer::default()
     });
     let address = serve(server.clone()).await;
-    let (uploader, _) = uploader(address, Vec::new());
+    let (uploader, _) = uploader(address);
     let stripped = object(CHAIN_STRIPPED);
     let build_id = stripped.build_id().expect("build id").to_hex();
     assert_eq!(
@@ -251,17 +249,23 @@ async fn a_wanted_debug_file_is_hashed_then_streamed_in_chunks() {
         ..FakeServer::default()
     });
     let address = serve(server.clone()).await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let stripped = object(CHAIN_STRIPPED);
+    let mut stripped =
+        ObjectFile::from_memory(ObjectKey::Vdso, "/fixtures/chain", CHAIN_STRIPPED.into())
+            .expect("fixture");
     let build_id = stripped.build_id().expect("build id").to_hex();
     // The unstripped build serves as the debug file; bytes after the ELF
     // contents make it span several chunks.
     let mut debug = CHAIN.to_vec();
     debug.extend((0..(5 * CHUNK / 2)).map(|i| (i % 251) as u8));
-    let path = build_id_path(dir.path(), &build_id);
-    std::fs::create_dir_all(path.parent().expect("parent")).expect("dirs");
-    std::fs::write(&path, &debug).expect("debug file");
-    let (uploader, stats) = uploader(address, vec![dir.path().to_path_buf()]);
+    let mut file = tempfile::tempfile().expect("tempfile");
+    std::io::Write::write_all(&mut file, &debug).expect("debug file");
+    stripped.debug_files = vec![DebugFile::new(
+        "/debug/chain".into(),
+        DebugFileKind::BuildId,
+        file,
+    )];
+    let stripped = Arc::new(stripped);
+    let (uploader, stats) = uploader(address);
     assert_eq!(
         uploader.upload_one(&build_id, stripped).await,
         Outcome::Uploaded
@@ -298,7 +302,7 @@ async fn a_file_the_server_already_holds_is_not_streamed() {
         ..FakeServer::default()
     });
     let address = serve(server.clone()).await;
-    let (uploader, _) = uploader(address, Vec::new());
+    let (uploader, _) = uploader(address);
     let chain = object(CHAIN);
     let build_id = chain.build_id().expect("build id").to_hex();
     assert_eq!(

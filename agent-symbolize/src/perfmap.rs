@@ -2,13 +2,10 @@
 //! `--perf-basic-prof`, JVM perf map agents): one `START SIZE name` line per
 //! compiled function, hex numbers, appended as code is compiled. The table
 //! is read incrementally (only what was appended since the last read) and
-//! holds at most a given number of bytes of the file. Parsing is pure.
+//! holds at most a given number of bytes of the file. Parsing is pure; the
+//! file is read through [`PerfMapSource`], which the caller opens.
 
-use std::{
-    fs::File,
-    io,
-    os::unix::fs::{FileExt, MetadataExt},
-};
+use std::{io, sync::Arc};
 
 /// Overlapping entries checked before giving up on an address: recompiled
 /// code can be mapped over older code at a nearby start.
@@ -24,6 +21,33 @@ struct Entry {
     seq: u32,
     name_start: u32,
     name_len: u32,
+}
+
+/// A perf map file as the caller opened it.
+pub trait PerfMapSource {
+    /// Who the file is and how long it is now.
+    fn stat(&self) -> io::Result<PerfMapStat>;
+    /// Reads at `offset`, as `pread` does (0 at the end).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+}
+
+/// A perf map file's identity and length.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PerfMapStat {
+    /// Device and inode: another file under the same name is another map.
+    pub identity: (u64, u64),
+    pub len: u64,
+}
+
+/// Perf maps the caller shares are read through the share.
+impl<T: PerfMapSource + ?Sized> PerfMapSource for Arc<T> {
+    fn stat(&self) -> io::Result<PerfMapStat> {
+        (**self).stat()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        (**self).read_at(buf, offset)
+    }
 }
 
 /// What one read of a perf map did.
@@ -135,17 +159,20 @@ impl PerfMapTable {
     /// Reads what was appended to `file` since the last read, keeping the
     /// table within `max_file_bytes` of the file. A file that shrank or was
     /// replaced is read again from the start.
-    pub fn refresh(&mut self, file: &File, max_file_bytes: u64) -> io::Result<ReadReport> {
-        let meta = file.metadata()?;
-        let identity = (meta.dev(), meta.ino());
-        if identity != self.identity || meta.len() < self.consumed {
+    pub fn refresh(
+        &mut self,
+        file: &dyn PerfMapSource,
+        max_file_bytes: u64,
+    ) -> io::Result<ReadReport> {
+        let PerfMapStat { identity, len } = file.stat()?;
+        if identity != self.identity || len < self.consumed {
             *self = Self {
                 identity,
                 ..Self::default()
             };
         }
         let mut report = ReadReport::default();
-        let end = meta.len().min(max_file_bytes);
+        let end = len.min(max_file_bytes);
         let mut pending: Vec<u8> = Vec::new();
         let mut offset = self.consumed;
         while offset < end {
@@ -167,7 +194,7 @@ impl PerfMapTable {
                 break;
             }
         }
-        if meta.len() > max_file_bytes && !self.truncated {
+        if len > max_file_bytes && !self.truncated {
             self.truncated = true;
             report.truncated = true;
         }
@@ -180,10 +207,50 @@ impl PerfMapTable {
     }
 }
 
+/// A perf map in memory, for tests: written to as a JIT appends.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct MemoryPerfMap {
+    pub identity: (u64, u64),
+    pub text: std::sync::Mutex<Vec<u8>>,
+}
+
+#[cfg(test)]
+impl MemoryPerfMap {
+    pub fn append(&self, bytes: &[u8]) {
+        self.text
+            .lock()
+            .expect("not poisoned")
+            .extend_from_slice(bytes);
+    }
+
+    pub fn replace(&self, bytes: &[u8]) {
+        *self.text.lock().expect("not poisoned") = bytes.to_vec();
+    }
+}
+
+#[cfg(test)]
+impl PerfMapSource for MemoryPerfMap {
+    fn stat(&self) -> io::Result<PerfMapStat> {
+        Ok(PerfMapStat {
+            identity: self.identity,
+            len: self.text.lock().expect("not poisoned").len() as u64,
+        })
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let text = self.text.lock().expect("not poisoned");
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(text.len());
+        let read = buf.len().min(text.len() - start);
+        buf[..read].copy_from_slice(&text[start..start + read]);
+        Ok(read)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-
     use super::*;
 
     #[test]
@@ -236,14 +303,13 @@ mod tests {
 
     #[test]
     fn files_are_read_incrementally_and_bounded() {
-        let mut file = tempfile::tempfile().expect("tempfile");
-        file.write_all(b"1000 10 first\n2000 10 sec")
-            .expect("write");
+        let file = MemoryPerfMap::default();
+        file.append(b"1000 10 first\n2000 10 sec");
         let mut table = PerfMapTable::default();
         let report = table.refresh(&file, 1 << 20).expect("reads");
         assert_eq!(report.entries, 1);
         assert_eq!(table.lookup(0x2000), None, "the line is not finished");
-        file.write_all(b"ond\n3000 10 third\n").expect("write");
+        file.append(b"ond\n3000 10 third\n");
         let report = table.refresh(&file, 1 << 20).expect("reads");
         assert_eq!(report.entries, 2, "only what was appended is parsed");
         assert_eq!(table.lookup(0x2001), Some("second"));
@@ -257,11 +323,21 @@ mod tests {
         assert!(capped.consumed() <= 20);
 
         // A rewritten (shorter) file is parsed from the start.
-        file.set_len(0).expect("truncate");
-        file.write_all_at(b"5000 10 fresh\n", 0).expect("write");
+        file.replace(b"5000 10 fresh\n");
         table.refresh(&file, 1 << 20).expect("reads");
         assert_eq!(table.lookup(0x5001), Some("fresh"));
         assert_eq!(table.lookup(0x1001), None);
+
+        // Another file (a new process reusing the pid) is read afresh,
+        // even when it is longer than what was read of the old one.
+        let other = MemoryPerfMap {
+            identity: (1, 2),
+            ..MemoryPerfMap::default()
+        };
+        other.append(b"5000 10 fresh\n6000 10 other\n");
+        table.refresh(&other, 1 << 20).expect("reads");
+        assert_eq!(table.lookup(0x6001), Some("other"));
+        assert_eq!(table.len(), 2);
     }
 
     #[test]

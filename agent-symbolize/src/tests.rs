@@ -1,19 +1,17 @@
 //! The symbolizer on checked-in fixtures (see fixtures/README.md) and on
-//! corrupt copies of them: no root, no compiler.
-
-use std::{io::Write, path::PathBuf};
+//! corrupt copies of them: no root, no compiler, no file opened.
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
 use super::*;
-use crate::process::{DebugFile, DebugFileKind, ObjectFile, ObjectKey};
+use crate::perfmap::MemoryPerfMap;
 
 const INLINE_CHAIN: &[u8] = agent_fixtures::INLINE_CHAIN;
 const INLINE_CHAIN_STRIPPED: &[u8] = agent_fixtures::INLINE_CHAIN_STRIPPED;
 const INLINE_CHAIN_DEBUG: &[u8] = agent_fixtures::INLINE_CHAIN_DEBUG;
 const INLINE_CHAIN_COMPRESSED: &[u8] = agent_fixtures::INLINE_CHAIN_COMPRESSED;
 const TEMPLATES: &[u8] = agent_fixtures::TEMPLATES;
-const SOURCE: &str = include_str!("../../../tests/workloads/inline_chain.c");
+const SOURCE: &str = include_str!("../../tests/workloads/inline_chain.c");
 
 /// The 1-based line of `inline_chain.c` holding `marker`.
 fn line_of(marker: &str) -> u32 {
@@ -33,27 +31,67 @@ fn function_range(elf: &[u8], name: &str) -> (u64, u64) {
         .unwrap_or_else(|| panic!("{name} not in the fixture"))
 }
 
-fn object(inode: u64, bytes: &[u8]) -> ObjectFile {
-    ObjectFile::from_memory(
-        ObjectKey::File { dev: 1, inode },
-        "/fixtures/object",
-        bytes.into(),
-    )
-    .expect("fixture")
+/// An object in memory, with its debug file candidates.
+struct FixtureObject {
+    key: ObjectKey,
+    layout: ElfLayout,
+    bytes: Bytes,
+    debug_files: Vec<(DebugFileKind, &'static [u8])>,
 }
 
-fn symbolizer_with(limits: &Limits, demangle: DemangleMode) -> (Symbolizer, Arc<Stats>) {
-    let stats = Arc::new(Stats::default());
-    let config = SymbolConfig {
+impl ObjectSource for FixtureObject {
+    fn key(&self) -> ObjectKey {
+        self.key
+    }
+
+    fn path(&self) -> &str {
+        "/fixtures/object"
+    }
+
+    fn layout(&self) -> &ElfLayout {
+        &self.layout
+    }
+
+    fn bytes(&self) -> io::Result<Bytes> {
+        Ok(self.bytes.clone())
+    }
+
+    fn debug_files(&self) -> usize {
+        self.debug_files.len()
+    }
+
+    fn debug_file(&self, index: usize) -> io::Result<DebugFileBytes> {
+        let (kind, bytes) = self.debug_files.get(index).ok_or(io::ErrorKind::NotFound)?;
+        Ok(DebugFileBytes {
+            kind: *kind,
+            path: "/fixtures/debug".into(),
+            bytes: Bytes::from_static(bytes),
+        })
+    }
+}
+
+fn object(inode: u64, bytes: &[u8]) -> FixtureObject {
+    FixtureObject {
+        key: ObjectKey::File { dev: 1, inode },
+        layout: agent_elf::read_layout(bytes).expect("fixture"),
+        bytes: Bytes::new(Arc::new(bytes.to_vec())),
+        debug_files: Vec::new(),
+    }
+}
+
+fn symbolizer_with(config: &SymbolConfig) -> Symbolizer {
+    Symbolizer::new(config, None, None)
+}
+
+fn fresh() -> Symbolizer {
+    symbolizer_with(&SymbolConfig::default())
+}
+
+fn demangling(demangle: DemangleMode) -> SymbolConfig {
+    SymbolConfig {
         demangle,
         ..SymbolConfig::default()
-    };
-    let symbolizer = Symbolizer::new(Path::new("/nonexistent"), limits, &config, stats.clone());
-    (symbolizer, stats)
-}
-
-fn fresh() -> (Symbolizer, Arc<Stats>) {
-    symbolizer_with(&Limits::default(), DemangleMode::Simplified)
+    }
 }
 
 /// (function, line) of each frame, innermost first.
@@ -62,22 +100,16 @@ fn frames(lines: &[Line]) -> Vec<(String, Option<u32>)> {
 }
 
 /// Every address of `function` symbolized.
-fn sweep(symbolizer: &mut Symbolizer, object: &ObjectFile, function: &str) -> Vec<Vec<Line>> {
+fn sweep(symbolizer: &mut Symbolizer, object: &FixtureObject, function: &str) -> Vec<Vec<Line>> {
     let (start, size) = function_range(INLINE_CHAIN, function);
     (start..start + size)
         .map(|vaddr| symbolizer.user(object, vaddr))
         .collect()
 }
 
-fn debug_file(bytes: &[u8], kind: DebugFileKind) -> DebugFile {
-    let mut file = tempfile::tempfile().expect("tempfile");
-    file.write_all(bytes).expect("write");
-    DebugFile::new(PathBuf::from("/fixtures/debug"), kind, file)
-}
-
 #[test]
 fn inline_frames_come_innermost_first_with_files_and_lines() {
-    let (mut symbolizer, stats) = fresh();
+    let mut symbolizer = fresh();
     let object = object(1, INLINE_CHAIN);
     let leaf = sweep(&mut symbolizer, &object, "burn_leaf");
     let (begin, end) = (line_of("begin:mix_step"), line_of("end:mix_step"));
@@ -117,19 +149,20 @@ fn inline_frames_come_innermost_first_with_files_and_lines() {
             swept.iter().map(|l| frames(l)).collect::<Vec<_>>()
         );
     }
-    let snapshot = stats.snapshot();
-    assert_eq!(snapshot.debuginfo_cache_misses, 1, "one context per object");
-    assert!(snapshot.debuginfo_cache_hits > 10);
-    assert_eq!(snapshot.dwarf_errors, 0);
+    let counts = symbolizer.take_counts();
+    assert_eq!(counts.debuginfo.misses, 1, "one context per object");
+    assert!(counts.debuginfo.hits > 10);
+    assert_eq!(counts.dwarf_errors, 0);
     assert_eq!(
-        snapshot.symbol_cache_misses, 0,
+        counts.symbols.misses, 0,
         "DWARF named everything, the symbol table was not needed"
     );
+    assert!(symbolizer.take_unnamed_objects().is_empty());
 }
 
 #[test]
 fn stripped_binary_gets_names_and_lines_from_its_debug_file() {
-    let (mut symbolizer, stats) = fresh();
+    let mut symbolizer = fresh();
     let full = sweep(&mut symbolizer, &object(1, INLINE_CHAIN), "burn_leaf");
 
     let mut stripped = object(2, INLINE_CHAIN_STRIPPED);
@@ -138,10 +171,10 @@ fn stripped_binary_gets_names_and_lines_from_its_debug_file() {
     assert_eq!(link.name, "inline_chain.debug");
     // A stale candidate first: another program's debug file.
     stripped.debug_files = vec![
-        debug_file(agent_fixtures::CHAIN, DebugFileKind::BuildId),
-        debug_file(
-            INLINE_CHAIN_DEBUG,
+        (DebugFileKind::BuildId, agent_fixtures::CHAIN),
+        (
             DebugFileKind::DebugLink { crc: link.crc },
+            INLINE_CHAIN_DEBUG,
         ),
     ];
     assert_eq!(sweep(&mut symbolizer, &stripped, "burn_leaf"), full);
@@ -151,9 +184,9 @@ fn stripped_binary_gets_names_and_lines_from_its_debug_file() {
         frames(&symbolizer.user(&stripped, helper)),
         [("deregister_tm_clones".to_owned(), None)]
     );
-    let snapshot = stats.snapshot();
+    let counts = symbolizer.take_counts();
     assert_eq!(
-        (snapshot.debug_files_found, snapshot.debug_files_rejected),
+        (counts.debug_files_found, counts.debug_files_rejected),
         (1, 1),
         "checked once, remembered"
     );
@@ -162,31 +195,28 @@ fn stripped_binary_gets_names_and_lines_from_its_debug_file() {
     let copy = object(3, INLINE_CHAIN_STRIPPED);
     assert_eq!(sweep(&mut symbolizer, &copy, "burn_leaf"), full);
     // Without its debug file the stripped binary cannot name burn_leaf.
-    let (mut symbolizer, _) = fresh();
+    let mut symbolizer = fresh();
     let (start, _) = function_range(INLINE_CHAIN, "burn_leaf");
     assert!(symbolizer.user(&copy, start).is_empty());
 }
 
 #[test]
 fn a_debug_file_with_a_wrong_crc_is_rejected() {
-    let (mut symbolizer, stats) = fresh();
+    let mut symbolizer = fresh();
     let mut stripped = object(2, INLINE_CHAIN_STRIPPED);
     // Neither build id can be trusted here: no build id on our side.
     stripped.layout.build_id = None;
     let crc = stripped.layout.debug_link.as_ref().expect("link").crc;
-    stripped.debug_files = vec![debug_file(
-        INLINE_CHAIN_DEBUG,
+    stripped.debug_files = vec![(
         DebugFileKind::DebugLink { crc: crc ^ 1 },
+        INLINE_CHAIN_DEBUG,
     )];
     let (start, _) = function_range(INLINE_CHAIN, "burn_leaf");
     assert!(symbolizer.user(&stripped, start).is_empty());
-    assert_eq!(stats.snapshot().debug_files_rejected, 1);
+    assert_eq!(symbolizer.take_counts().debug_files_rejected, 1);
 
-    let (mut symbolizer, stats) = fresh();
-    stripped.debug_files = vec![debug_file(
-        INLINE_CHAIN_DEBUG,
-        DebugFileKind::DebugLink { crc },
-    )];
+    let mut symbolizer = fresh();
+    stripped.debug_files = vec![(DebugFileKind::DebugLink { crc }, INLINE_CHAIN_DEBUG)];
     assert_eq!(
         symbolizer
             .user(&stripped, start)
@@ -194,12 +224,12 @@ fn a_debug_file_with_a_wrong_crc_is_rejected() {
             .map(|l| l.function.as_str()),
         Some("burn_leaf")
     );
-    assert_eq!(stats.snapshot().debug_files_found, 1);
+    assert_eq!(symbolizer.take_counts().debug_files_found, 1);
 }
 
 #[test]
 fn compressed_dwarf_is_decompressed_within_its_budget() {
-    let (mut symbolizer, _) = fresh();
+    let mut symbolizer = fresh();
     let plain = sweep(&mut symbolizer, &object(1, INLINE_CHAIN), "burn_leaf");
     let compressed = sweep(
         &mut symbolizer,
@@ -210,21 +240,18 @@ fn compressed_dwarf_is_decompressed_within_its_budget() {
 
     // A budget smaller than the decompressed sections: counted, and the
     // symbol table still names the function.
-    let tiny = Limits {
+    let tiny = SymbolConfig {
         debuginfo_cache_bytes: 256,
-        ..Limits::default()
+        ..SymbolConfig::default()
     };
-    let (mut symbolizer, stats) = symbolizer_with(&tiny, DemangleMode::Simplified);
+    let mut symbolizer = symbolizer_with(&tiny);
     let (start, _) = function_range(INLINE_CHAIN, "burn_leaf");
     assert_eq!(
         frames(&symbolizer.user(&object(2, INLINE_CHAIN_COMPRESSED), start + 0x20)),
         [("burn_leaf".to_owned(), None)]
     );
-    let snapshot = stats.snapshot();
-    assert_eq!(
-        (snapshot.debuginfo_too_large, snapshot.dwarf_errors),
-        (1, 0)
-    );
+    let counts = symbolizer.take_counts();
+    assert_eq!((counts.debuginfo_too_large, counts.dwarf_errors), (1, 0));
 }
 
 /// Copies of `elf` with the bytes of `section` damaged in several ways.
@@ -276,22 +303,24 @@ fn corrupt_elf_and_dwarf_are_counted_never_a_panic() {
         inputs.push(INLINE_CHAIN[..len].to_vec());
     }
     for (index, input) in inputs.iter().enumerate() {
-        let Ok(object) = ObjectFile::from_memory(
-            ObjectKey::File {
+        let Ok(layout) = agent_elf::read_layout(input) else {
+            continue;
+        };
+        let object = FixtureObject {
+            key: ObjectKey::File {
                 dev: 9,
                 inode: index as u64,
             },
-            "/fixtures/corrupt",
-            input.as_slice().into(),
-        ) else {
-            continue;
+            layout,
+            bytes: Bytes::new(Arc::new(input.clone())),
+            debug_files: Vec::new(),
         };
-        let (mut symbolizer, stats) = fresh();
+        let mut symbolizer = fresh();
         for vaddr in (start..start + size).chain([0, u64::MAX, 1 << 40]) {
             let _ = symbolizer.user(&object, vaddr);
         }
-        let snapshot = stats.snapshot();
-        failures += snapshot.dwarf_errors + snapshot.symbol_table_errors;
+        let counts = symbolizer.take_counts();
+        failures += counts.dwarf_errors + counts.symbol_table_errors;
     }
     assert!(
         failures >= 10,
@@ -315,7 +344,7 @@ fn cpp_names_follow_the_demangle_mode() {
             "firn::Accumulator<unsigned long>::add(unsigned long, int)",
         ),
     ] {
-        let (mut symbolizer, _) = symbolizer_with(&Limits::default(), mode);
+        let mut symbolizer = symbolizer_with(&demangling(mode));
         let lines = symbolizer.user(&object(1, TEMPLATES), start + 4);
         let outer = lines.last().expect("symbolized");
         assert_eq!(outer.function, expected, "{mode:?}");
@@ -326,28 +355,27 @@ fn cpp_names_follow_the_demangle_mode() {
 
 #[test]
 fn jit_frames_come_from_the_perf_map_and_its_growth() {
-    let (mut symbolizer, stats) = fresh();
-    let mut map = tempfile::tempfile().expect("tempfile");
-    map.write_all(b"7f0000001000 100 JS:*hotLoop /app.js:1:17\ngarbage\n")
-        .expect("write");
+    let mut symbolizer = fresh();
+    let map = MemoryPerfMap::default();
+    map.append(b"7f0000001000 100 JS:*hotLoop /app.js:1:17\ngarbage\n");
     let name = |line: Option<Line>| line.map(|l| l.function);
     assert_eq!(
         name(symbolizer.jit(&map, 0x7f00_0000_1010)),
         Some("JS:*hotLoop /app.js:1:17".to_owned())
     );
     assert_eq!(name(symbolizer.jit(&map, 0x7f00_0000_2010)), None);
-    map.write_all(b"7f0000002000 80 JS:*later /app.js:9:1\n")
-        .expect("write");
+    map.append(b"7f0000002000 80 JS:*later /app.js:9:1\n");
     assert_eq!(
         name(symbolizer.jit(&map, 0x7f00_0000_2010)),
         Some("JS:*later /app.js:9:1".to_owned()),
         "a miss re-reads what was appended"
     );
-    let snapshot = stats.snapshot();
-    assert_eq!(snapshot.perf_map_parse_errors, 1);
-    assert_eq!(
-        (snapshot.perf_map_cache_misses, snapshot.perf_map_cache_hits),
-        (1, 2)
+    let counts = symbolizer.take_counts();
+    assert_eq!(counts.perf_map_parse_errors, 1);
+    assert_eq!((counts.perf_maps.misses, counts.perf_maps.hits), (1, 2));
+    assert!(
+        symbolizer.take_unnamed_objects().is_empty(),
+        "JIT code is not an object"
     );
 }
 
@@ -359,11 +387,11 @@ fn the_dwarf_cache_is_bounded_and_counts_evictions() {
             .expect("indexes")
             .heap_bytes()
     };
-    let limits = Limits {
+    let limits = SymbolConfig {
         debuginfo_cache_bytes: one(INLINE_CHAIN).max(one(TEMPLATES)) + 1024,
-        ..Limits::default()
+        ..SymbolConfig::default()
     };
-    let (mut symbolizer, stats) = symbolizer_with(&limits, DemangleMode::Simplified);
+    let mut symbolizer = symbolizer_with(&limits);
     let chain = object(1, INLINE_CHAIN);
     let templates = object(2, TEMPLATES);
     let (leaf, _) = function_range(INLINE_CHAIN, "burn_leaf");
@@ -372,28 +400,28 @@ fn the_dwarf_cache_is_bounded_and_counts_evictions() {
         assert!(!symbolizer.user(&chain, leaf + 0x20).is_empty());
         assert!(!symbolizer.user(&templates, run).is_empty());
     }
-    let snapshot = stats.snapshot();
+    let counts = symbolizer.take_counts();
     assert_eq!(
-        snapshot.debuginfo_cache_misses, 6,
+        counts.debuginfo.misses, 6,
         "each object pushes the other out"
     );
-    assert!(snapshot.debuginfo_cache_evictions >= 5);
+    assert!(counts.debuginfo.evictions >= 5);
     symbolizer.end_of_profile();
-    assert!(symbolizer.dwarf.bytes() <= limits.debuginfo_cache_bytes);
-    assert_eq!(snapshot.debuginfo_too_large, 0);
+    assert!(symbolizer.cache_bytes().debuginfo <= limits.debuginfo_cache_bytes);
+    assert_eq!(counts.debuginfo_too_large, 0);
 
     // An object whose DWARF alone exceeds the cache is not indexed at all.
-    let tiny = Limits {
+    let tiny = SymbolConfig {
         debuginfo_cache_bytes: 1024,
-        ..Limits::default()
+        ..SymbolConfig::default()
     };
-    let (mut symbolizer, stats) = symbolizer_with(&tiny, DemangleMode::Simplified);
+    let mut symbolizer = symbolizer_with(&tiny);
     assert_eq!(
         frames(&symbolizer.user(&chain, leaf + 0x20)),
         [("burn_leaf".to_owned(), None)],
         "the symbol table still names it"
     );
-    assert_eq!(stats.snapshot().debuginfo_too_large, 1);
+    assert_eq!(symbolizer.take_counts().debuginfo_too_large, 1);
 }
 
 #[test]
@@ -401,11 +429,11 @@ fn a_context_grown_past_the_cache_is_dropped_after_the_profile() {
     let base = DwarfInfo::parse(Bytes::new(Arc::new(INLINE_CHAIN.to_vec())), usize::MAX)
         .expect("indexes")
         .heap_bytes();
-    let limits = Limits {
+    let limits = SymbolConfig {
         debuginfo_cache_bytes: base + 1,
-        ..Limits::default()
+        ..SymbolConfig::default()
     };
-    let (mut symbolizer, stats) = symbolizer_with(&limits, DemangleMode::Simplified);
+    let mut symbolizer = symbolizer_with(&limits);
     // The middle of burn_leaf is mix_step's loop, inlined there.
     let (leaf, size) = function_range(INLINE_CHAIN, "burn_leaf");
     assert_eq!(
@@ -415,17 +443,17 @@ fn a_context_grown_past_the_cache_is_dropped_after_the_profile() {
         2
     );
     assert!(
-        symbolizer.dwarf.bytes() > limits.debuginfo_cache_bytes,
+        symbolizer.cache_bytes().debuginfo > limits.debuginfo_cache_bytes,
         "parsing a unit made it grow"
     );
     symbolizer.end_of_profile();
-    assert_eq!(symbolizer.dwarf.bytes(), 0);
-    assert_eq!(stats.snapshot().debuginfo_cache_evictions, 1);
+    assert_eq!(symbolizer.cache_bytes().debuginfo, 0);
+    assert_eq!(symbolizer.take_counts().debuginfo.evictions, 1);
 }
 
 #[test]
 fn kernel_frames_need_kallsyms() {
-    let (mut symbolizer, _) = fresh();
+    let mut symbolizer = fresh();
     assert!(
         symbolizer.kernel(0xffffffff81000000).is_none(),
         "no kallsyms loaded"

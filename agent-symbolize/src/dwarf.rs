@@ -17,9 +17,9 @@ use std::{
 use gimli::Section as _;
 use object::{CompressionFormat, Object, ObjectSection};
 
-pub use agent_elf::Bytes;
+use agent_elf::Bytes;
 
-pub type Reader = gimli::EndianReader<gimli::RunTimeEndian, Bytes>;
+type Reader = gimli::EndianReader<gimli::RunTimeEndian, Bytes>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DwarfError {
