@@ -8,7 +8,7 @@ use std::{
 };
 
 /// The file name of the kernel's mapping, as perf and Parca spell it.
-pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+pub(crate) const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
 /// Where the kernel's half of the address space starts (x86-64, arm64).
 const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 
@@ -26,7 +26,7 @@ pub struct Line {
 /// A mapping of the sampled address space.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mapping {
-    /// The pprof file name: a path, `[vdso]`, `[anon]`, [`KERNEL_MAPPING`].
+    /// The pprof file name: a path, `[vdso]`, `[anon]`, `[kernel.kallsyms]`.
     pub path: String,
     /// Hex; empty when unknown.
     pub build_id: String,

@@ -16,7 +16,7 @@ use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 use prost::Message;
 
 pub use builder::{BuildSummary, build};
-pub use input::{Frame, Frames, Interval, KERNEL_MAPPING, Line, Mapping, Origin, Stack};
+pub use input::{Frame, Frames, Interval, Line, Mapping, Origin, Stack};
 pub use reader::{FrameView, MappingView, Reader, SampleView};
 pub use validate::{ProfileError, validate};
 
