@@ -1,12 +1,11 @@
-//! Generates the protobuf types from `proto/` with protox (pure Rust), so the
-//! build needs no `protoc` on the machine: pprof with prost, Parca's gRPC
-//! services (profile store, debuginfo, query) with tonic.
+//! Generates Parca's gRPC services (profile store, debuginfo, query) from
+//! `proto/` with protox (pure Rust) and tonic, so the build needs no
+//! `protoc` on the machine. The pprof types come from `agent-pprof`.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
-const PPROF: &str = "google/pprof/profile.proto";
 const PARCA: [&str; 3] = [
     "parca/profilestore/v1alpha1/profilestore.proto",
     "parca/debuginfo/v1alpha1/debuginfo.proto",
@@ -15,15 +14,9 @@ const PARCA: [&str; 3] = [
 
 fn main() -> Result<()> {
     let proto_root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../proto");
-    for file in PARCA.iter().chain([&PPROF]) {
+    for file in PARCA {
         println!("cargo:rerun-if-changed={}", proto_root.join(file).display());
     }
-    let descriptors =
-        protox::compile([PPROF], [&proto_root]).context("could not compile the .proto files")?;
-    prost_build::Config::new()
-        .compile_fds(descriptors)
-        .context("could not generate Rust code from the .proto files")?;
-
     let descriptors =
         protox::compile(PARCA, [&proto_root]).context("could not compile Parca's .proto files")?;
     tonic_prost_build::configure()

@@ -14,12 +14,9 @@ use std::{
     time::Duration,
 };
 
+use agent_pprof::{self as pprof, Reader};
 use common::*;
-use firn::{
-    cli::parse_args,
-    config::AgentConfig,
-    pprof::{self, sample_label},
-};
+use firn::{cli::parse_args, config::AgentConfig};
 use serde_json::Value;
 
 /// What deploy/ grants, verified below.
@@ -503,11 +500,10 @@ fn the_granted_capabilities_suffice_and_each_is_needed() {
     };
     let executable = |profile: &pprof::proto::Profile, pid: u32| {
         let pid = pid.to_string();
-        profile
-            .sample
-            .iter()
-            .find(|s| sample_label(profile, s, "pid") == Some(pid.as_str()))
-            .and_then(|s| sample_label(profile, s, "executable"))
+        Reader::new(profile)
+            .samples()
+            .find(|s| s.label("pid") == Some(pid.as_str()))
+            .and_then(|s| s.label("executable"))
             .map(str::to_owned)
     };
 

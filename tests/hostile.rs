@@ -12,11 +12,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use agent_pprof as pprof;
 use common::{
     Agent, CHAIN, TestProcess, build_c, chain_share, describe, get, holds_chain, metric, record,
     require_root, serial, stacks_of, wait_for,
 };
-use firn::pprof;
 
 /// The workload, built with frame pointers; `strip`ped when asked.
 fn build_workload(dir: &Path, strip: bool) -> PathBuf {

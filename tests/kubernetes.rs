@@ -13,8 +13,8 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use agent_pprof::proto::Profile;
 use common::*;
-use firn::pprof::proto::Profile;
 use labels_support::{
     kube_server::{FakeApiServer, SeenRequest},
     *,
@@ -63,7 +63,7 @@ fn profile_since(store: &Path, since: SystemTime, agent: &Agent) -> Profile {
         found.sort();
         if let Some((_, path)) = found.first() {
             let bytes = std::fs::read(path).expect("profile");
-            return firn::pprof::decode(&bytes).expect("pprof");
+            return agent_pprof::decode(&bytes).expect("pprof");
         }
         std::thread::sleep(Duration::from_millis(200));
     }

@@ -11,8 +11,8 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use agent_pprof as pprof;
 use common::*;
-use firn::pprof;
 use parca_support::{
     harness::{Agent, CPU_PROFILE_TYPE, ParcaServer, all_stacks, free_port, log_field},
     tls_server::{Authority, TlsStore},
@@ -375,7 +375,7 @@ fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear()
         assert_eq!(label(series, "comm").as_deref(), Some("chain"));
         for sample in &series.samples {
             let profile = pprof::decode(&sample.raw_profile).expect("a gzipped pprof");
-            firn::pprof::validate(&profile).expect("follows Parca's rules");
+            pprof::validate(&profile).expect("follows Parca's rules");
             stacks.extend(all_stacks(&profile));
         }
     }

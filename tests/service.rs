@@ -13,8 +13,8 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use agent_pprof::{self as pprof, Reader};
 use common::*;
-use firn::pprof::{self, sample_label};
 use parca_support::harness::{ParcaServer, all_stacks, free_port};
 
 /// The deadline from SIGTERM to exit.
@@ -310,13 +310,14 @@ fn sigterm_writes_the_last_profile_and_the_config_file_sits_under_flags_and_env(
         share * 100.0,
         describe(&stacks)
     );
-    let sample = profile.sample.first().expect("samples");
+    let reader = Reader::new(&profile);
+    let sample = reader.samples().next().expect("samples");
     assert_eq!(
-        sample_label(&profile, sample, "node"),
+        sample.label("node"),
         Some("from-env"),
         "NODE_NAME wins over the file"
     );
-    assert_eq!(sample_label(&profile, sample, "suite"), Some("service"));
+    assert_eq!(sample.label("suite"), Some("service"));
 }
 
 #[test]

@@ -5,8 +5,8 @@ mod common;
 
 use std::{collections::HashSet, process::Command, time::Duration};
 
+use agent_pprof::Reader;
 use common::*;
-use firn::pprof::sample_label;
 
 #[test]
 fn frame_pointer_chain_is_complete() {
@@ -137,10 +137,10 @@ fn pid_filter_excludes_others_and_profile_obeys_parca_rules() {
         &["--duration", "3s", "--pid", &pid, "--frequency", "99"],
     );
 
-    let pids: HashSet<&str> = profile
-        .sample
-        .iter()
-        .filter_map(|sample| sample_label(&profile, sample, "pid"))
+    let reader = Reader::new(&profile);
+    let pids: HashSet<&str> = reader
+        .samples()
+        .filter_map(|sample| sample.label("pid"))
         .collect();
     assert_eq!(
         pids,
@@ -149,24 +149,17 @@ fn pid_filter_excludes_others_and_profile_obeys_parca_rules() {
     );
     assert!(stacks_of(&profile, other.pid()).is_empty());
 
-    // The rules a Parca server enforces (PARCA.md).
-    firn::pprof::validate(&profile).expect("the profile follows Parca's rules");
-    let string = |index: i64| profile.string_table[usize::try_from(index).expect("index")].as_str();
+    // The rules a Parca server enforces.
+    agent_pprof::validate(&profile).expect("the profile follows Parca's rules");
     assert!(!profile.sample.is_empty());
-    for sample in &profile.sample {
-        assert_eq!(sample_label(&profile, sample, "comm"), Some("chain"));
+    for sample in reader.samples() {
+        assert_eq!(sample.label("comm"), Some("chain"));
     }
-    let types: Vec<(&str, &str)> = profile
-        .sample_type
-        .iter()
-        .map(|t| (string(t.r#type), string(t.unit)))
-        .collect();
-    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
-    let period_type = profile.period_type.expect("period type");
     assert_eq!(
-        (string(period_type.r#type), string(period_type.unit)),
-        ("cpu", "nanoseconds")
+        reader.sample_types(),
+        [("samples", "count"), ("cpu", "nanoseconds")]
     );
+    assert_eq!(reader.period_type(), Some(("cpu", "nanoseconds")));
     assert_eq!(profile.period, 1_000_000_000 / 99);
     let start = before
         .duration_since(std::time::UNIX_EPOCH)
@@ -181,13 +174,12 @@ fn pid_filter_excludes_others_and_profile_obeys_parca_rules() {
         "duration_nanos {} for a 3 s recording",
         profile.duration_nanos
     );
-    let binary = profile
-        .mapping
-        .iter()
-        .find(|m| string(m.filename).ends_with("/chain"))
+    let binary = reader
+        .mappings()
+        .find(|m| m.filename.ends_with("/chain"))
         .expect("the workload's mapping");
     assert_eq!(
-        string(binary.build_id).len(),
+        binary.build_id.len(),
         40,
         "mappings carry the build id (hex)"
     );
@@ -218,11 +210,11 @@ fn exec_and_exit_during_recording_keep_symbols_right() {
 
     let stacks = stacks_of(&profile, workload.pid());
     let pid = workload.pid().to_string();
-    let comms: HashSet<&str> = profile
-        .sample
-        .iter()
-        .filter(|s| sample_label(&profile, s, "pid") == Some(pid.as_str()))
-        .filter_map(|s| sample_label(&profile, s, "comm"))
+    let reader = Reader::new(&profile);
+    let comms: HashSet<&str> = reader
+        .samples()
+        .filter(|s| s.label("pid") == Some(pid.as_str()))
+        .filter_map(|s| s.label("comm"))
         .collect();
     assert!(
         comms.contains("prelude") && comms.contains("chain"),
@@ -245,14 +237,10 @@ fn exec_and_exit_during_recording_keep_symbols_right() {
         "pre-exec samples must not be symbolized against the new image:\n{}",
         describe(&stacks)
     );
-    let after_exec: Vec<_> = profile
-        .sample
-        .iter()
-        .filter(|s| {
-            sample_label(&profile, s, "pid") == Some(pid.as_str())
-                && sample_label(&profile, s, "comm") == Some("chain")
-        })
-        .map(|s| (firn::pprof::sample_function_names(&profile, s), s.value[0]))
+    let after_exec: Vec<_> = reader
+        .samples()
+        .filter(|s| s.label("pid") == Some(pid.as_str()) && s.label("comm") == Some("chain"))
+        .map(|s| (s.function_names(), s.count()))
         .collect();
     let (share, total) = chain_share(&after_exec, &CHAIN);
     assert!(
@@ -345,7 +333,7 @@ fn agent_writes_a_profile_per_interval_and_flushes_on_sigint() {
         "expected at least 3 profiles, got {files:?}\n{log}"
     );
     for file in &files {
-        let profile = firn::pprof::decode(&std::fs::read(file).expect("readable")).expect("pprof");
+        let profile = agent_pprof::decode(&std::fs::read(file).expect("readable")).expect("pprof");
         assert!(!profile.sample.is_empty(), "{} has samples", file.display());
     }
     assert!(
@@ -433,11 +421,10 @@ fn recording_ends_on_time_while_huge_objects_run() {
         elapsed < Duration::from_secs(15),
         "a 3 s recording took {elapsed:?}:\n{log}"
     );
-    let rustc_samples: i64 = profile
-        .sample
-        .iter()
-        .filter(|s| sample_label(&profile, s, "comm") == Some("rustc"))
-        .map(|s| s.value[0])
+    let rustc_samples: i64 = Reader::new(&profile)
+        .samples()
+        .filter(|s| s.label("comm") == Some("rustc"))
+        .map(|s| s.count())
         .sum();
     assert!(rustc_samples > 0, "rustc was sampled:\n{log}");
 }

@@ -11,11 +11,8 @@ use std::{
     time::Duration,
 };
 
+use agent_pprof::{FrameView, Reader, proto::Profile};
 use common::*;
-use firn::pprof::{
-    proto::{Profile, Sample},
-    sample_label,
-};
 
 /// The chain of `inline_chain.c`, leaf first, with the inlined function.
 const INLINE_CHAIN: [&str; 6] = [
@@ -37,32 +34,25 @@ struct Frame {
     line: i64,
 }
 
-/// Frames of a sample, leaf first, inlined functions before their caller.
-fn frames(profile: &Profile, sample: &Sample) -> Vec<Frame> {
-    let string = |index: i64| profile.string_table[usize::try_from(index).expect("index")].clone();
-    let mut frames = Vec::new();
-    for &id in &sample.location_id {
-        let location = &profile.location[usize::try_from(id - 1).expect("id")];
-        for line in &location.line {
-            let function = &profile.function[usize::try_from(line.function_id - 1).expect("id")];
-            frames.push(Frame {
-                name: string(function.name),
-                file: string(function.filename),
-                line: line.line,
-            });
-        }
+impl Frame {
+    /// `None` for a location nobody named.
+    fn of(frame: &FrameView<'_>) -> Option<Self> {
+        Some(Self {
+            name: frame.name?.to_owned(),
+            file: frame.file.to_owned(),
+            line: frame.line,
+        })
     }
-    frames
 }
 
-/// Frames and counts of every sample of `pid`.
+/// Named frames and counts of every sample of `pid`: leaf first, inlined
+/// functions before their caller.
 fn samples_of(profile: &Profile, pid: u32) -> Vec<(Vec<Frame>, i64)> {
     let pid = pid.to_string();
-    profile
-        .sample
-        .iter()
-        .filter(|s| sample_label(profile, s, "pid") == Some(pid.as_str()))
-        .map(|s| (frames(profile, s), s.value[0]))
+    Reader::new(profile)
+        .samples()
+        .filter(|s| s.label("pid") == Some(pid.as_str()))
+        .map(|s| (s.frames().iter().filter_map(Frame::of).collect(), s.count()))
         .collect()
 }
 
@@ -147,15 +137,11 @@ fn assert_debugger_quality(profile: &Profile, pid: u32, chain_min: f64, inline_m
         }
     }
 
-    let string = |index: i64| profile.string_table[usize::try_from(index).expect("index")].as_str();
-    let mapping = profile
-        .mapping
-        .iter()
-        .find(|m| {
-            let name = string(m.filename);
-            name.ends_with("/inline_chain") || name.ends_with("/app")
-        })
-        .expect("the workload's mapping");
+    let mapping = Reader::new(profile)
+        .mappings()
+        .find(|m| m.filename.ends_with("/inline_chain") || m.filename.ends_with("/app"))
+        .expect("the workload's mapping")
+        .mapping;
     assert!(
         mapping.has_functions
             && mapping.has_filenames
@@ -163,7 +149,7 @@ fn assert_debugger_quality(profile: &Profile, pid: u32, chain_min: f64, inline_m
             && mapping.has_inline_frames,
         "the mapping says what its locations hold: {mapping:?}"
     );
-    firn::pprof::validate(profile).expect("the profile follows the Parca rules");
+    agent_pprof::validate(profile).expect("the profile follows the Parca rules");
 }
 
 fn run(program: &str, args: &[&str]) {
@@ -356,10 +342,9 @@ fn binary_only_inside_another_mount_namespace_is_symbolized() {
     let pid = workload.pid();
     drop(workload);
     let (_, profile) = recording.finish(Duration::from_secs(4));
-    let comms: Vec<&str> = profile
-        .sample
-        .iter()
-        .filter_map(|s| sample_label(&profile, s, "comm"))
+    let comms: Vec<&str> = Reader::new(&profile)
+        .samples()
+        .filter_map(|s| s.label("comm"))
         .collect();
     assert!(
         comms.contains(&"app"),

@@ -11,8 +11,8 @@ use std::{
     time::Duration,
 };
 
+use agent_pprof::{Reader, proto::Profile};
 use common::*;
-use firn::pprof::{proto::Profile, sample_function_names, sample_label};
 
 /// The flags the unwinding issue names for its C workload.
 const NO_FP_FLAGS: [&str; 4] = ["-O2", "-fomit-frame-pointer", "-g", "-pthread"];
@@ -115,11 +115,10 @@ fn c_without_frame_pointers_has_complete_stacks() {
 
 /// Frame names of every sample of processes named `comm`.
 fn stacks_of_comm(profile: &Profile, comm: &str) -> Vec<(Vec<String>, i64)> {
-    profile
-        .sample
-        .iter()
-        .filter(|sample| sample_label(profile, sample, "comm") == Some(comm))
-        .map(|sample| (sample_function_names(profile, sample), sample.value[0]))
+    Reader::new(profile)
+        .samples()
+        .filter(|sample| sample.label("comm") == Some(comm))
+        .map(|sample| (sample.function_names(), sample.count()))
         .collect()
 }
 

@@ -16,7 +16,7 @@ mod kallsyms;
 mod perfmap;
 mod symbolizer;
 
-use std::{collections::HashSet, io, sync::Arc};
+use std::{io, sync::Arc};
 
 pub use agent_elf::{BuildId, Bytes, ElfLayout, ObjectKey, debug_files::DebugFileKind};
 pub use demangle::{DemangleMode, demangle};
@@ -148,12 +148,6 @@ pub trait FrameSymbolizer {
     /// A profile was built: caches may give back what the build made them
     /// grow beyond their size.
     fn end_of_profile(&mut self) {}
-    /// The objects [`Self::user`] returned no frame for at some address
-    /// since the last call: what a server could name given their debug
-    /// information. The kernel and JIT code are not among them.
-    fn take_unnamed_objects(&mut self) -> HashSet<ObjectKey> {
-        HashSet::new()
-    }
 }
 
 /// One cache's lookups.

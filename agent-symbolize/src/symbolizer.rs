@@ -1,7 +1,7 @@
 //! [`Symbolizer`]: the caches of symbol tables, DWARF contexts and perf
 //! maps, each bounded in bytes, and the rules choosing between them.
 
-use std::{collections::HashSet, num::NonZeroUsize, sync::Arc};
+use std::{num::NonZeroUsize, sync::Arc};
 
 use agent_cache::ByteBoundedCache;
 use agent_elf::{self as elf, BuildId, Bytes, ContentKey, ObjectKey, SymbolTable, debug_files};
@@ -19,10 +19,6 @@ const UNNAMED: &str = "??";
 /// Objects whose debug file choice is remembered (the check reads the
 /// whole file for a debuglink).
 const DEBUG_CHOICES: usize = 4096;
-/// Objects reported unnamed between two takes: as many as the object
-/// registry holds by default, so a caller that never takes the report
-/// does not make it grow with uptime.
-const MAX_UNNAMED_OBJECTS: usize = 4096;
 
 pub struct Symbolizer {
     kernel: Option<Kallsyms>,
@@ -39,7 +35,6 @@ pub struct Symbolizer {
     max_dwarf_bytes: usize,
     perf_map_max_bytes: u64,
     counts: SymbolizerCounts,
-    unnamed: HashSet<ObjectKey>,
 }
 
 impl Symbolizer {
@@ -63,7 +58,6 @@ impl Symbolizer {
             max_dwarf_bytes: config.debuginfo_cache_bytes,
             perf_map_max_bytes: config.perf_map_cache_bytes as u64,
             counts: SymbolizerCounts::default(),
-            unnamed: HashSet::new(),
         }
     }
 
@@ -269,11 +263,7 @@ impl FrameSymbolizer for Symbolizer {
     }
 
     fn user(&mut self, object: &dyn ObjectSource, vaddr: u64) -> Vec<Line> {
-        let lines = self.user_frames(object, vaddr);
-        if lines.is_empty() && self.unnamed.len() < MAX_UNNAMED_OBJECTS {
-            self.unnamed.insert(object.key());
-        }
-        lines
+        self.user_frames(object, vaddr)
     }
 
     fn jit(&mut self, perf_map: &dyn PerfMapSource, address: u64) -> Option<Line> {
@@ -324,9 +314,5 @@ impl FrameSymbolizer for Symbolizer {
         for table in self.symbols.values() {
             table.release_pages();
         }
-    }
-
-    fn take_unnamed_objects(&mut self) -> HashSet<ObjectKey> {
-        std::mem::take(&mut self.unnamed)
     }
 }

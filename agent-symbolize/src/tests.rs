@@ -157,7 +157,6 @@ fn inline_frames_come_innermost_first_with_files_and_lines() {
         counts.symbols.misses, 0,
         "DWARF named everything, the symbol table was not needed"
     );
-    assert!(symbolizer.take_unnamed_objects().is_empty());
 }
 
 #[test]
@@ -373,10 +372,6 @@ fn jit_frames_come_from_the_perf_map_and_its_growth() {
     let counts = symbolizer.take_counts();
     assert_eq!(counts.perf_map_parse_errors, 1);
     assert_eq!((counts.perf_maps.misses, counts.perf_maps.hits), (1, 2));
-    assert!(
-        symbolizer.take_unnamed_objects().is_empty(),
-        "JIT code is not an object"
-    );
 }
 
 #[test]

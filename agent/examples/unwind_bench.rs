@@ -16,12 +16,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use agent_pprof::{Reader, decode};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use firn::{
     bpf::BpfSampler,
     config::{Limits, SamplingConfig, UnwindMode},
-    pprof::{decode, sample_function_names, sample_label},
     sampler::{self, Record},
     session::Pipeline,
     stats::Stats,
@@ -165,17 +165,17 @@ fn share(profile: &PathBuf, comm: &str, chain: &[String], within: &str) -> Resul
         std::fs::read(profile).with_context(|| format!("could not read {}", profile.display()))?;
     let profile = decode(&bytes)?;
     let (mut total, mut complete) = (0i64, 0i64);
-    for sample in &profile.sample {
-        if sample_label(&profile, sample, "comm") != Some(comm) {
+    for sample in Reader::new(&profile).samples() {
+        if sample.label("comm") != Some(comm) {
             continue;
         }
-        let names = sample_function_names(&profile, sample);
+        let names = sample.function_names();
         if !names.iter().any(|name| name == within) {
             continue;
         }
-        total += sample.value[0];
+        total += sample.count();
         if names.windows(chain.len()).any(|window| window == chain) {
-            complete += sample.value[0];
+            complete += sample.count();
         }
     }
     println!("complete={complete} total={total}");

@@ -3,7 +3,8 @@
 //! The stages, in the order data flows through them: [`bpf`] (load and
 //! attach) -> [`sampler`] (ring buffer records) -> [`process`] (maps,
 //! objects, exec/exit) -> [`unwind`] -> [`aggregate`] -> [`symbolize`] ->
-//! [`labels`] -> [`pprof`] -> [`output`]. [`session`] drives them; the
+//! [`labels`] -> pprof (the `agent_pprof` crate) -> [`output`]. [`session`]
+//! drives them up to the aggregate, [`output`]'s steps the rest; the
 //! agent's [`http`] endpoint serves [`metrics`] from [`stats`].
 
 pub mod aggregate;
@@ -20,7 +21,6 @@ pub mod labels;
 pub mod logging;
 pub mod metrics;
 pub mod output;
-pub mod pprof;
 pub mod privileges;
 pub mod process;
 pub mod sampler;

@@ -466,8 +466,9 @@ impl ShutdownSignal {
 mod tests {
     use super::*;
     use crate::{
-        config::SymbolConfig,
-        pprof::{build_profile, sample_function_names},
+        config::{MetadataConfig, SymbolConfig},
+        labels::Labeler,
+        output::build_whole_profile,
         symbolize::HostSymbolizer,
     };
 
@@ -497,9 +498,21 @@ mod tests {
             &SymbolConfig::default(),
             stats.clone(),
         );
-        let (profile, summary) = build_profile(&aggregated, 10_000_000, &mut symbolizer, &stats);
+        let metadata = MetadataConfig {
+            node: "node".into(),
+            external_labels: Vec::new(),
+            relabel_rules: Vec::new(),
+            kubernetes: None,
+        };
+        let labeler = Labeler::new(&metadata, None);
+        let (profile, summary) =
+            build_whole_profile(aggregated, 10_000_000, &labeler, &mut symbolizer, &stats);
         assert_eq!(summary.unknown_user_locations, 2);
-        let names = sample_function_names(&profile, &profile.sample[0]);
+        let names = agent_pprof::Reader::new(&profile)
+            .samples()
+            .next()
+            .map(|sample| sample.function_names())
+            .unwrap_or_default();
         assert_eq!(names, ["0x555500001000", "0x555500002000"]);
         let snapshot = stats.snapshot();
         assert_eq!(snapshot.processes_gone, 1);

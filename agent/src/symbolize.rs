@@ -3,9 +3,9 @@
 //! perf maps opened through [`crate::untrusted`]), its counts published
 //! into [`Stats`], and the heap given back after every profile.
 
-use std::{collections::HashSet, io, path::Path, sync::Arc};
+use std::{io, path::Path, sync::Arc};
 
-use agent_elf::{BuildId, ObjectKey};
+use agent_elf::BuildId;
 pub use agent_symbolize::{FrameSymbolizer, Line, ObjectSource, PerfMapSource};
 use agent_symbolize::{
     Kallsyms, KallsymsError, SymbolConfig, Symbolizer, SymbolizerCounts, parse_build_id_note,
@@ -123,10 +123,6 @@ impl FrameSymbolizer for HostSymbolizer {
         // large free, or it accumulates as fragmentation.
         crate::allocator::release_freed_heap();
     }
-
-    fn take_unnamed_objects(&mut self) -> HashSet<ObjectKey> {
-        self.symbolizer.take_unnamed_objects()
-    }
 }
 
 #[cfg(test)]
@@ -146,8 +142,7 @@ mod tests {
         ));
     }
 
-    /// Counts reach the stats when a profile ends, and the object the
-    /// symbolizer could not name is reported.
+    /// Counts reach the stats when a profile ends.
     #[test]
     fn counts_are_published_at_the_end_of_each_profile() {
         let stats = Arc::new(Stats::default());
@@ -158,7 +153,6 @@ mod tests {
         );
         let object = ObjectFile::open(&agent_fixtures::dir().join("chain.stripped"), &[])
             .expect("fixture opens");
-        let key = object.key;
         let object = Arc::new(object);
         assert!(symbolizer.user(&object, 0x1).is_empty());
         assert_eq!(stats.snapshot().debuginfo_cache_misses, 0, "not yet");
@@ -171,7 +165,6 @@ mod tests {
             ),
             (1, 1)
         );
-        assert_eq!(symbolizer.take_unnamed_objects(), HashSet::from([key]));
 
         let mut map = tempfile::NamedTempFile::new().expect("tempfile");
         map.write_all(b"1000 10 jitted\n").expect("write");

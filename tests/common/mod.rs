@@ -12,7 +12,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use firn::pprof::{self, proto::Profile, sample_function_names, sample_label};
+use agent_pprof::{self as pprof, Reader, proto::Profile};
 
 /// The chain every workload test looks for, leaf first.
 pub const CHAIN: [&str; 5] = ["burn_leaf", "level_three", "level_two", "level_one", "main"];
@@ -485,11 +485,10 @@ impl Drop for Recording {
 /// Frame names of each sample of process `pid`, with its sample count.
 pub fn stacks_of(profile: &Profile, pid: u32) -> Vec<(Vec<String>, i64)> {
     let pid = pid.to_string();
-    profile
-        .sample
-        .iter()
-        .filter(|sample| sample_label(profile, sample, "pid") == Some(pid.as_str()))
-        .map(|sample| (sample_function_names(profile, sample), sample.value[0]))
+    Reader::new(profile)
+        .samples()
+        .filter(|sample| sample.label("pid") == Some(pid.as_str()))
+        .map(|sample| (sample.function_names(), sample.count()))
         .collect()
 }
 

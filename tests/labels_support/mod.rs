@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use firn::pprof::proto::Profile;
+use agent_pprof::{Reader, proto::Profile};
 
 /// Where the cgroup hierarchies are mounted.
 pub struct Hierarchies {
@@ -131,19 +131,17 @@ pub fn pod_uid() -> String {
 
 /// Every string label on the samples of `pid`, and how many samples.
 pub fn labels_of(profile: &Profile, pid: u32) -> (BTreeMap<String, String>, i64) {
-    let string = |i: i64| profile.string_table[usize::try_from(i).unwrap_or(0)].clone();
     let pid = pid.to_string();
     let mut labels = BTreeMap::new();
     let mut samples = 0;
-    for sample in &profile.sample {
-        let pairs: BTreeMap<String, String> = sample
-            .label
-            .iter()
-            .map(|l| (string(l.key), string(l.str)))
-            .collect();
-        if pairs.get("pid") == Some(&pid) {
-            samples += sample.value[0];
-            labels.extend(pairs);
+    for sample in Reader::new(profile).samples() {
+        if sample.label("pid") == Some(pid.as_str()) {
+            samples += sample.count();
+            labels.extend(
+                sample
+                    .labels()
+                    .map(|(name, value)| (name.to_owned(), value.to_owned())),
+            );
         }
     }
     (labels, samples)

@@ -8,14 +8,12 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use firn::{
-    output::parca::query::{
-        MergeProfile, ProfileTypesRequest, QueryRequest, ValuesRequest,
-        query_request::{Mode, Options, ReportType},
-        query_response::Report,
-        query_service_client::QueryServiceClient,
-    },
-    pprof::{self, proto::Profile},
+use agent_pprof::{self as pprof, Reader, proto::Profile};
+use firn::output::parca::query::{
+    MergeProfile, ProfileTypesRequest, QueryRequest, ValuesRequest,
+    query_request::{Mode, Options, ReportType},
+    query_response::Report,
+    query_service_client::QueryServiceClient,
 };
 use tonic::transport::Channel;
 
@@ -245,24 +243,18 @@ impl Query {
 /// by the period (`cpu/nanoseconds`); they are turned back into counts for
 /// firn's default 100 Hz.
 pub fn all_stacks(profile: &Profile) -> Vec<(Vec<String>, i64)> {
-    let unit = profile
-        .sample_type
+    let reader = Reader::new(profile);
+    let unit = reader
+        .sample_types()
         .first()
-        .and_then(|t| profile.string_table.get(usize::try_from(t.unit).ok()?))
-        .map_or("count", String::as_str);
+        .map_or("count", |&(_, unit)| unit);
     let per_sample = if unit == "nanoseconds" {
         1_000_000_000 / 100
     } else {
         1
     };
-    profile
-        .sample
-        .iter()
-        .map(|sample| {
-            (
-                pprof::sample_function_names(profile, sample),
-                sample.value.first().copied().unwrap_or(0) / per_sample,
-            )
-        })
+    reader
+        .samples()
+        .map(|sample| (sample.function_names(), sample.count() / per_sample))
         .collect()
 }

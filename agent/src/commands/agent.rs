@@ -15,7 +15,9 @@ use firn::{
     http::{Health, HttpServer},
     labels::{KubernetesWatcher, Labeler, PodIndex},
     metrics::Metrics,
-    output::{Exporter, LocalStore, build_batch, parca::ParcaExporter},
+    output::{
+        Exporter, LocalStore, build_batch, label_interval, parca::ParcaExporter, symbolize_interval,
+    },
     process::ProcessTableStats,
     session::{Session, ShutdownSignal},
     stats::Stats,
@@ -320,14 +322,9 @@ fn build_loop(
         }
         let stacks = interval.aggregated.stacks.len();
         let dropped = interval.aggregated.dropped;
-        let (batch, summary) = build_batch(
-            interval.aggregated,
-            exporter.grouping(),
-            period,
-            labeler,
-            &mut symbolizer,
-            &stats,
-        );
+        let symbolized = symbolize_interval(interval.aggregated, &mut symbolizer);
+        let labelled = label_interval(symbolized, exporter.grouping(), labeler, &stats);
+        let (batch, summary) = build_batch(labelled, period, &stats);
         let profiles = batch.profiles.len();
         let unsymbolized_objects = batch.unsymbolized_objects;
         let exported = exporter.export(batch);

@@ -6,12 +6,12 @@ use std::{
     time::{Duration, Instant},
 };
 
+use agent_pprof::{encode_gzip, validate};
 use anyhow::{Context, Result, bail};
 use firn::{
     config::RecordConfig,
     labels::Labeler,
     output::{build_whole_profile, check_writable, write_flamegraph},
-    pprof::{encode_gzip, validate},
     session::{Session, shutdown_signal},
     stats::Stats,
     symbolize::HostSymbolizer,
@@ -85,7 +85,7 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         HostSymbolizer::new(Path::new("/proc/kallsyms"), &config.symbols, stats.clone());
     let stacks = aggregated.stacks.len();
     let dropped = aggregated.dropped;
-    let (profile, summary, _) = build_whole_profile(
+    let (profile, summary) = build_whole_profile(
         aggregated,
         period_ns(config.sampling.frequency_hz),
         &Labeler::new(&config.metadata, None),

@@ -2,78 +2,50 @@
 
 use std::{fs::File, io::BufWriter, path::Path};
 
+use agent_pprof::{FrameView, Reader, proto};
+
 use super::OutputError;
-use crate::pprof::{proto, sample_label};
 
-const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+/// A frame as folded stacks name it: the function (`;` would split it),
+/// kernel functions marked `_[k]` as perf's scripts do; an unnamed frame
+/// by its object's file name in brackets.
+fn folded_name(frame: &FrameView<'_>) -> String {
+    let Some(name) = frame.name else {
+        return frame
+            .mapping
+            .map(|mapping| mapping.filename)
+            .filter(|name| !name.is_empty())
+            .map_or_else(
+                || "[unknown]".to_owned(),
+                |name| {
+                    let base = name.rsplit('/').next().unwrap_or(name);
+                    format!("[{}]", base.trim_matches(['[', ']']))
+                },
+            );
+    };
+    let mut name = name.replace(';', ":");
+    if frame.is_kernel() {
+        name.push_str("_[k]");
+    }
+    name
+}
 
-/// Folded stacks, one line per sample: `comm;root;...;leaf count`, kernel
-/// frames marked `_[k]` as perf's scripts do.
+/// Folded stacks, one line per sample: `comm;root;...;leaf count`.
 pub fn collapsed_stacks(profile: &proto::Profile) -> Vec<String> {
-    let string = |index: i64| -> &str {
-        profile
-            .string_table
-            .get(usize::try_from(index).unwrap_or(0))
-            .map_or("", String::as_str)
-    };
-    let item = |id: u64, list_len: usize| {
-        usize::try_from(id)
-            .ok()
-            .filter(|&i| i >= 1 && i <= list_len)
-            .map(|i| i - 1)
-    };
     let mut lines = Vec::with_capacity(profile.sample.len());
-    for sample in &profile.sample {
-        let mut frames: Vec<String> = Vec::new();
-        // Root first: reverse the leaf-first location list, and each
-        // location's inline list (caller last) too.
-        for &location_id in sample.location_id.iter().rev() {
-            let Some(location) =
-                item(location_id, profile.location.len()).map(|i| &profile.location[i])
-            else {
-                continue;
-            };
-            let mapping =
-                item(location.mapping_id, profile.mapping.len()).map(|i| &profile.mapping[i]);
-            let is_kernel = mapping.is_some_and(|m| string(m.filename) == KERNEL_MAPPING);
-            if location.line.is_empty() {
-                let name = mapping
-                    .map(|m| string(m.filename))
-                    .filter(|name| !name.is_empty())
-                    .map_or_else(
-                        || "[unknown]".to_owned(),
-                        |name| {
-                            format!(
-                                "[{}]",
-                                name.rsplit('/')
-                                    .next()
-                                    .unwrap_or(name)
-                                    .trim_matches(['[', ']'])
-                            )
-                        },
-                    );
-                frames.push(name);
-                continue;
-            }
-            for line in location.line.iter().rev() {
-                let name = item(line.function_id, profile.function.len())
-                    .map_or("[unknown]", |i| string(profile.function[i].name));
-                let mut name = name.replace(';', ":");
-                if is_kernel {
-                    name.push_str("_[k]");
-                }
-                frames.push(name);
-            }
+    for sample in Reader::new(profile).samples() {
+        let count = sample.count();
+        if count <= 0 {
+            continue;
         }
-        let comm = sample_label(profile, sample, "comm").unwrap_or("[unknown]");
-        let count = sample.value.first().copied().unwrap_or(0);
-        if count > 0 {
-            lines.push(format!(
-                "{};{} {count}",
-                comm.replace(';', ":"),
-                frames.join(";")
-            ));
-        }
+        // Root first: the frames come leaf first.
+        let frames: Vec<String> = sample.frames().iter().rev().map(folded_name).collect();
+        let comm = sample.label("comm").unwrap_or("[unknown]");
+        lines.push(format!(
+            "{};{} {count}",
+            comm.replace(';', ":"),
+            frames.join(";")
+        ));
     }
     lines.sort_unstable();
     lines

@@ -1,11 +1,16 @@
-//! Exporters: where built profiles go. The builder thread turns each
-//! interval into a [`ProfileBatch`] (plain data) cut the way the exporter
-//! asks, then hands it over through the [`Exporter`] trait.
+//! The pipeline's tail and the exporters. The builder thread takes each
+//! aggregated interval through one step after another, each handing the
+//! next a plain value: [`symbolize_interval`] (a [`SymbolizedInterval`]),
+//! [`label_interval`] (a [`LabelledInterval`], cut the way the exporter
+//! asks), [`build_batch`] (a [`ProfileBatch`]); then it hands the batch
+//! over through the [`Exporter`] trait.
 
 mod batch;
 mod flamegraph;
+mod labelled;
 mod local;
 pub mod parca;
+mod symbolized;
 
 use std::{
     fs::OpenOptions,
@@ -14,9 +19,11 @@ use std::{
     time::{Instant, SystemTime},
 };
 
-pub use batch::{build_batch, build_whole_profile, unsymbolized_objects};
-pub use flamegraph::{collapsed_stacks, write_flamegraph};
+pub use batch::{build_batch, build_whole_profile};
+pub use flamegraph::write_flamegraph;
+pub use labelled::{LabelledInterval, SeriesStacks, label_interval};
 pub use local::LocalStore;
+pub use symbolized::{FrameTable, SymbolizedInterval, SymbolizedStack, symbolize_interval};
 
 use crate::process::ObjectFile;
 

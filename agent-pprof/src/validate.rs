@@ -1,7 +1,7 @@
-//! The structural rules a Parca server enforces on a pprof profile
-//! (PARCA.md), checked before a profile leaves firn and by the tests.
+//! The structural rules a Parca server enforces on a pprof profile,
+//! checked before a profile leaves firn and by the tests.
 
-use super::proto::Profile;
+use crate::proto::Profile;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ProfileError {
@@ -135,7 +135,7 @@ pub fn validate(profile: &Profile) -> Result<(), ProfileError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pprof::proto;
+    use crate::proto;
 
     fn valid() -> Profile {
         Profile {

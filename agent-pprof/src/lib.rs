@@ -1,7 +1,13 @@
-//! The pprof stage: builds `perftools.profiles.Profile` from an aggregated
-//! interval, and encodes / decodes it (gzip).
+//! pprof for firn, without I/O of its own: the builder turns symbolized
+//! stacks into a `perftools.profiles.Profile` that follows the rules a
+//! Parca server enforces, [`validate`] checks those rules, [`encode_gzip`]
+//! and [`decode`] move profiles to and from bytes, and [`Reader`] resolves
+//! a profile's samples back into frames and labels for whoever reads one
+//! (the flame graph, tools, tests).
 
 mod builder;
+mod input;
+mod reader;
 mod validate;
 
 use std::io::{Read, Write};
@@ -9,7 +15,9 @@ use std::io::{Read, Write};
 use flate2::{Compression, read::GzDecoder, write::GzEncoder};
 use prost::Message;
 
-pub use builder::{BuildSummary, SampleLabels, build_labelled_profile, build_profile};
+pub use builder::{BuildSummary, build};
+pub use input::{Frame, Frames, Interval, Line, Mapping, Origin, Stack};
+pub use reader::{FrameView, MappingView, Reader, SampleView};
 pub use validate::{ProfileError, validate};
 
 /// Types generated from `proto/google/pprof/profile.proto`.
@@ -52,56 +60,6 @@ pub fn decode(bytes: &[u8]) -> Result<proto::Profile, PprofError> {
     } else {
         proto::Profile::decode(bytes).map_err(|source| PprofError::Decode { source })
     }
-}
-
-/// A read-only view for tests and tools: names of a sample's frames, leaf
-/// first, inlined functions before the function they were inlined into.
-pub fn sample_function_names(profile: &proto::Profile, sample: &proto::Sample) -> Vec<String> {
-    let string = |index: i64| {
-        profile
-            .string_table
-            .get(usize::try_from(index).unwrap_or(0))
-            .cloned()
-            .unwrap_or_default()
-    };
-    let mut names = Vec::new();
-    for &id in &sample.location_id {
-        let Some(location) = profile
-            .location
-            .get(usize::try_from(id).unwrap_or(0).wrapping_sub(1))
-        else {
-            continue;
-        };
-        if location.line.is_empty() {
-            names.push(format!("0x{:x}", location.address));
-        }
-        for line in &location.line {
-            let function = profile.function.get(
-                usize::try_from(line.function_id)
-                    .unwrap_or(0)
-                    .wrapping_sub(1),
-            );
-            names.push(function.map(|f| string(f.name)).unwrap_or_default());
-        }
-    }
-    names
-}
-
-/// A sample's string label by key.
-pub fn sample_label<'a>(
-    profile: &'a proto::Profile,
-    sample: &proto::Sample,
-    key: &str,
-) -> Option<&'a str> {
-    sample.label.iter().find_map(|label| {
-        let name = profile.string_table.get(usize::try_from(label.key).ok()?)?;
-        (name == key).then(|| {
-            profile
-                .string_table
-                .get(usize::try_from(label.str).ok()?)
-                .map(String::as_str)
-        })?
-    })
 }
 
 #[cfg(test)]
