@@ -154,28 +154,7 @@ impl BpfSampler {
             .unwrap_or_else(|| default_ring_buffer_bytes(cpus.len()));
         let bpf_config = bpf_config(config, ring_buffer_bytes);
         let log_level = program_log::level();
-        let mut loader = EbpfLoader::new();
-        loader
-            .override_global(names::CONFIG, &bpf_config, true)
-            // Always written: the object's default level logs everything.
-            .override_global(aya_log::LEVEL, &log_level, true)
-            .map_max_entries(names::EVENTS, ring_buffer_bytes);
-        if log_level == 0 {
-            loader.map_max_entries(program_log::LOG_MAP, program_log::map_bytes_when_off());
-        }
-        let mut ebpf =
-            loader.load(OBJECT).map_err(|source| match source {
-                aya::EbpfError::MapError(aya::maps::MapError::CreateError {
-                    ref io_error, ..
-                }) if privileges::is_permission_error(io_error) => BpfError::MissingPrivilege {
-                    capabilities: CAPABILITIES,
-                    action: "create BPF maps",
-                    source: Some(io::Error::from_raw_os_error(
-                        io_error.raw_os_error().unwrap_or(libc::EPERM),
-                    )),
-                },
-                source => BpfError::Load { source },
-            })?;
+        let mut ebpf = load_object(&bpf_config, ring_buffer_bytes, log_level)?;
 
         if !config.pids.is_empty() {
             let mut filter: BpfHashMap<_, u32, u8> =
@@ -439,6 +418,38 @@ fn read_counters(map: &PerCpuArray<MapData, u64>) -> BpfCounters {
         }
     }
     totals
+}
+
+/// Loads the object with its settings written in; the programs are not
+/// loaded into the kernel yet, only the maps are created.
+fn load_object(
+    bpf_config: &BpfConfig,
+    ring_buffer_bytes: u32,
+    log_level: u8,
+) -> Result<Ebpf, BpfError> {
+    let mut loader = EbpfLoader::new();
+    loader
+        .override_global(names::CONFIG, bpf_config, true)
+        // Always written: the object's default level logs everything.
+        .override_global(aya_log::LEVEL, &log_level, true)
+        .map_max_entries(names::EVENTS, ring_buffer_bytes);
+    if log_level == 0 {
+        loader.map_max_entries(program_log::LOG_MAP, program_log::map_bytes_when_off());
+    }
+    loader.load(OBJECT).map_err(|source| match source {
+        aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
+            if privileges::is_permission_error(io_error) =>
+        {
+            BpfError::MissingPrivilege {
+                capabilities: CAPABILITIES,
+                action: "create BPF maps",
+                source: Some(io::Error::from_raw_os_error(
+                    io_error.raw_os_error().unwrap_or(libc::EPERM),
+                )),
+            }
+        }
+        source => BpfError::Load { source },
+    })
 }
 
 /// The program `name` as its concrete type.
