@@ -1,13 +1,14 @@
 //! End to end: what firn does at the edges. SIGHUP, a full local store,
 //! log levels and flags out of range, `firn record` pointed at a path or
-//! pid that cannot work, and the profile counters reconciling against a
-//! real Parca.
+//! pid that cannot work, the profile counters reconciling against a real
+//! Parca, and the BPF program saying why a read failed only when asked.
 
 mod common;
 mod parca_support;
 
 use std::{
     path::{Path, PathBuf},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -285,5 +286,81 @@ fn profile_counters_reconcile_against_a_real_parca() {
             + total("remote_profiles_dropped")
             + total("remote_profiles_rejected"),
         "after exit nothing is queued:\n{log}"
+    );
+}
+
+/// The error code in `returned -N` of a BPF program's log line.
+fn returned_error(line: &str) -> Option<i64> {
+    let (_, after) = line.split_once("returned ")?;
+    let code = after
+        .split(|c: char| c != '-' && !c.is_ascii_digit())
+        .next()?;
+    code.parse().ok().filter(|&code: &i64| code < 0)
+}
+
+/// `--unwind dwarf` copies 16 KiB of user stack per sample. The chain's
+/// main thread, started with an empty environment, has far less above its
+/// stack pointer, so every copy stops at the end of the stack mapping:
+/// the BPF program counts that always, and says why only under a
+/// `firn::bpf=debug` filter.
+#[test]
+fn bpf_failures_are_logged_with_their_reason_only_under_firn_bpf_debug() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let chain = build_c(dir.path(), "chain.c", "chain", &FP_FLAGS);
+    let workload = TestProcess::spawn(Command::new(&chain).arg("100000").env_clear());
+    let pid = workload.pid().to_string();
+    let store = dir.path().join("store");
+    let start = |log: &str, env: &[(&str, &str)]| {
+        Agent::start(
+            &dir.path().join(log),
+            &[
+                "--unwind",
+                "dwarf",
+                "--pid",
+                &pid,
+                "--profiling-duration",
+                "10m",
+                "--local-store-directory",
+                store.to_str().expect("utf-8"),
+            ],
+            env,
+        )
+    };
+    let reason = format!("user stack copy of tgid {pid} stopped short: bpf_probe_read_user");
+    let is_reason = |line: &str| line.contains("target=firn::bpf") && line.contains(&reason);
+
+    let agent = start("debug.log", &[("FIRN_LOG_LEVEL", "info,firn::bpf=debug")]);
+    agent.wait_until(
+        "the BPF program's debug record",
+        Duration::from_secs(60),
+        || agent.log().lines().any(is_reason),
+    );
+    let Stopped { status, log, .. } = agent.stop();
+    assert!(status.success(), "{log}");
+    let line = log
+        .lines()
+        .find(|line| is_reason(line))
+        .expect("seen above");
+    assert!(line.contains("level=debug"), "{line}");
+    assert!(
+        returned_error(line).is_some(),
+        "the helper's error code is in the line: {line}"
+    );
+
+    // The default filter: the same failures, counted, and not a word.
+    let agent = start("default.log", &[]);
+    let address = agent.http_address();
+    agent.wait_until(
+        "short stack copies counted",
+        Duration::from_secs(60),
+        || metric(address, "firn_bpf_stack_copies_short_total").is_some_and(|short| short >= 5.0),
+    );
+    let Stopped { status, log, .. } = agent.stop();
+    assert!(status.success(), "{log}");
+    assert!(
+        !log.contains("target=firn::bpf"),
+        "nothing from the BPF side by default:\n{log}"
     );
 }

@@ -37,6 +37,12 @@ pub const MAX_UNWIND_PROCESSES: u32 = 16_384;
 /// Most PIDs the in-kernel PID filter holds.
 pub const MAX_PID_FILTER: u32 = 1024;
 
+/// The log target of what the BPF programs say through `aya-log`: the
+/// daemon shows those records when this target's debug level is on (e.g.
+/// `--log-level info,firn::bpf=debug`) and keeps the programs silent
+/// otherwise.
+pub const LOG_TARGET: &str = "firn::bpf";
+
 /// Names of the maps and programs in the BPF object.
 pub mod names {
     pub const EVENTS: &str = "EVENTS";

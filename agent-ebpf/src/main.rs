@@ -13,13 +13,19 @@
 //! changes or goes away, in the same ring buffer and therefore in order with
 //! the samples. They also keep `UNWIND_COPY` in step: a fresh image gets the
 //! full copy until the daemon has decided, an exited process loses its entry.
+//!
+//! Where a read, a walk or a write fails, the program bumps a counter and
+//! says why through `aya-log` at debug level under the daemon's `firn::bpf`
+//! log target (`failed!`). The daemon leaves `AYA_LOG_LEVEL` at zero unless
+//! that target's debug level is on; the verifier then sees the logging
+//! branches as dead, so by default no record is built or sent.
 #![no_std]
 #![no_main]
 
 use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
 
 use agent_common::{
-    BpfConfig, COMM_LEN, Counter, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH,
+    BpfConfig, COMM_LEN, Counter, LOG_TARGET, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH,
     MAX_UNWIND_PROCESSES, ProcessRecord, RecordKind, STACK_READ_BYTES, SampleRecord, SampleScratch,
     UserRegs, sample_flags,
 };
@@ -40,7 +46,18 @@ use aya_ebpf::{
     programs::{PerfEventContext, RawTracePointContext},
 };
 
+/// Says why something failed, at debug level under the daemon's log
+/// target. Only ever on a failure path: the success path of a sample must
+/// not pay for it even when debug logging is on.
+macro_rules! failed {
+    ($ctx:expr, $($message:tt)+) => {
+        aya_log_ebpf::debug!($ctx, target: LOG_TARGET, $($message)+)
+    };
+}
+
 /// Written by the daemon before load (`EbpfLoader::override_global`).
+// SAFETY: the loader finds the variable by this name, and no other symbol
+// in the object has it, so nothing clashes.
 #[unsafe(no_mangle)]
 static CONFIG: BpfConfig = BpfConfig::DEFAULT;
 
@@ -70,18 +87,26 @@ const RECORD_BYTES: usize = size_of::<SampleRecord>();
 fn config() -> BpfConfig {
     // The loader rewrites the read-only data; a plain read would be
     // constant-folded to the compile-time default.
+    // SAFETY: a reference to a static is valid and aligned, and `BpfConfig`
+    // is plain integers, valid for whatever bytes the loader wrote.
     unsafe { core::ptr::read_volatile(&CONFIG) }
 }
 
 #[inline(always)]
 fn count(counter: Counter) {
     if let Some(value) = COUNTERS.get_ptr_mut(counter as u32) {
+        // SAFETY: the lookup returned this CPU's slot of the array, valid
+        // while the program runs. The only other writer at the same time
+        // is the sampler interrupting a tracepoint program on this CPU;
+        // that can lose one count, never tear the u64 or touch other memory.
         unsafe { *value += 1 };
     }
 }
 
 #[inline(always)]
 fn wanted(config: &BpfConfig, tgid: u32) -> bool {
+    // SAFETY: `get` is unsafe because the daemon may rewrite the value under
+    // the reference; only the entry's presence is used, never the value.
     config.filter_pids == 0 || unsafe { PID_FILTER.get(&tgid) }.is_some()
 }
 
@@ -102,12 +127,29 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     }
     let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
         count(Counter::ScratchUnavailable);
+        failed!(
+            &ctx,
+            "sample of tgid {} dropped: no per-CPU scratch buffer",
+            tgid
+        );
         return 0;
     };
+    // SAFETY: `ctx` is the context the kernel passed to this run, and
+    // `scratch` is this CPU's slot of SCRATCH. Only this program uses
+    // SCRATCH, and the kernel never runs it nested on one CPU (it skips a
+    // perf event program while one is already running there), so the slot
+    // is ours alone until we return.
     unsafe { record_sample(&ctx, &config, scratch, tgid, tid) };
     0
 }
 
+/// Fills the record in `scratch`, copies the user stack behind it and
+/// writes both to the ring buffer.
+///
+/// # Safety
+///
+/// `ctx` is the context the kernel passed to this run; `scratch` points to
+/// a `SampleScratch` nobody else reads or writes until this returns.
 #[inline(always)]
 unsafe fn record_sample(
     ctx: &PerfEventContext,
@@ -116,9 +158,12 @@ unsafe fn record_sample(
     tgid: u32,
     tid: u32,
 ) {
-    let record = unsafe { addr_of_mut!((*scratch).record) };
-    let record = unsafe { &mut *record };
+    // SAFETY: `scratch` is valid and ours alone (the caller's promise);
+    // every field is plain data, so any bytes left by an earlier sample are
+    // a valid record, overwritten below.
+    let record = unsafe { &mut *addr_of_mut!((*scratch).record) };
     record.kind = RecordKind::Sample as u32;
+    // SAFETY (these three): helpers without arguments or preconditions.
     record.cpu = unsafe { bpf_get_smp_processor_id() };
     record.tgid = tgid;
     record.tid = tid;
@@ -132,6 +177,8 @@ unsafe fn record_sample(
     record.user_regs = UserRegs::default();
 
     let raw_ctx = ctx.as_ptr();
+    // SAFETY: `raw_ctx` is this run's context and the buffer is the
+    // record's kernel stack array, exactly STACK_BYTES long.
     let kernel = unsafe {
         bpf_get_stack(
             raw_ctx,
@@ -145,7 +192,15 @@ unsafe fn record_sample(
     } else {
         record.flags |= sample_flags::KERNEL_STACK_FAILED;
         count(Counter::KernelStackFailed);
+        failed!(
+            ctx,
+            "kernel stack walk of tgid {} tid {} failed: bpf_get_stack returned {}",
+            tgid,
+            tid,
+            kernel
+        );
     }
+    // SAFETY: as above, with the record's user stack array.
     let user = unsafe {
         bpf_get_stack(
             raw_ctx,
@@ -159,19 +214,32 @@ unsafe fn record_sample(
     } else {
         record.flags |= sample_flags::USER_STACK_FAILED;
         count(Counter::UserStackFailed);
+        failed!(
+            ctx,
+            "user stack walk of tgid {} tid {} failed: bpf_get_stack returned {}",
+            tgid,
+            tid,
+            user
+        );
     }
 
     // Kernel threads have no user side; nothing more to capture.
     let mut copied = 0usize;
     if record.user_frames > 0 {
+        // SAFETY: `ctx` is this run's context (the caller's promise).
         if let Some(regs) = unsafe { user_regs(ctx, record) } {
             record.user_regs = regs;
             record.flags |= sample_flags::USER_REGS_VALID;
+            // SAFETY: the value is copied out at once; the daemon replacing
+            // it meanwhile only changes which size this sample gets.
             let wanted = match unsafe { UNWIND_COPY.get(&tgid) } {
                 Some(&bytes) => bytes,
                 None => config.stack_copy_bytes,
             };
-            copied = unsafe { copy_user_stack(scratch, regs.sp, wanted) };
+            // SAFETY: `scratch` is valid and ours alone (the caller's
+            // promise); the copy writes only its `stack` field, which
+            // `record` does not cover.
+            copied = unsafe { copy_user_stack(ctx, scratch, tgid, regs.sp, wanted) };
             record.stack_copy_len = copied as u32;
         } else {
             count(Counter::UserRegsFailed);
@@ -182,18 +250,38 @@ unsafe fn record_sample(
     if len > size_of::<SampleScratch>() {
         len = size_of::<SampleScratch>();
     }
+    // SAFETY: `len` is clamped to the size of the scratch buffer, which is
+    // valid for reads and not written while the slice lives.
     let bytes = unsafe { core::slice::from_raw_parts(scratch as *const u8, len) };
     match EVENTS.output::<[u8]>(bytes, wakeup_flag(config)) {
         Ok(()) => count(Counter::SamplesWritten),
-        Err(_) => count(Counter::SamplesLostRingFull),
+        Err(error) => {
+            count(Counter::SamplesLostRingFull);
+            failed!(
+                ctx,
+                "sample of tgid {} lost: ring buffer output of {} bytes returned {}",
+                tgid,
+                len,
+                error
+            );
+        }
     }
 }
 
 /// The task's user registers: the interrupted registers when the sample hit
 /// user mode, else those saved on kernel entry.
+///
+/// # Safety
+///
+/// `ctx` is the context the kernel passed to this run.
 #[inline(always)]
 unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option<UserRegs> {
+    // SAFETY: the kernel's `bpf_perf_event_data` for this run (the caller's
+    // promise), readable for the whole run.
     let regs = unsafe { &(*ctx.ctx).regs };
+    // Volatile keeps each field one plain 8-byte load from the context,
+    // the only access the verifier allows there.
+    // SAFETY (these four): fields of the valid context above.
     let cs = unsafe { core::ptr::read_volatile(&regs.cs) };
     if cs & 3 == 3 {
         record.flags |= sample_flags::USER_MODE;
@@ -203,15 +291,41 @@ unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option
             bp: unsafe { core::ptr::read_volatile(&regs.rbp) },
         });
     }
+    // SAFETY: a helper without arguments; it returns the running task.
     let task = unsafe { bpf_get_current_task_btf() };
     if task.is_null() {
+        failed!(
+            ctx,
+            "no user registers for tgid {}: no current task",
+            record.tgid
+        );
         return None;
     }
+    // SAFETY: `task` is the non-null task pointer the helper above gave, the
+    // kind of pointer `bpf_task_pt_regs` takes.
     let saved = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
     if saved.is_null() {
+        failed!(
+            ctx,
+            "no user registers for tgid {}: the task has no saved registers",
+            record.tgid
+        );
         return None;
     }
-    let saved: pt_regs = unsafe { bpf_probe_read_kernel(saved) }.ok()?;
+    // SAFETY: the helper checks the address itself; a bad one is an error
+    // returned, never a fault.
+    let saved: pt_regs = match unsafe { bpf_probe_read_kernel(saved) } {
+        Ok(saved) => saved,
+        Err(error) => {
+            failed!(
+                ctx,
+                "no user registers for tgid {}: bpf_probe_read_kernel of the saved registers returned {}",
+                record.tgid,
+                error
+            );
+            return None;
+        }
+    };
     Some(UserRegs {
         ip: saved.rip,
         sp: saved.rsp,
@@ -224,9 +338,22 @@ unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option
 /// stack mapping). The first read runs up to the next page boundary, so
 /// later reads never straddle the end of the mapping and nothing readable
 /// is left behind. Returns the number of bytes copied.
+///
+/// # Safety
+///
+/// `scratch` points to a `SampleScratch` nobody else reads or writes until
+/// this returns.
 #[inline(always)]
-unsafe fn copy_user_stack(scratch: *mut SampleScratch, sp: u64, wanted: u32) -> usize {
+unsafe fn copy_user_stack(
+    ctx: &PerfEventContext,
+    scratch: *mut SampleScratch,
+    tgid: u32,
+    sp: u64,
+    wanted: u32,
+) -> usize {
     let wanted = wanted as usize;
+    // SAFETY: only the field's address is taken; `scratch` is valid (the
+    // caller's promise).
     let stack = unsafe { addr_of_mut!((*scratch).stack) } as *mut u8;
     let head = (STACK_READ_BYTES - (sp as usize & (STACK_READ_BYTES - 1))) & (STACK_READ_BYTES - 1);
     let mut copied = 0usize;
@@ -244,15 +371,30 @@ unsafe fn copy_user_stack(scratch: *mut SampleScratch, sp: u64, wanted: u32) -> 
         if size > wanted - copied {
             size = wanted - copied;
         }
+        let from = sp + copied as u64;
+        // SAFETY: the bound above keeps `copied + size` within
+        // MAX_STACK_COPY, so the destination stays inside the scratch
+        // buffer; the helper checks the user address itself and fails on
+        // an unmapped one instead of faulting.
         let ret = unsafe {
             bpf_probe_read_user(
                 stack.add(copied) as *mut c_void,
                 size as u32,
-                (sp + copied as u64) as *const c_void,
+                from as *const c_void,
             )
         };
         if ret != 0 {
             count(Counter::StackCopyShort);
+            failed!(
+                ctx,
+                "user stack copy of tgid {} stopped short: bpf_probe_read_user of {} bytes at 0x{:x} returned {}; {} of {} bytes copied",
+                tgid,
+                size,
+                from,
+                ret,
+                copied,
+                wanted
+            );
             break;
         }
         copied += size;
@@ -272,25 +414,29 @@ fn wakeup_flag(config: &BpfConfig) -> u64 {
 }
 
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
-pub fn process_exec(_ctx: RawTracePointContext) -> u32 {
+pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let config = config();
     // The daemon has not seen this image yet; until it decides, the image
     // is unwound as if it had no frame pointers.
     if config.exec_copy_bytes != 0
         && wanted(&config, tgid)
-        && UNWIND_COPY
-            .insert(&tgid, &config.exec_copy_bytes, 0)
-            .is_err()
+        && let Err(error) = UNWIND_COPY.insert(&tgid, &config.exec_copy_bytes, 0)
     {
         count(Counter::UnwindCopyMapFull);
+        failed!(
+            &ctx,
+            "new image of tgid {} gets no full stack copy: UNWIND_COPY insert returned {}",
+            tgid,
+            error
+        );
     }
-    process_event(RecordKind::Exec);
+    process_event(&ctx, RecordKind::Exec);
     0
 }
 
 #[raw_tracepoint(tracepoint = "sched_process_exit")]
-pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
+pub fn process_exit(ctx: RawTracePointContext) -> u32 {
     let pid_tgid = bpf_get_current_pid_tgid();
     // sched_process_exit fires per thread; the process ends with its leader.
     let tgid = (pid_tgid >> 32) as u32;
@@ -298,13 +444,13 @@ pub fn process_exit(_ctx: RawTracePointContext) -> u32 {
         // Done here rather than by the daemon so that no entry outlives its
         // process even when the exit event is lost.
         let _ = UNWIND_COPY.remove(&tgid);
-        process_event(RecordKind::Exit);
+        process_event(&ctx, RecordKind::Exit);
     }
     0
 }
 
 #[inline(always)]
-fn process_event(kind: RecordKind) {
+fn process_event(ctx: &RawTracePointContext, kind: RecordKind) {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let config = config();
     if !wanted(&config, tgid) {
@@ -312,11 +458,23 @@ fn process_event(kind: RecordKind) {
     }
     let Some(mut entry) = EVENTS.reserve::<ProcessRecord>(0) else {
         count(Counter::ProcessEventsLost);
+        let kind = match kind {
+            RecordKind::Exec => "exec",
+            RecordKind::Exit => "exit",
+            RecordKind::Sample => "sample",
+        };
+        failed!(
+            ctx,
+            "{} event of tgid {} lost: ring buffer reservation failed",
+            kind,
+            tgid
+        );
         return;
     };
     entry.write(ProcessRecord {
         kind: kind as u32,
         tgid,
+        // SAFETY: a helper without arguments or preconditions.
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     });
@@ -329,6 +487,9 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+// SAFETY: the kernel reads the program's license from this section, and it
+// holds nothing but the NUL-terminated string; no other symbol is named
+// LICENSE.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

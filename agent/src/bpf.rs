@@ -1,4 +1,7 @@
-//! Loading and attaching firn's BPF programs, and reading their counters.
+//! Loading and attaching firn's BPF programs, and reading their counters
+//! and (when asked for) their log.
+
+mod program_log;
 
 use std::{
     io,
@@ -16,6 +19,7 @@ use aya::{
 };
 use tracing::{debug, warn};
 
+use self::program_log::{ProgramLog, ProgramLogError};
 use crate::{
     config::{SamplingConfig, UnwindMode},
     privileges,
@@ -78,6 +82,11 @@ pub enum BpfError {
     },
     #[error("--pid accepts at most {MAX_PID_FILTER} processes, got {count}")]
     TooManyPids { count: usize },
+    #[error("could not forward the BPF programs' log")]
+    ProgramLog {
+        #[source]
+        source: ProgramLogError,
+    },
 }
 
 const CAPABILITIES: &str = "CAP_BPF and CAP_PERFMON";
@@ -90,6 +99,8 @@ pub struct BpfSampler {
     ring_buffer_bytes: u32,
     /// Keeps the kernel's BPF run-time statistics on while held.
     stats: Option<OwnedFd>,
+    /// Forwards the programs' log records, while `firn::bpf` debug is on.
+    _program_log: Option<ProgramLog>,
 }
 
 /// Totals of the BPF-side counters over all CPUs.
@@ -142,22 +153,8 @@ impl BpfSampler {
             .ring_buffer_bytes
             .unwrap_or_else(|| default_ring_buffer_bytes(cpus.len()));
         let bpf_config = bpf_config(config, ring_buffer_bytes);
-        let mut ebpf = EbpfLoader::new()
-            .override_global(names::CONFIG, &bpf_config, true)
-            .map_max_entries(names::EVENTS, ring_buffer_bytes)
-            .load(OBJECT)
-            .map_err(|source| match source {
-                aya::EbpfError::MapError(aya::maps::MapError::CreateError {
-                    ref io_error, ..
-                }) if privileges::is_permission_error(io_error) => BpfError::MissingPrivilege {
-                    capabilities: CAPABILITIES,
-                    action: "create BPF maps",
-                    source: Some(io::Error::from_raw_os_error(
-                        io_error.raw_os_error().unwrap_or(libc::EPERM),
-                    )),
-                },
-                source => BpfError::Load { source },
-            })?;
+        let log_level = program_log::level();
+        let mut ebpf = load_object(&bpf_config, ring_buffer_bytes, log_level)?;
 
         if !config.pids.is_empty() {
             let mut filter: BpfHashMap<_, u32, u8> =
@@ -187,6 +184,13 @@ impl BpfSampler {
                 source,
             })?;
 
+        let program_log = match log_level {
+            0 => None,
+            _ => Some(
+                ProgramLog::start(&mut ebpf).map_err(|source| BpfError::ProgramLog { source })?,
+            ),
+        };
+
         let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
             Ok(fd) => Some(fd),
             Err(error) => {
@@ -201,6 +205,7 @@ impl BpfSampler {
             cpus,
             ring_buffer_bytes,
             stats,
+            _program_log: program_log,
         };
         // Process events first, so no exec is missed between the first
         // sample and the hooks being in place.
@@ -413,6 +418,38 @@ fn read_counters(map: &PerCpuArray<MapData, u64>) -> BpfCounters {
         }
     }
     totals
+}
+
+/// Loads the object with its settings written in; the programs are not
+/// loaded into the kernel yet, only the maps are created.
+fn load_object(
+    bpf_config: &BpfConfig,
+    ring_buffer_bytes: u32,
+    log_level: u8,
+) -> Result<Ebpf, BpfError> {
+    let mut loader = EbpfLoader::new();
+    loader
+        .override_global(names::CONFIG, bpf_config, true)
+        // Always written: the object's default level logs everything.
+        .override_global(aya_log::LEVEL, &log_level, true)
+        .map_max_entries(names::EVENTS, ring_buffer_bytes);
+    if log_level == 0 {
+        loader.map_max_entries(program_log::LOG_MAP, program_log::map_bytes_when_off());
+    }
+    loader.load(OBJECT).map_err(|source| match source {
+        aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
+            if privileges::is_permission_error(io_error) =>
+        {
+            BpfError::MissingPrivilege {
+                capabilities: CAPABILITIES,
+                action: "create BPF maps",
+                source: Some(io::Error::from_raw_os_error(
+                    io_error.raw_os_error().unwrap_or(libc::EPERM),
+                )),
+            }
+        }
+        source => BpfError::Load { source },
+    })
 }
 
 /// The program `name` as its concrete type.
