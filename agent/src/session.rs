@@ -20,7 +20,7 @@ use crate::{
     process::{ProcessImage, ProcessTable, ProcessTableStats},
     sampler::{self, RawSample, Record, RingReader},
     stats::Stats,
-    unwind::{UnwindPolicy, Unwinder, Unwound},
+    unwind::{UnwindPolicy, Unwinder, UserFrames},
     watchdog::Stage,
 };
 
@@ -190,11 +190,7 @@ impl Pipeline {
                 self.processes.object(&image, index);
             }
         }
-        let Unwound {
-            frames: user,
-            image,
-            ..
-        } = self.unwind(&sample, image);
+        let (user, image) = self.unwind(&sample, image);
         // Open every object (and debug file, and JIT perf map) now, while
         // the process is surely alive; the profile is symbolized later,
         // possibly after it exited.
@@ -223,17 +219,42 @@ impl Pipeline {
         }
     }
 
-    fn unwind(&mut self, sample: &RawSample, image: Arc<ProcessImage>) -> Unwound {
+    /// The sample's user frames, and the image they belong to: the one
+    /// given, or a fresh read of the process's maps if the stack ran into
+    /// code outside it.
+    fn unwind(
+        &mut self,
+        sample: &RawSample,
+        mut image: Arc<ProcessImage>,
+    ) -> (Vec<u64>, Arc<ProcessImage>) {
         let unwinding = self
             .policy
             .decide(&image, &mut self.processes, &mut self.unwinder);
-        let unwound = self
+        let mut attempt = self
             .unwinder
-            .user_frames(sample, image, &mut self.processes, unwinding);
-        if unwound.needs_dwarf {
-            self.policy.require_dwarf(&unwound.image);
+            .attempt(sample, &image, &mut self.processes, unwinding);
+        // The maps may predate a library being mapped (read right after
+        // exec, or before a dlopen): re-read them, once per unwind and at
+        // most once a second per process, and unwind again over them.
+        if let Some(address) = attempt.unmapped() {
+            let fresh =
+                self.processes
+                    .image_covering(image.tgid, &sample.comm.to_string(), address);
+            if !Arc::ptr_eq(&fresh, &image) {
+                image = fresh;
+                attempt = self
+                    .unwinder
+                    .attempt(sample, &image, &mut self.processes, unwinding);
+            }
         }
-        unwound
+        let UserFrames {
+            frames,
+            needs_dwarf,
+        } = self.unwinder.finish(attempt, unwinding);
+        if needs_dwarf {
+            self.policy.require_dwarf(&image);
+        }
+        (frames, image)
     }
 
     fn housekeeping(&mut self) {

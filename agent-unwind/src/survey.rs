@@ -11,7 +11,7 @@ use std::ops::Deref;
 use gimli::{BaseAddresses, CfaRule, FrameDescriptionEntry, UnwindSection, X86_64};
 use object::Object;
 
-use super::cfi::{CfiContext, CfiSource, FdeVisitor, Reader};
+use crate::cfi::{CfiContext, CfiSource, FdeVisitor, Reader};
 
 /// Addresses probed per object.
 pub const PROBES: usize = 64;
