@@ -553,6 +553,73 @@ mod tests {
         assert_eq!(calls, 3);
     }
 
+    /// Code mapped after firn read the process's maps (a dlopen): the
+    /// unwind that runs into it has the maps read again and starts over.
+    #[test]
+    fn an_unmapped_address_has_the_maps_read_again_once() {
+        use agent_common::UserRegs;
+
+        use crate::{config::UnwindMode, unwind::UnwindPolicy};
+
+        let stats = Arc::new(Stats::default());
+        let limits = Limits::default();
+        let policy = UnwindPolicy::new(UnwindMode::Dwarf, 16384, 8, stats.clone());
+        let mut pipeline =
+            Pipeline::new(&limits, &SymbolConfig::default(), stats.clone()).with_unwind(policy);
+        let pid = std::process::id();
+        let before = pipeline.processes.image(pid, "test");
+        let code = memmap2::MmapMut::map_anon(4096)
+            .and_then(|map| map.make_exec())
+            .expect("executable memory");
+        let ip = code.as_ptr() as u64 + 16;
+        assert!(before.mapping_index(ip).is_none());
+        // Maps are read again at most once a second.
+        std::thread::sleep(Duration::from_millis(1100));
+        let sample = RawSample {
+            tgid: pid,
+            tid: pid,
+            user_regs: Some(UserRegs {
+                ip,
+                sp: 0x7ffd_0000,
+                bp: 0,
+            }),
+            stack_copy: vec![0; 64],
+            ..RawSample::default()
+        };
+        pipeline.sample(sample.clone());
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.maps_refreshed, 1);
+        // Over the fresh maps the address is code without CFI, not unmapped.
+        assert_eq!(
+            (
+                snapshot.unwind_failed_no_cfi,
+                snapshot.unwind_failed_unmapped
+            ),
+            (1, 0)
+        );
+        let after = pipeline
+            .processes
+            .lookup(pid)
+            .expect("the process is known");
+        assert!(after.mapping_index(ip).is_some());
+
+        // Nowhere mapped: read again only once the second has passed.
+        let nowhere = RawSample {
+            user_regs: Some(UserRegs {
+                ip: 16,
+                ..sample.user_regs.expect("registers")
+            }),
+            ..sample
+        };
+        pipeline.sample(nowhere);
+        let snapshot = stats.snapshot();
+        assert_eq!(
+            (snapshot.maps_refreshed, snapshot.unwind_failed_unmapped),
+            (1, 1)
+        );
+        drop(code);
+    }
+
     #[test]
     fn malformed_records_are_counted() {
         let stats = Arc::new(Stats::default());
