@@ -22,13 +22,9 @@ use crate::{
         kubernetes::objects::{parse_event, parse_pod_list, parse_status},
         relabel::{LabelSet, relabel},
     },
-    process::{MappingSpec, ProcessImage, parse_maps},
+    process::{ProcessImage, parse_maps},
     sampler,
     untrusted::FuseMounts,
-    unwind::{
-        self, CfiContext, CfiSource, Code, CodeLookup, MAX_USER_FRAMES, StackCopy, repair_leaf,
-        stitch,
-    },
 };
 use agent_elf::{
     self as elf, Bytes, ElfLayout,
@@ -37,6 +33,10 @@ use agent_elf::{
 use agent_symbolize::{
     DemangleMode, DwarfInfo, Kallsyms, PerfMapTable, demangle, parse_build_id_note,
     parse_perf_map_line,
+};
+use agent_unwind::{
+    self as unwind, CfiContext, CfiSource, Code, CodeLookup, MAX_USER_FRAMES, StackCopy,
+    repair_leaf, stitch, testing::FixtureCode,
 };
 
 /// A fuzz target: its name (the binary in `fuzz/fuzz_targets/` and the
@@ -202,68 +202,10 @@ pub fn cfi_rows(data: &[u8]) {
     let _ = unwind::survey(&source, &mut context);
 }
 
-/// The sample the unwinder's fixture tests use: `chain_inline` (no frame
-/// pointers) and the maps of the process it was captured from.
-const UNWIND_OBJECT: &[u8] = agent_fixtures::CHAIN_INLINE;
-const UNWIND_CAPTURE: &str = agent_fixtures::CHAIN_INLINE_REGS;
-
-/// The captured process's code: the fixture object has CFI, its other
-/// mappings (libc, the loader) are code without. Also what the unwinder's
-/// fixture tests unwind against.
-pub(crate) struct FixtureCode {
-    maps: Vec<MappingSpec>,
-    layout: ElfLayout,
-    source: CfiSource<&'static [u8]>,
-    context: CfiContext,
-}
-
-impl FixtureCode {
-    pub(crate) fn new() -> Option<Self> {
-        let (_, maps) = UNWIND_CAPTURE.split_once('\n')?;
-        Some(Self {
-            maps: parse_maps(1, maps.as_bytes()).ok()?,
-            layout: elf::read_layout(UNWIND_OBJECT).ok()?,
-            source: CfiSource::new(UNWIND_OBJECT).ok()?,
-            context: CfiContext::new(),
-        })
-    }
-
-    /// The link-time address in the fixture object of a runtime address.
-    pub(crate) fn vaddr(&self, address: u64) -> Option<u64> {
-        let map = self
-            .maps
-            .iter()
-            .find(|m| (m.start..m.end).contains(&address))?;
-        if !map.path.ends_with("/chain_inline") {
-            return None;
-        }
-        self.layout
-            .vaddr_for_file_offset(address - map.start + map.offset)
-    }
-}
-
-impl CodeLookup for FixtureCode {
-    fn code(&mut self, address: u64) -> Code {
-        if let Some(vaddr) = self.vaddr(address) {
-            return self
-                .source
-                .row(vaddr, &mut self.context)
-                .map_or(Code::NoCfi, |row| Code::Row { row, system: false });
-        }
-        if self
-            .maps
-            .iter()
-            .any(|m| (m.start..m.end).contains(&address))
-        {
-            Code::NoCfi
-        } else {
-            Code::Unmapped
-        }
-    }
-}
-
 thread_local! {
-    static FIXTURE_CODE: RefCell<Option<FixtureCode>> = RefCell::new(FixtureCode::new());
+    /// The sample the unwinder's fixture tests use: `chain_inline` (no
+    /// frame pointers) and the maps of the process it was captured from.
+    static FIXTURE_CODE: RefCell<Option<FixtureCode>> = RefCell::new(FixtureCode::chain_inline());
 }
 
 /// Size of the registers at the start of an `unwind_stack` input.
@@ -512,6 +454,6 @@ mod tests {
 
     #[test]
     fn the_unwind_fixture_loads() {
-        assert!(FixtureCode::new().is_some());
+        assert!(FixtureCode::chain_inline().is_some());
     }
 }

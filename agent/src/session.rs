@@ -20,7 +20,7 @@ use crate::{
     process::{ProcessImage, ProcessTable, ProcessTableStats},
     sampler::{self, RawSample, Record, RingReader},
     stats::Stats,
-    unwind::{UnwindPolicy, Unwinder, Unwound},
+    unwind::{UnwindPolicy, Unwinder, UserFrames},
     watchdog::Stage,
 };
 
@@ -190,11 +190,7 @@ impl Pipeline {
                 self.processes.object(&image, index);
             }
         }
-        let Unwound {
-            frames: user,
-            image,
-            ..
-        } = self.unwind(&sample, image);
+        let (user, image) = self.unwind(&sample, image);
         // Open every object (and debug file, and JIT perf map) now, while
         // the process is surely alive; the profile is symbolized later,
         // possibly after it exited.
@@ -223,17 +219,42 @@ impl Pipeline {
         }
     }
 
-    fn unwind(&mut self, sample: &RawSample, image: Arc<ProcessImage>) -> Unwound {
+    /// The sample's user frames, and the image they belong to: the one
+    /// given, or a fresh read of the process's maps if the stack ran into
+    /// code outside it.
+    fn unwind(
+        &mut self,
+        sample: &RawSample,
+        mut image: Arc<ProcessImage>,
+    ) -> (Vec<u64>, Arc<ProcessImage>) {
         let unwinding = self
             .policy
             .decide(&image, &mut self.processes, &mut self.unwinder);
-        let unwound = self
+        let mut attempt = self
             .unwinder
-            .user_frames(sample, image, &mut self.processes, unwinding);
-        if unwound.needs_dwarf {
-            self.policy.require_dwarf(&unwound.image);
+            .attempt(sample, &image, &mut self.processes, unwinding);
+        // The maps may predate a library being mapped (read right after
+        // exec, or before a dlopen): re-read them, once per unwind and at
+        // most once a second per process, and unwind again over them.
+        if let Some(address) = attempt.unmapped() {
+            let fresh =
+                self.processes
+                    .image_covering(image.tgid, &sample.comm.to_string(), address);
+            if !Arc::ptr_eq(&fresh, &image) {
+                image = fresh;
+                attempt = self
+                    .unwinder
+                    .attempt(sample, &image, &mut self.processes, unwinding);
+            }
         }
-        unwound
+        let UserFrames {
+            frames,
+            needs_dwarf,
+        } = self.unwinder.finish(attempt, unwinding);
+        if needs_dwarf {
+            self.policy.require_dwarf(&image);
+        }
+        (frames, image)
     }
 
     fn housekeeping(&mut self) {
@@ -546,6 +567,73 @@ mod tests {
         });
         assert!(!pending, "a short batch means the ring is empty");
         assert_eq!(calls, 3);
+    }
+
+    /// Code mapped after firn read the process's maps (a dlopen): the
+    /// unwind that runs into it has the maps read again and starts over.
+    #[test]
+    fn an_unmapped_address_has_the_maps_read_again_once() {
+        use agent_common::UserRegs;
+
+        use crate::{config::UnwindMode, unwind::UnwindPolicy};
+
+        let stats = Arc::new(Stats::default());
+        let limits = Limits::default();
+        let policy = UnwindPolicy::new(UnwindMode::Dwarf, 16384, 8, stats.clone());
+        let mut pipeline =
+            Pipeline::new(&limits, &DebugFileConfig::default(), stats.clone()).with_unwind(policy);
+        let pid = std::process::id();
+        let before = pipeline.processes.image(pid, "test");
+        let code = memmap2::MmapMut::map_anon(4096)
+            .and_then(|map| map.make_exec())
+            .expect("executable memory");
+        let ip = code.as_ptr() as u64 + 16;
+        assert!(before.mapping_index(ip).is_none());
+        // Maps are read again at most once a second.
+        std::thread::sleep(Duration::from_millis(1100));
+        let sample = RawSample {
+            tgid: pid,
+            tid: pid,
+            user_regs: Some(UserRegs {
+                ip,
+                sp: 0x7ffd_0000,
+                bp: 0,
+            }),
+            stack_copy: vec![0; 64],
+            ..RawSample::default()
+        };
+        pipeline.sample(sample.clone());
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.maps_refreshed, 1);
+        // Over the fresh maps the address is code without CFI, not unmapped.
+        assert_eq!(
+            (
+                snapshot.unwind_failed_no_cfi,
+                snapshot.unwind_failed_unmapped
+            ),
+            (1, 0)
+        );
+        let after = pipeline
+            .processes
+            .lookup(pid)
+            .expect("the process is known");
+        assert!(after.mapping_index(ip).is_some());
+
+        // Nowhere mapped: read again only once the second has passed.
+        let nowhere = RawSample {
+            user_regs: Some(UserRegs {
+                ip: 16,
+                ..sample.user_regs.expect("registers")
+            }),
+            ..sample
+        };
+        pipeline.sample(nowhere);
+        let snapshot = stats.snapshot();
+        assert_eq!(
+            (snapshot.maps_refreshed, snapshot.unwind_failed_unmapped),
+            (1, 1)
+        );
+        drop(code);
     }
 
     #[test]

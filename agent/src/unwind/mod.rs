@@ -1,254 +1,87 @@
-//! The unwinder stage: turns a sample's user side into frames. `dwarf`
-//! unwinds the copied stack frame by frame with the CFI of every object on
-//! it; where it stops short of the outermost frame, the rest is taken from
-//! the kernel's frame-pointer walk if the two meet. How much stack there is
-//! to unwind depends on the process (`mode` decides):
-//!
-//! - Frame pointers: a small copy of the top of the stack. Its CFI unwind
-//!   recovers what the kernel's walk lacks near the leaf (a function
-//!   without a frame of its own hides its caller from the walk) and meets
-//!   the walk below. If it cannot meet the walk, the walk is kept with its
-//!   leaf repaired. Callers without frame pointers seen on the way mark
-//!   the process for DWARF.
-//! - DWARF: the whole copy (16 KiB by default).
+//! The unwinding stage: a sample's user side turned into frames by
+//! `agent_unwind` over the process image's objects, with what it saw
+//! counted in `Stats`. How much stack a process gets copied, and so how it
+//! is unwound, is `mode`'s decision. An address outside the image is
+//! reported, not looked up again here: the pipeline re-reads the maps and
+//! unwinds again (`Pipeline::unwind`).
 
-mod cfi;
-mod dwarf;
 mod mode;
-mod survey;
 
-#[cfg(test)]
-mod fixture_tests;
+use std::sync::Arc;
 
-use std::{num::NonZeroUsize, sync::Arc};
-
-use agent_common::MAX_STACK_DEPTH;
-use lru::LruCache;
+use agent_elf::Bytes;
+use agent_unwind::{CacheCounts, LeafRepair, Mapped, ObjectFrames, ObjectLookup, Sample, Stop};
 use tracing::debug;
 
-pub use cfi::{Cfa, CfiContext, CfiError, CfiSource, Rule, UnwindRow};
-pub use dwarf::{Code, CodeLookup, Outcome, StackCopy, Stop, unwind};
 pub use mode::{CopyMapError, CopySizeMap, ProcessUnwinding, UnwindPolicy, is_system_library};
-pub use survey::{FrameSurvey, ObjectFrames, is_go, survey};
 
 use crate::{
-    process::{ContentKey, ObjectData, ObjectFile, ProcessImage, ProcessTable},
-    sampler::{Comm, RawSample},
+    process::{ContentKey, ObjectFile, ProcessImage, ProcessTable},
+    sampler::RawSample,
     stats::Stats,
 };
-use agent_cache::ByteBoundedCache;
 
-/// Memory for rows looked up recently, by object and address: stacks
-/// repeat the same return addresses, so most lookups never reach the CFI.
-const ROW_CACHE_BYTES: usize = 4 << 20;
-
-/// What one cached row costs: its key and value, the LRU's two links and
-/// hash slot (a key pointer and a node pointer, at most half the buckets
-/// used), and the allocator's header and rounding of the node.
-const ROW_ENTRY_BYTES: usize = std::mem::size_of::<(ContentKey, u64)>()
-    + std::mem::size_of::<Option<UnwindRow>>()
-    + 2 * std::mem::size_of::<usize>()
-    + 2 * 2 * std::mem::size_of::<usize>()
-    + 16;
-
-/// Objects whose frame-pointer verdict is remembered.
-const VERDICT_CACHE_ENTRIES: usize = 4_096;
-
-/// Most user frames of one stack: what the kernel's walk may hold, plus the
-/// leaf's caller.
-pub const MAX_USER_FRAMES: usize = MAX_STACK_DEPTH + 1;
-
-/// What leaf repair did to one sample.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LeafRepair {
-    /// The walk already held the leaf's caller.
-    NotNeeded,
-    /// The caller was missing and was inserted.
-    Repaired,
-    /// Could not tell: no registers, no CFI, or the slot lay beyond the copy.
-    Unavailable,
-}
-
-/// Reads a little-endian u64 at `address` from a copy of the stack that
-/// starts at `sp`.
-pub fn read_stack_u64(stack: &[u8], sp: u64, address: u64) -> Option<u64> {
-    let offset = usize::try_from(address.checked_sub(sp)?).ok()?;
-    let bytes = stack.get(offset..offset.checked_add(8)?)?;
-    Some(u64::from_le_bytes(bytes.try_into().ok()?))
-}
-
-/// The return address of the frame executing at `row`, if the stack copy
-/// holds it.
-pub fn return_address(row: &UnwindRow, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> Option<u64> {
-    let cfa = match row.cfa {
-        Cfa::RspOffset(offset) => sp.checked_add_signed(i64::from(offset))?,
-        Cfa::RbpOffset(offset) => bp.checked_add_signed(i64::from(offset))?,
-        Cfa::Plt { threshold } => {
-            let extra = if ip & 15 >= u64::from(threshold) {
-                8
-            } else {
-                0
-            };
-            sp.checked_add(8 + extra)?
-        }
-        Cfa::Signal | Cfa::Unsupported => return None,
-    };
-    match row.ra {
-        Rule::CfaOffset(offset) => {
-            read_stack_u64(stack, sp, cfa.checked_add_signed(i64::from(offset))?)
-        }
-        Rule::Same | Rule::Undefined | Rule::Unsupported => None,
-    }
-}
-
-/// Inserts the leaf's caller into a frame-pointer walk when the walk lacks
-/// it. `frames[0]` must be the interrupted instruction.
-pub fn repair_leaf(
-    frames: &mut Vec<u64>,
-    row: &UnwindRow,
-    regs: (u64, u64, u64),
-    stack: &[u8],
-) -> LeafRepair {
-    let (ip, sp, bp) = regs;
-    if frames.first() != Some(&ip) {
-        return LeafRepair::Unavailable;
-    }
-    let Some(caller) = return_address(row, ip, sp, bp, stack) else {
-        return LeafRepair::Unavailable;
-    };
-    if caller == 0 || frames.get(1) == Some(&caller) {
-        return LeafRepair::NotNeeded;
-    }
-    frames.insert(1, caller);
-    frames.truncate(agent_common::MAX_STACK_DEPTH + 1);
-    LeafRepair::Repaired
-}
-
-/// Joins a DWARF unwind that stopped short to the kernel's frame-pointer
-/// walk: where the walk holds the last address the unwind reached, the
-/// walk's frames beyond it continue the stack. True if frames were added.
-pub fn stitch(frames: &mut Vec<u64>, walk: &[u64]) -> bool {
-    if frames.len() >= MAX_USER_FRAMES {
-        return false;
-    }
-    let Some(&last) = frames.last() else {
-        return false;
-    };
-    // The interrupted instruction only matches the walk's first entry; a
-    // return address never does.
-    let from = usize::from(frames.len() > 1);
-    let Some(position) = walk.iter().skip(from).position(|&a| a == last) else {
-        return false;
-    };
-    let rest = &walk[from + position + 1..];
-    let room = MAX_USER_FRAMES.saturating_sub(frames.len());
-    frames.extend(rest.iter().take(room));
-    !rest.is_empty() && room > 0
-}
-
-/// CFI sources by object (bounded in bytes) and a bounded row cache.
-struct CfiCache {
-    sources: ByteBoundedCache<ContentKey, Arc<CfiSource<ObjectData>>>,
-    rows: LruCache<(ContentKey, u64), Option<UnwindRow>>,
-    context: Box<CfiContext>,
-    stats: Arc<Stats>,
-}
-
-impl CfiCache {
-    /// The unwind rules at `vaddr` of `object`.
-    fn row(&mut self, object: &ObjectFile, vaddr: u64) -> Option<UnwindRow> {
-        let key = object.content_key();
-        if let Some(row) = self.rows.get(&(key.clone(), vaddr)) {
-            Stats::inc(&self.stats.unwind_cache_hits);
-            return *row;
-        }
-        Stats::inc(&self.stats.unwind_cache_misses);
-        let row = self
-            .source(object, &key)
-            .and_then(|source| source.row(vaddr, &mut self.context));
-        // `push` hands back the least recently used row it let go.
-        if self.rows.push((key, vaddr), row).is_some() {
-            Stats::inc(&self.stats.unwind_cache_evictions);
-        }
-        row
-    }
-
-    fn source(
-        &mut self,
-        object: &ObjectFile,
-        key: &ContentKey,
-    ) -> Option<Arc<CfiSource<ObjectData>>> {
-        if let Some(source) = self.sources.get(key) {
-            return Some(source.clone());
-        }
-        let data = match object.data() {
-            Ok(data) => data,
-            Err(error) => {
-                debug!(path = object.path, %error, "could not read object");
-                return None;
-            }
-        };
-        let source = match CfiSource::new(data) {
-            Ok(source) => Arc::new(source),
-            Err(error) => {
-                debug!(path = object.path, %error, "no usable CFI");
-                return None;
-            }
-        };
-        let evicted = self
-            .sources
-            .insert(key.clone(), source.clone(), source.heap_bytes() + 512);
-        Stats::add(&self.stats.unwind_cache_evictions, evicted as u64);
-        Some(source)
-    }
-}
-
-/// The code of one process, as the DWARF unwinder asks about it.
-struct ProcessCode<'a> {
-    image: Arc<ProcessImage>,
+/// The objects of one process image, as the unwinder asks about them.
+struct ImageObjects<'a> {
+    image: &'a ProcessImage,
     processes: &'a mut ProcessTable,
-    cfi: &'a mut CfiCache,
-    comm: Comm,
-    refreshed: bool,
 }
 
-impl ProcessCode<'_> {
-    fn mapping_index(&mut self, address: u64) -> Option<usize> {
-        if let Some(index) = self.image.mapping_index(address) {
-            return Some(index);
-        }
-        // The maps may predate a library being mapped (read right after
-        // exec, or before a dlopen): re-read them, once per unwind and at
-        // most once a second per process.
-        if self.refreshed {
-            return None;
-        }
-        self.refreshed = true;
-        self.image =
-            self.processes
-                .image_covering(self.image.tgid, &self.comm.to_string(), address);
-        self.image.mapping_index(address)
-    }
-}
+impl ObjectLookup for ImageObjects<'_> {
+    type Key = ContentKey;
 
-impl CodeLookup for ProcessCode<'_> {
-    fn code(&mut self, address: u64) -> Code {
-        let Some(index) = self.mapping_index(address) else {
-            return Code::Unmapped;
+    fn object(&mut self, address: u64) -> Mapped<ContentKey> {
+        let Some(index) = self.image.mapping_index(address) else {
+            return Mapped::Unmapped;
         };
-        let Some(object) = self.processes.object(&self.image, index) else {
-            return Code::NoCfi;
+        let Some(object) = self.processes.object(self.image, index) else {
+            return Mapped::NoObject;
         };
         let mapping = &self.image.mappings[index];
         let Some(vaddr) = mapping.object_vaddr(address) else {
-            return Code::NoCfi;
+            return Mapped::NoObject;
         };
-        match self.cfi.row(&object, vaddr) {
-            Some(row) => Code::Row {
-                row,
-                system: is_system_library(&mapping.spec.path),
-            },
-            None => Code::NoCfi,
+        Mapped::Object {
+            key: object.content_key(),
+            vaddr,
+            system: is_system_library(&mapping.spec.path),
+        }
+    }
+
+    fn bytes(&mut self, address: u64) -> Option<Bytes> {
+        let index = self.image.mapping_index(address)?;
+        object_bytes(self.image.mappings[index].object()?)
+    }
+}
+
+fn object_bytes(object: &ObjectFile) -> Option<Bytes> {
+    match object.data() {
+        Ok(data) => Some(Bytes::new(Arc::new(data))),
+        Err(error) => {
+            debug!(path = object.path, %error, "could not read object");
+            None
+        }
+    }
+}
+
+/// One unwind of a sample's user side over one process image, not yet
+/// counted: the pipeline may throw it away and unwind again over fresher
+/// maps.
+#[derive(Clone, Debug)]
+pub enum Attempt {
+    /// No user registers: the kernel's walk as it is.
+    WithoutRegisters {
+        walk: Vec<u64>,
+    },
+    Unwound(agent_unwind::Unwound),
+}
+
+impl Attempt {
+    /// The first address the unwind found outside the image's mappings.
+    pub fn unmapped(&self) -> Option<u64> {
+        match self {
+            Self::WithoutRegisters { .. } => None,
+            Self::Unwound(unwound) => unwound.outcome.unmapped,
         }
     }
 }
@@ -256,110 +89,106 @@ impl CodeLookup for ProcessCode<'_> {
 /// A sample's user frames, innermost first: the interrupted instruction,
 /// then return addresses.
 #[derive(Clone, Debug)]
-pub struct Unwound {
+pub struct UserFrames {
     pub frames: Vec<u64>,
-    /// The image the frames belong to: the one given, or a fresh read of
-    /// the process's maps if the stack ran into code outside it.
-    pub image: Arc<ProcessImage>,
     /// Unwound with frame pointers, yet the stack held callers without
     /// them: the process needs DWARF.
     pub needs_dwarf: bool,
 }
 
-/// Unwinds samples; owns the CFI caches.
+/// Unwinds samples over process images and counts what it saw.
 pub struct Unwinder {
-    cfi: CfiCache,
-    verdicts: LruCache<ContentKey, ObjectFrames>,
+    unwinder: agent_unwind::Unwinder<ContentKey>,
     stats: Arc<Stats>,
+    /// The cache counts already added to `stats`.
+    published: CacheCounts,
 }
 
 impl Unwinder {
     pub fn new(max_bytes: usize, stats: Arc<Stats>) -> Self {
-        let entries = |n| NonZeroUsize::new(n).unwrap_or(NonZeroUsize::MIN);
         Self {
-            cfi: CfiCache {
-                sources: ByteBoundedCache::new(max_bytes),
-                rows: LruCache::new(entries(ROW_CACHE_BYTES / ROW_ENTRY_BYTES)),
-                context: Box::new(CfiContext::new()),
-                stats: stats.clone(),
-            },
-            verdicts: LruCache::new(entries(VERDICT_CACHE_ENTRIES)),
+            unwinder: agent_unwind::Unwinder::new(max_bytes),
             stats,
+            published: CacheCounts::default(),
         }
     }
 
-    /// Once an interval: the object pages unwinding touched (CFI sections,
-    /// an index built over `.eh_frame`) are dropped from RSS, as the
-    /// symbolizer does after each profile; the rows that matter are cached.
+    /// Once an interval: the object pages unwinding touched are dropped
+    /// from RSS, as the symbolizer does after each profile.
     pub fn release_pages(&self) {
-        for source in self.cfi.sources.values() {
-            source.release_pages();
-        }
+        self.unwinder.release_pages();
     }
 
-    /// Unwinds the user side of `sample`.
-    pub fn user_frames(
+    /// Unwinds the user side of `sample` over `image`, without reading
+    /// anything but the objects' bytes.
+    pub fn attempt(
         &mut self,
         sample: &RawSample,
-        image: Arc<ProcessImage>,
+        image: &ProcessImage,
         processes: &mut ProcessTable,
         unwinding: ProcessUnwinding,
-    ) -> Unwound {
+    ) -> Attempt {
         let Some(regs) = sample.user_regs else {
-            // Kernel threads have no user side; a user task whose registers
-            // could not be read keeps the kernel's walk.
-            if unwinding == ProcessUnwinding::Dwarf && !sample.user_stack.is_empty() {
-                Stats::inc(&self.stats.unwind_without_registers);
-            }
-            return Unwound {
-                frames: sample.user_stack.clone(),
-                image,
-                needs_dwarf: false,
+            return Attempt::WithoutRegisters {
+                walk: sample.user_stack.clone(),
             };
         };
-        let mut frames = Vec::with_capacity(32);
-        let mut code = ProcessCode {
-            image,
-            processes,
-            cfi: &mut self.cfi,
-            comm: sample.comm,
-            refreshed: false,
+        let input = Sample {
+            regs,
+            stack: &sample.stack_copy,
+            walk: &sample.user_stack,
         };
-        let stack = StackCopy {
-            sp: regs.sp,
-            bytes: &sample.stack_copy,
+        let mut objects = ImageObjects { image, processes };
+        let unwound = match unwinding {
+            ProcessUnwinding::Dwarf => self.unwinder.dwarf(input, &mut objects),
+            ProcessUnwinding::FramePointers => self.unwinder.frame_pointers(input, &mut objects),
         };
-        let outcome = unwind(regs, stack, &mut code, MAX_USER_FRAMES, &mut frames);
-        let image = code.image;
-        let stitched = outcome.stop != Stop::Complete && stitch(&mut frames, &sample.user_stack);
-        if unwinding == ProcessUnwinding::Dwarf {
-            self.count_dwarf(&outcome, stitched);
-            return Unwound {
-                frames,
-                image,
-                needs_dwarf: false,
-            };
-        }
-        let needs_dwarf = outcome.frameless_callers > 0;
-        if outcome.stop == Stop::Complete || stitched {
-            if frames.get(..2) != sample.user_stack.get(..2) {
-                Stats::inc(&self.stats.leaf_frames_repaired);
+        self.publish_cache_counts();
+        Attempt::Unwound(unwound)
+    }
+
+    /// Counts the attempt the pipeline kept and hands its frames over.
+    pub fn finish(&self, attempt: Attempt, unwinding: ProcessUnwinding) -> UserFrames {
+        let stats = &self.stats;
+        let unwound = match attempt {
+            Attempt::WithoutRegisters { walk } => {
+                // Kernel threads have no user side; a user task whose
+                // registers could not be read keeps the kernel's walk.
+                if unwinding == ProcessUnwinding::Dwarf && !walk.is_empty() {
+                    Stats::inc(&stats.unwind_without_registers);
+                }
+                return UserFrames {
+                    frames: walk,
+                    needs_dwarf: false,
+                };
             }
-        } else {
-            // The unwind and the walk do not meet: the walk, leaf repaired.
-            frames.clear();
-            frames.extend_from_slice(&sample.user_stack);
-            self.repair_walk(&mut frames, sample, &image, processes);
-        }
-        Unwound {
-            frames,
-            image,
-            needs_dwarf,
+            Attempt::Unwound(unwound) => unwound,
+        };
+        match unwinding {
+            ProcessUnwinding::Dwarf => {
+                self.count_dwarf(&unwound);
+                UserFrames {
+                    frames: unwound.frames,
+                    needs_dwarf: false,
+                }
+            }
+            ProcessUnwinding::FramePointers => {
+                match unwound.leaf {
+                    Some(LeafRepair::Repaired) => Stats::inc(&stats.leaf_frames_repaired),
+                    Some(LeafRepair::Unavailable) => Stats::inc(&stats.leaf_repair_failures),
+                    Some(LeafRepair::NotNeeded) | None => {}
+                }
+                UserFrames {
+                    needs_dwarf: unwound.outcome.frameless_callers > 0,
+                    frames: unwound.frames,
+                }
+            }
         }
     }
 
-    fn count_dwarf(&self, outcome: &Outcome, stitched: bool) {
+    fn count_dwarf(&self, unwound: &agent_unwind::Unwound) {
         let stats = &self.stats;
+        let outcome = &unwound.outcome;
         Stats::inc(&stats.unwind_dwarf_stacks);
         Stats::add(&stats.unwind_rbp_frames, u64::from(outcome.rbp_frames));
         Stats::add(
@@ -376,79 +205,29 @@ impl Unwinder {
             Stop::TooDeep => &stats.unwind_failed_too_deep,
         };
         Stats::inc(counter);
-        if stitched {
+        if unwound.stitched {
             Stats::inc(&stats.unwind_stitched);
         }
     }
 
-    /// The kernel's frame-pointer walk with the leaf's caller recovered.
-    fn repair_walk(
-        &mut self,
-        frames: &mut Vec<u64>,
-        sample: &RawSample,
-        image: &ProcessImage,
-        processes: &mut ProcessTable,
-    ) {
-        let Some(regs) = sample.user_regs else {
-            return;
-        };
-        if frames.is_empty() || sample.stack_copy.is_empty() {
-            return;
-        }
-        let outcome =
-            self.leaf_row(regs.ip, image, processes)
-                .map_or(LeafRepair::Unavailable, |row| {
-                    repair_leaf(
-                        frames,
-                        &row,
-                        (regs.ip, regs.sp, regs.bp),
-                        &sample.stack_copy,
-                    )
-                });
-        match outcome {
-            LeafRepair::Repaired => Stats::inc(&self.stats.leaf_frames_repaired),
-            LeafRepair::Unavailable => Stats::inc(&self.stats.leaf_repair_failures),
-            LeafRepair::NotNeeded => {}
-        }
-    }
-
-    fn leaf_row(
-        &mut self,
-        ip: u64,
-        image: &ProcessImage,
-        processes: &mut ProcessTable,
-    ) -> Option<UnwindRow> {
-        let index = image.mapping_index(ip)?;
-        let object = processes.object(image, index)?;
-        let vaddr = image.mappings[index].object_vaddr(ip)?;
-        self.row(&object, vaddr)
-    }
-
-    /// The unwind rules at `vaddr` of `object`.
-    pub fn row(&mut self, object: &ObjectFile, vaddr: u64) -> Option<UnwindRow> {
-        self.cfi.row(object, vaddr)
-    }
-
     /// Whether `object`'s code keeps frame pointers; looked at once per
-    /// object, with bounded work (`survey`).
+    /// object, with bounded work.
     pub fn object_frames(&mut self, object: &ObjectFile) -> ObjectFrames {
-        let key = object.content_key();
-        if let Some(&verdict) = self.verdicts.get(&key) {
-            return verdict;
-        }
-        // Go first: its CFI need not be read (or decompressed) to judge.
-        let go = object.data().is_ok_and(|data| is_go(&data));
-        let verdict = if go {
-            ObjectFrames::FramePointers
-        } else {
-            match self.cfi.source(object, &key) {
-                Some(source) => survey::survey(&source, &mut self.cfi.context).verdict(),
-                None => ObjectFrames::Unknown,
-            }
-        };
-        debug!(path = object.path, ?verdict, "frame pointers");
-        self.verdicts.put(key, verdict);
+        let verdict = self
+            .unwinder
+            .object_frames(&object.content_key(), || object_bytes(object));
+        self.publish_cache_counts();
         verdict
+    }
+
+    fn publish_cache_counts(&mut self) {
+        let counts = self.unwinder.cache_counts();
+        let new = counts.since(self.published);
+        let stats = &self.stats;
+        Stats::add(&stats.unwind_cache_hits, new.hits);
+        Stats::add(&stats.unwind_cache_misses, new.misses);
+        Stats::add(&stats.unwind_cache_evictions, new.evictions);
+        self.published = counts;
     }
 }
 
@@ -456,72 +235,8 @@ impl Unwinder {
 mod tests {
     use super::*;
 
-    const LEAF: UnwindRow = UnwindRow {
-        cfa: Cfa::RspOffset(8),
-        ra: Rule::CfaOffset(-8),
-        rbp: Rule::Same,
-    };
-
     fn stack(words: &[u64]) -> Vec<u8> {
         words.iter().flat_map(|w| w.to_le_bytes()).collect()
-    }
-
-    #[test]
-    fn frameless_leaf_gets_its_caller_back() {
-        // The FP walk went ip -> caller's caller, skipping level_three.
-        let mut frames = vec![0x1010, 0x2222, 0x3333];
-        let copy = stack(&[0x1111, 0xdead]);
-        let outcome = repair_leaf(&mut frames, &LEAF, (0x1010, 0x7000, 0x7100), &copy);
-        assert_eq!(outcome, LeafRepair::Repaired);
-        assert_eq!(frames, vec![0x1010, 0x1111, 0x2222, 0x3333]);
-    }
-
-    #[test]
-    fn framed_leaf_is_left_alone() {
-        let framed = UnwindRow {
-            cfa: Cfa::RbpOffset(16),
-            ..LEAF
-        };
-        let mut frames = vec![0x1010, 0x1111, 0x2222];
-        // rbp = sp + 8: [rbp] saved rbp, [rbp + 8] return address.
-        let copy = stack(&[0, 0xbeef, 0x1111]);
-        let outcome = repair_leaf(&mut frames, &framed, (0x1010, 0x7000, 0x7008), &copy);
-        assert_eq!(outcome, LeafRepair::NotNeeded);
-        assert_eq!(frames, vec![0x1010, 0x1111, 0x2222]);
-    }
-
-    #[test]
-    fn slot_beyond_the_copy_is_unavailable() {
-        let deep = UnwindRow {
-            cfa: Cfa::RspOffset(4096),
-            ..LEAF
-        };
-        let mut frames = vec![0x1010, 0x2222];
-        let outcome = repair_leaf(&mut frames, &deep, (0x1010, 0x7000, 0), &stack(&[1, 2]));
-        assert_eq!(outcome, LeafRepair::Unavailable);
-        assert_eq!(frames, vec![0x1010, 0x2222]);
-    }
-
-    #[test]
-    fn plt_cfa_depends_on_the_instruction_offset() {
-        let plt = UnwindRow {
-            cfa: Cfa::Plt { threshold: 11 },
-            ..LEAF
-        };
-        let copy = stack(&[0xaaaa, 0xbbbb]);
-        // rip & 15 < 11: CFA = rsp + 8, return address at rsp.
-        assert_eq!(return_address(&plt, 0x1004, 0x7000, 0, &copy), Some(0xaaaa));
-        // rip & 15 >= 11: one more word was pushed.
-        assert_eq!(return_address(&plt, 0x100b, 0x7000, 0, &copy), Some(0xbbbb));
-    }
-
-    #[test]
-    fn stack_reads_are_bounds_checked() {
-        let copy = stack(&[7, 8]);
-        assert_eq!(read_stack_u64(&copy, 0x100, 0x108), Some(8));
-        assert_eq!(read_stack_u64(&copy, 0x100, 0x10c), None);
-        assert_eq!(read_stack_u64(&copy, 0x100, 0x80), None);
-        assert_eq!(read_stack_u64(&copy, 0x100, u64::MAX), None);
     }
 
     /// Garbage registers and stacks of a live process: every DWARF unwind
@@ -529,6 +244,7 @@ mod tests {
     #[test]
     fn corrupt_samples_are_counted_under_one_reason() {
         use agent_common::UserRegs;
+        use agent_unwind::MAX_USER_FRAMES;
 
         use crate::{config::Limits, process::ProcessTable};
 
@@ -562,12 +278,9 @@ mod tests {
                     stack_copy: stack(&words),
                     ..RawSample::default()
                 };
-                let unwound = unwinder.user_frames(
-                    &sample,
-                    image.clone(),
-                    &mut processes,
-                    ProcessUnwinding::Dwarf,
-                );
+                let dwarf = ProcessUnwinding::Dwarf;
+                let attempt = unwinder.attempt(&sample, &image, &mut processes, dwarf);
+                let unwound = unwinder.finish(attempt, dwarf);
                 assert!(!unwound.frames.is_empty() && unwound.frames.len() <= MAX_USER_FRAMES);
                 samples += 1;
             }
@@ -583,5 +296,10 @@ mod tests {
             + s.unwind_failed_too_deep;
         assert_eq!(reasons, samples, "{s:?}");
         assert!(s.unwind_failed_unmapped > 0, "{s:?}");
+        // The caches' counts reach `Stats`.
+        assert!(
+            s.unwind_cache_hits > 0 && s.unwind_cache_misses > 0,
+            "{s:?}"
+        );
     }
 }

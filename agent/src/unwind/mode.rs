@@ -2,7 +2,7 @@
 //! of its stack the BPF program copies. In `auto` mode a process image is
 //! unwound with DWARF when its main executable, or any library it maps from
 //! outside the system library directories, lacks frame pointers (judged
-//! from the CFI, see `survey`). The decision is written into the BPF map of
+//! from the CFI, see `agent_unwind::survey`). The decision is written into the BPF map of
 //! per-process copy sizes; processes that keep frame pointers stay out of
 //! it and pay only for the leaf copy.
 
@@ -12,10 +12,11 @@ use std::{
     sync::{Arc, Weak},
 };
 
+use agent_unwind::ObjectFrames;
 use lru::LruCache;
 use tracing::debug;
 
-use super::{Unwinder, survey::ObjectFrames};
+use super::Unwinder;
 use crate::{
     config::UnwindMode,
     process::{MappingKind, ProcessImage, ProcessTable},

@@ -6,7 +6,7 @@
 
 use agent_common::UserRegs;
 
-use super::cfi::{Cfa, Rule, UnwindRow};
+use crate::cfi::{Cfa, Rule, UnwindRow};
 
 /// What the caller knows about the code at an address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +57,10 @@ pub struct Outcome {
     /// Callers (not the leaf) outside system libraries whose frame is
     /// rsp-based: a frame-pointer walk cannot cross them.
     pub frameless_callers: u32,
+    /// The first address looked up that lay outside every mapping, whether
+    /// the unwind stopped there or crossed it by rbp: the caller's maps may
+    /// predate a library being mapped, and are worth reading again.
+    pub unmapped: Option<u64>,
 }
 
 /// The copy of the stack: `bytes` as they were from address `sp` up.
@@ -68,7 +72,7 @@ pub struct StackCopy<'a> {
 
 impl StackCopy<'_> {
     fn read(&self, address: u64) -> Result<u64, Stop> {
-        super::read_stack_u64(self.bytes, self.sp, address).ok_or(Stop::Truncated)
+        crate::leaf::read_stack_u64(self.bytes, self.sp, address).ok_or(Stop::Truncated)
     }
 
     fn end(&self) -> u64 {
@@ -117,6 +121,7 @@ pub fn unwind(
         rbp_frames: 0,
         signal_frames: 0,
         frameless_callers: 0,
+        unmapped: None,
     };
     let mut state = Registers {
         ip: regs.ip,
@@ -145,7 +150,10 @@ pub fn unwind(
                 step_cfi(&row, &state, stack)
             }
             Code::NoCfi => step_rbp(&state, stack, Stop::NoCfi),
-            Code::Unmapped => step_rbp(&state, stack, Stop::Unmapped),
+            Code::Unmapped => {
+                outcome.unmapped.get_or_insert(lookup);
+                step_rbp(&state, stack, Stop::Unmapped)
+            }
         };
         let (next, kind) = match step {
             Ok(step) => step,
@@ -449,6 +457,7 @@ mod tests {
         assert_eq!(outcome.stop, Stop::Truncated);
         let (_, outcome) = run(Vec::new(), far, &stack(&words, 16));
         assert_eq!(outcome.stop, Stop::Unmapped);
+        assert_eq!(outcome.unmapped, Some(0x9050));
 
         // rbp holding a small integer is no frame.
         let code = vec![(0x9000, 0x9100, Code::NoCfi)];
@@ -456,6 +465,37 @@ mod tests {
         let (frames, outcome) = run(code, regs, &stack(&words, 16));
         assert_eq!(frames, [0x9050]);
         assert_eq!(outcome.stop, Stop::NoCfi);
+    }
+
+    #[test]
+    fn the_first_unmapped_address_is_reported_even_when_crossed() {
+        // Code the caller's maps do not know of yet (a library mapped
+        // after they were read), with a frame the rbp chain crosses.
+        let code = vec![(0x3000, 0x3100, OUTERMOST)];
+        let words = HashMap::from([(SP + 0x10, SP + 0x40), (SP + 0x18, 0x3008)]);
+        let regs = UserRegs {
+            ip: 0x9050,
+            sp: SP,
+            bp: SP + 0x10,
+        };
+        let (frames, outcome) = run(code.clone(), regs, &stack(&words, 16));
+        assert_eq!(frames, [0x9050, 0x3008]);
+        assert_eq!(outcome.stop, Stop::Complete);
+        assert_eq!(outcome.unmapped, Some(0x9050));
+
+        // Return addresses are looked up one byte back.
+        let words = HashMap::from([(SP, 0x9051)]);
+        let regs = UserRegs {
+            ip: 0x3004,
+            sp: SP,
+            bp: 0,
+        };
+        let (frames, outcome) = run(vec![(0x3000, 0x3100, rsp_row(8))], regs, &stack(&words, 4));
+        assert_eq!(frames, [0x3004, 0x9051]);
+        assert_eq!(outcome.stop, Stop::Unmapped);
+        assert_eq!(outcome.unmapped, Some(0x9050));
+        let (_, outcome) = run(code, regs, &stack(&words, 4));
+        assert_eq!(outcome.unmapped, None);
     }
 
     #[test]

@@ -6,28 +6,19 @@
 use agent_common::UserRegs;
 use agent_elf as elf;
 
-use super::*;
-use crate::fuzzing::FixtureCode;
+use crate::{
+    MAX_USER_FRAMES, Outcome, StackCopy, Stop, stitch,
+    testing::{Capture, FixtureCode},
+    unwind,
+};
 
 const BINARY: &[u8] = agent_fixtures::CHAIN_INLINE;
 const STACK: &[u8] = agent_fixtures::CHAIN_INLINE_STACK;
-const REGS: &str = agent_fixtures::CHAIN_INLINE_REGS;
 
 const CHAIN: [&str; 5] = ["burn_leaf", "level_three", "level_two", "level_one", "main"];
 
 fn regs() -> UserRegs {
-    let line = REGS.lines().next().expect("registers line");
-    let value = |name: &str| {
-        line.split_whitespace()
-            .find_map(|field| field.strip_prefix(name))
-            .and_then(|hex| u64::from_str_radix(hex.trim_start_matches("0x"), 16).ok())
-            .unwrap_or_else(|| panic!("{name} in {line}"))
-    };
-    UserRegs {
-        ip: value("ip="),
-        sp: value("sp="),
-        bp: value("bp="),
-    }
+    Capture::chain_inline().regs
 }
 
 fn names(code: &FixtureCode, frames: &[u64]) -> Vec<String> {
@@ -45,7 +36,7 @@ fn names(code: &FixtureCode, frames: &[u64]) -> Vec<String> {
 }
 
 fn run(regs: UserRegs, stack: &[u8]) -> (Vec<u64>, Outcome, FixtureCode) {
-    let mut code = FixtureCode::new().expect("the fixture parses");
+    let mut code = FixtureCode::chain_inline().expect("the fixture parses");
     let mut frames = Vec::new();
     let copy = StackCopy {
         sp: regs.sp,

@@ -11,10 +11,10 @@ use std::ops::Deref;
 use gimli::{BaseAddresses, CfaRule, FrameDescriptionEntry, UnwindSection, X86_64};
 use object::Object;
 
-use super::cfi::{CfiContext, CfiSource, FdeVisitor, Reader};
+use crate::cfi::{CfiContext, CfiSource, FdeVisitor, Reader};
 
 /// Addresses probed per object.
-pub const PROBES: usize = 64;
+const PROBES: usize = 64;
 /// Rows read per FDE at most; real functions have a few dozen.
 const MAX_ROWS: usize = 512;
 

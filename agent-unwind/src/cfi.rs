@@ -14,7 +14,7 @@ use gimli::{
 };
 use object::{CompressionFormat, Object, ObjectSection};
 
-pub(super) type Reader<'a> = EndianSlice<'a, LittleEndian>;
+pub(crate) type Reader<'a> = EndianSlice<'a, LittleEndian>;
 
 /// Scratch space gimli evaluates CFI programs in; reuse one per thread.
 pub type CfiContext = UnwindContext<usize>;
@@ -87,7 +87,7 @@ struct Section {
 
 /// Something done with the FDE covering an address, whichever section
 /// holds it.
-pub(super) trait FdeVisitor {
+pub(crate) trait FdeVisitor {
     type Output;
     fn visit<'a, S: UnwindSection<Reader<'a>>>(
         &mut self,
@@ -118,7 +118,7 @@ impl FdeVisitor for RowAt {
     }
 }
 
-/// The CFI of one object, over its bytes `D` (a memory map in the daemon).
+/// The CFI of one object, over its bytes `D` (a memory map in the agent).
 pub struct CfiSource<D> {
     data: D,
     bases: BaseAddresses,
@@ -132,7 +132,7 @@ pub struct CfiSource<D> {
     text: Option<Range<u64>>,
 }
 
-impl<D: agent_elf::SharedBytes> CfiSource<D> {
+impl CfiSource<agent_elf::Bytes> {
     /// Lets the object's pages this source touched leave firn's RSS; they
     /// are read back from the file when next needed.
     pub fn release_pages(&self) {
@@ -256,7 +256,7 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
 
     /// Runs `visitor` on the FDE covering `vaddr`: from `.eh_frame`, else
     /// from `.debug_frame`.
-    pub(super) fn visit_fde<V: FdeVisitor>(
+    pub(crate) fn visit_fde<V: FdeVisitor>(
         &self,
         vaddr: u64,
         context: &mut CfiContext,
