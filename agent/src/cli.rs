@@ -15,9 +15,12 @@ pub use file::{ArgsError, parse_args};
 pub use labels::KubernetesArgs;
 pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
 
-use crate::config::{
-    AgentConfig, DemangleMode, Limits, LocalStoreConfig, MetadataConfig, RecordConfig,
-    SamplingConfig, SymbolConfig, UnwindMode,
+use crate::{
+    config::{
+        AgentConfig, DemangleMode, Limits, LocalStoreConfig, MetadataConfig, RecordConfig,
+        SamplingConfig, SymbolConfig, UnwindMode,
+    },
+    labels::Rule,
 };
 
 #[derive(Parser, Debug)]
@@ -210,6 +213,11 @@ pub struct AgentArgs {
     #[arg(long, value_name = "FILE")]
     pub config_path: Option<PathBuf>,
 
+    /// The config file's `relabel_configs`, checked: `parse_args` reads the
+    /// file once, for its flags and these.
+    #[arg(skip)]
+    pub relabel_rules: Vec<Rule>,
+
     #[command(flatten)]
     pub debuginfo: DebuginfoArgs,
 
@@ -243,6 +251,10 @@ pub struct RecordArgs {
     /// keyed by name without the dashes; the command line wins.
     #[arg(long, value_name = "FILE")]
     pub config_path: Option<PathBuf>,
+
+    /// The config file's `relabel_configs`, checked (see `AgentArgs`).
+    #[arg(skip)]
+    pub relabel_rules: Vec<Rule>,
 }
 
 impl SamplingArgs {
@@ -299,7 +311,7 @@ impl TryFrom<&RecordArgs> for RecordConfig {
             metadata: MetadataConfig {
                 node: remote::host_name().unwrap_or_else(|_| "localhost".into()),
                 external_labels: Vec::new(),
-                relabel_rules: labels::relabel_rules(args.config_path.as_deref())?,
+                relabel_rules: args.relabel_rules.clone(),
                 kubernetes: None,
             },
             duration: args.duration,
@@ -327,7 +339,7 @@ impl TryFrom<&AgentArgs> for AgentConfig {
             remote_store: args.remote_store.config()?,
             metadata: {
                 let mut metadata = args.metadata.config()?;
-                metadata.relabel_rules = labels::relabel_rules(args.config_path.as_deref())?;
+                metadata.relabel_rules = args.relabel_rules.clone();
                 metadata.kubernetes = args.kubernetes.config(&metadata.node)?;
                 metadata
             },

@@ -5,6 +5,7 @@ mod bench_unwind;
 mod ebpf;
 mod fuzz;
 mod install;
+mod libraries;
 mod setup;
 mod soak;
 mod util;
@@ -46,7 +47,8 @@ enum Command {
     /// Build firn (release) and install it with its systemd unit, config
     /// and environment file (see `deploy/systemd/`).
     Install(install::InstallArgs),
-    /// Install test prerequisites and run the whole test suite as root.
+    /// Install test prerequisites, run the library crates' tests as an
+    /// unprivileged user, then the whole test suite as root.
     Test {
         /// Extra arguments for `cargo test`.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

@@ -80,6 +80,7 @@ pub fn run_tests(root: &Path, args: &[String]) -> Result<()> {
              (sudo -E cargo xtask test)"
         );
     }
+    crate::libraries::check(root)?;
     run(cargo(root)
         .env("FIRN_PARCA_BIN", crate::setup::parca_path())
         .env("FIRN_TOOLS_VENV", crate::setup::tools_venv())

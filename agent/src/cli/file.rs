@@ -17,7 +17,7 @@ use clap::{
     parser::ValueSource,
 };
 
-use super::Cli;
+use super::{Cli, Command as Subcommand};
 use crate::config_file::{ConfigFile, ConfigFileError, RELABEL_CONFIGS, Setting, SettingValue};
 
 /// Why the command line and config file do not make a [`Cli`].
@@ -91,7 +91,13 @@ where
         None => &command,
     };
     check_conflicts(leaf_command, leaf, &applied, &path)?;
-    Ok(Cli::from_arg_matches(&matches)?)
+    let relabel_rules = file.relabel_rules(&path)?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    match &mut cli.command {
+        Some(Subcommand::Record(args)) => args.relabel_rules = relabel_rules,
+        None => cli.agent.relabel_rules = relabel_rules,
+    }
+    Ok(cli)
 }
 
 fn config_path(matches: &ArgMatches) -> Option<PathBuf> {

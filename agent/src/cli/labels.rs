@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::remote::ConfigError;
-use crate::{config::KubernetesConfig, config_file::ConfigFile, labels::Rule};
+use crate::config::KubernetesConfig;
 
 const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 
@@ -27,15 +27,6 @@ pub struct KubernetesArgs {
     /// pod's service account CA.
     #[arg(long, value_name = "FILE")]
     pub kubernetes_ca_file: Option<PathBuf>,
-}
-
-/// The checked relabeling rules of the config file at `path`, if any.
-pub fn relabel_rules(path: Option<&Path>) -> Result<Vec<Rule>, ConfigError> {
-    let Some(path) = path else {
-        return Ok(Vec::new());
-    };
-    let file = ConfigFile::load(path)?;
-    Ok(file.relabel_rules(path)?)
 }
 
 impl KubernetesArgs {
@@ -136,18 +127,5 @@ mod tests {
             missing_ca.config_from("n", none),
             Err(ConfigError::CaFile { .. })
         ));
-    }
-
-    #[test]
-    fn a_bad_config_file_is_a_config_error() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("firn.yaml");
-        std::fs::write(&path, "relabel_configs:\n  - action: explode\n").expect("write");
-        assert!(matches!(
-            relabel_rules(Some(&path)),
-            Err(ConfigError::ConfigFile { .. })
-        ));
-        assert!(relabel_rules(Some(&dir.path().join("missing.yaml"))).is_err());
-        assert!(relabel_rules(None).expect("no file").is_empty());
     }
 }

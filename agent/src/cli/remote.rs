@@ -105,11 +105,6 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
-    #[error(transparent)]
-    ConfigFile {
-        #[from]
-        source: crate::config_file::ConfigFileError,
-    },
 }
 
 #[derive(Args, Debug, Clone)]

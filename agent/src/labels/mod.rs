@@ -1,17 +1,22 @@
-//! The labels stage: what each process's series is labelled with. Process
-//! metadata (read once per process from /proc and cached), its cgroups
-//! (container, pod, systemd unit), the Kubernetes pod it belongs to, the
-//! node and external labels, then the user's `relabel_configs`; labels
-//! starting with `__` (the `__meta_*` ones among them) are discovery-only
-//! and removed after relabeling.
+//! The labels stage: what each process's series is labelled with. A chain
+//! of metadata providers (`providers`): the node and external labels, the
+//! process (read once per process from /proc and cached), its cgroups
+//! (container, pod, systemd unit), the Kubernetes pod it belongs to; then
+//! the user's `relabel_configs`. Labels starting with `__` (the `__meta_*`
+//! ones among them) are discovery-only and removed after relabeling.
 
 pub mod cgroup;
 pub mod kubernetes;
 pub mod process;
+mod providers;
 pub mod relabel;
 
 use std::sync::Arc;
 
+use self::providers::{
+    CgroupLabels, CommonLabels, Discovered, KubernetesLabels, MetadataProvider, ProcessLabels,
+    ProcessView,
+};
 pub use self::{
     cgroup::{CgroupInfo, Container, ContainerRuntime},
     kubernetes::{KubernetesWatcher, PodIndex},
@@ -20,30 +25,26 @@ pub use self::{
 };
 use crate::{config::MetadataConfig, process::ProcessImage};
 
-/// Turns a process into its series' label set.
+/// Turns a process into its series' label set: each metadata provider in
+/// turn adds what it knows (later ones win), then relabeling.
 pub struct Labeler {
-    /// `node`, the external labels and `kernel_release`.
-    common: LabelSet,
+    providers: Vec<Box<dyn MetadataProvider>>,
     rules: Vec<Rule>,
-    pods: Option<Arc<PodIndex>>,
 }
 
 impl Labeler {
     pub fn new(metadata: &MetadataConfig, pods: Option<Arc<PodIndex>>) -> Self {
-        let mut common = LabelSet::new();
-        // External labels first: a label firn discovers wins, as a series'
-        // own label wins over an external one in Prometheus.
-        for (name, value) in &metadata.external_labels {
-            common.insert(name.clone(), value.clone());
-        }
-        common.insert("node".into(), metadata.node.clone());
-        if let Some(release) = kernel_release() {
-            common.insert("kernel_release".into(), release);
+        let mut providers: Vec<Box<dyn MetadataProvider>> = vec![
+            Box::new(CommonLabels::new(metadata)),
+            Box::new(ProcessLabels),
+            Box::new(CgroupLabels),
+        ];
+        if let Some(pods) = pods {
+            providers.push(Box::new(KubernetesLabels::new(pods)));
         }
         Self {
-            common,
+            providers,
             rules: metadata.relabel_rules.clone(),
-            pods,
         }
     }
 
@@ -57,109 +58,16 @@ impl Labeler {
 
     /// Every label known before relabeling, `__meta_*` ones included.
     pub fn discovered(&self, image: &ProcessImage, process: &ProcessMetadata) -> LabelSet {
-        let mut labels = self.common.clone();
-        let mut set = |name: &str, value: &str| {
-            if !value.is_empty() {
-                labels.insert(name.to_owned(), value.to_owned());
-            }
+        let mut labels = Discovered::default();
+        let view = ProcessView {
+            image,
+            metadata: process,
         };
-        let pid = image.tgid.to_string();
-        set("pid", &pid);
-        set("comm", &image.comm);
-        set("__meta_process_pid", &pid);
-        set("__meta_process_comm", &image.comm);
-        set("__meta_process_cmdline", &process.cmdline);
-        if let Some(path) = &process.executable {
-            set("__meta_process_executable_path", path);
-            let build_id = image
-                .mappings
-                .iter()
-                .filter(|mapping| mapping.spec.path == *path)
-                .find_map(|mapping| mapping.object())
-                .and_then(|object| object.build_id())
-                .map(|id| id.to_hex());
-            if let Some(build_id) = build_id {
-                set("__meta_process_executable_build_id", &build_id);
-            }
+        for provider in &self.providers {
+            provider.discover(&view, &mut labels);
         }
-        if let Some(name) = process.executable_name() {
-            set("executable", name);
-            set("__meta_process_executable_name", name);
-        }
-        let cgroup = &process.cgroup;
-        set("cgroup", &cgroup.path);
-        set("__meta_process_cgroup", &cgroup.path);
-        if let Some(unit) = &cgroup.systemd_unit {
-            set("systemd_unit", unit);
-            set("__meta_systemd_unit", unit);
-        }
-        if let Some(container) = &cgroup.container {
-            set("container_id", &container.id);
-            set("__meta_container_id", &container.id);
-            if let Some(runtime) = container.runtime {
-                set("__meta_container_runtime", runtime.name());
-            }
-        }
-        if let Some(uid) = &cgroup.pod_uid {
-            set("__meta_kubernetes_pod_uid", uid);
-        }
-        let found = self.pods.as_ref().and_then(|pods| {
-            pods.lookup(
-                cgroup.pod_uid.as_deref(),
-                cgroup.container.as_ref().map(|c| c.id.as_str()),
-            )
-        });
-        if let Some(found) = found {
-            let pod = &found.pod;
-            set("namespace", &pod.namespace);
-            set("pod", &pod.name);
-            set("__meta_kubernetes_namespace", &pod.namespace);
-            set("__meta_kubernetes_pod_name", &pod.name);
-            set("__meta_kubernetes_pod_uid", &pod.uid);
-            set("__meta_kubernetes_pod_node_name", &pod.node_name);
-            set("__meta_kubernetes_pod_ip", &pod.ip);
-            if let Some((kind, name)) = &pod.controller {
-                set("__meta_kubernetes_pod_controller_kind", kind);
-                set("__meta_kubernetes_pod_controller_name", name);
-            }
-            for (name, value) in &pod.labels {
-                let name = relabel::sanitize_name(name);
-                set(&format!("__meta_kubernetes_pod_label_{name}"), value);
-                set(
-                    &format!("__meta_kubernetes_pod_labelpresent_{name}"),
-                    "true",
-                );
-            }
-            for (name, value) in &pod.annotations {
-                let name = relabel::sanitize_name(name);
-                set(&format!("__meta_kubernetes_pod_annotation_{name}"), value);
-                set(
-                    &format!("__meta_kubernetes_pod_annotationpresent_{name}"),
-                    "true",
-                );
-            }
-            if let Some(container) = found.container() {
-                set("container", &container.name);
-                set("__meta_kubernetes_pod_container_name", &container.name);
-                set("__meta_kubernetes_pod_container_image", &container.image);
-                if let Some(id) = &container.id {
-                    set("__meta_kubernetes_pod_container_id", id);
-                }
-                if let Some(runtime) = &container.runtime {
-                    set("__meta_container_runtime", runtime);
-                }
-            }
-        }
-        labels
+        labels.into_set()
     }
-}
-
-/// `uname -r`.
-fn kernel_release() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .ok()
-        .map(|text| text.trim().to_owned())
-        .filter(|release| !release.is_empty())
 }
 
 #[cfg(test)]

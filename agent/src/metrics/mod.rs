@@ -1,11 +1,8 @@
 //! What `/metrics` serves, in the OpenMetrics text format
 //! (`prometheus-client`), every name prefixed `firn_`: each counter of
-//! [`Stats`] and of the BPF program through the rows of [`table`], read at
+//! [`Stats`] and of the BPF program, as `stats` declares them, read at
 //! scrape time; the BPF program's run time; the push duration histogram;
 //! the build info.
-
-mod families;
-pub mod table;
 
 use std::{
     collections::HashMap,
@@ -20,8 +17,10 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use self::table::{FAMILIES, Kind, ROWS, Source};
-use crate::{bpf::BpfProbe, stats::Stats};
+use crate::{
+    bpf::BpfProbe,
+    stats::{FAMILIES, Kind, ROWS, Source, Stats},
+};
 
 /// The content type of [`Metrics::encode`]'s text, which Prometheus and
 /// other OpenMetrics scrapers accept.

@@ -241,3 +241,17 @@ fn without_a_config_file_the_command_line_alone_counts() {
         "{error}"
     );
 }
+
+#[test]
+fn relabel_rules_come_from_the_one_read_of_the_file() {
+    let rules = "relabel_configs:\n- action: drop\n  source_labels: [comm]\n  regex: sleep\n";
+    assert_eq!(agent(rules, &[]).metadata.relabel_rules.len(), 1);
+    let (_dir, parsed) = parse_with(rules, &["record"]);
+    let cli = parsed.expect("valid flags and file");
+    let Some(Subcommand::Record(args)) = &cli.command else {
+        panic!("not a recording: {cli:?}");
+    };
+    let config = RecordConfig::try_from(args).expect("a usable config");
+    assert_eq!(config.metadata.relabel_rules.len(), 1);
+    assert!(refused("relabel_configs:\n  - action: explode\n", &[]).contains("explode"));
+}

@@ -1,0 +1,559 @@
+//! Every metric firn exposes, declared once (see `declare_metrics!`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use agent_common::Counter;
+
+use super::{Family, Kind, Row, Source, declare_metrics};
+
+declare_metrics! {
+    samples: Counter,
+        "Samples read from the ring buffer and handled (unwound and aggregated)."
+    {
+        stats: [
+            /// Sample records read from the ring buffer.
+            samples_received {},
+        ],
+    }
+    samples_lost: Counter,
+        "Samples lost before reaching a profile, by reason: ring_buffer_full (firn read too \
+        slowly; see --ring-buffer-size), scratch_unavailable (BPF), max_stacks_per_profile \
+        (the profile's --max-stacks-per-profile was reached)."
+    {
+        stats: [
+            /// Samples not aggregated because the profile hit its stack limit.
+            samples_dropped_stack_limit { reason = "max_stacks_per_profile" },
+        ],
+        bpf: [
+            SamplesLostRingFull { reason = "ring_buffer_full" },
+            ScratchUnavailable { reason = "scratch_unavailable" },
+        ],
+    }
+    samples_dropped_by_relabeling: Counter,
+        "Samples left out because relabel_configs dropped their process."
+    {
+        stats: [
+            /// Samples left out because relabeling dropped their process.
+            samples_dropped_relabel {},
+        ],
+    }
+    bpf_samples_seen: Counter,
+        "Times the BPF sampling program ran (each tick of each CPU's clock)."
+    {
+        bpf: [
+            SamplesSeen {},
+        ],
+    }
+    bpf_samples_written: Counter,
+        "Samples the BPF program wrote into the ring buffer."
+    {
+        bpf: [
+            SamplesWritten {},
+        ],
+    }
+    bpf_samples_skipped: Counter,
+        "Ticks the BPF program skipped on purpose, by reason: idle (the idle task), \
+        pid_filter (a process outside --pid)."
+    {
+        bpf: [
+            IdleSkipped { reason = "idle" },
+            Filtered { reason = "pid_filter" },
+        ],
+    }
+    bpf_stack_copies_short: Counter,
+        "Samples whose copy of the user stack ended short of what was asked (end of the \
+        stack mapping or an unmapped page)."
+    {
+        bpf: [
+            StackCopyShort {},
+        ],
+    }
+    stacks_truncated: Counter,
+        "Stacks cut short, by stack (kernel, user) and reason: max_depth (the stack filled \
+        the BPF stack walk's 127 frames), beyond_stack_copy (the DWARF unwind went on past \
+        the copied stack; see --stack-copy-bytes; the frames up to there are kept)."
+    {
+        stats: [
+            /// Samples whose kernel or user stack filled the BPF stack walk's
+            /// 127 frames, so its outermost frames are most likely missing.
+            stacks_truncated_kernel { stack = "kernel", reason = "max_depth" },
+            stacks_truncated_user { stack = "user", reason = "max_depth" },
+            /// DWARF stacks that went on beyond the stack copy (kept as far as
+            /// unwound).
+            unwind_truncated { stack = "user", reason = "beyond_stack_copy" },
+        ],
+    }
+    unwind_failures: Counter,
+        "Stacks or frames that could not be unwound, by reason: kernel_stack and user_stack \
+        (the kernel's stack walk failed), user_registers (the task's user registers could \
+        not be read), leaf_repair (no CFI recovered a leaf frame's caller); and DWARF \
+        unwinds that stopped early: no_cfi (code without CFI where rbp led nowhere), \
+        unmapped (an address outside every mapping), unsupported_rule (a CFI rule firn \
+        does not evaluate), not_progressing (the CFA did not move up: corrupt CFI or \
+        stack), too_deep (the frame limit), no_user_registers (a DWARF process's sample \
+        came without registers; the kernel's frame-pointer walk is kept)."
+    {
+        stats: [
+            /// Leaf frames where CFI could not be applied (no CFI, unsupported
+            /// rule, or the return address lay beyond the stack copy).
+            leaf_repair_failures { reason = "leaf_repair" },
+            /// DWARF unwinds stopped at code without CFI where rbp led nowhere.
+            unwind_failed_no_cfi { reason = "no_cfi" },
+            /// DWARF unwinds stopped at an address outside every mapping.
+            unwind_failed_unmapped { reason = "unmapped" },
+            /// DWARF unwinds stopped at a CFI rule firn does not evaluate.
+            unwind_failed_unsupported_rule { reason = "unsupported_rule" },
+            /// DWARF unwinds stopped because the CFA did not move up the stack
+            /// (corrupt CFI or stack).
+            unwind_failed_not_progressing { reason = "not_progressing" },
+            /// DWARF unwinds stopped at the frame limit.
+            unwind_failed_too_deep { reason = "too_deep" },
+            /// Samples of DWARF processes without user registers (they keep the
+            /// kernel's frame-pointer walk).
+            unwind_without_registers { reason = "no_user_registers" },
+        ],
+        bpf: [
+            KernelStackFailed { reason = "kernel_stack" },
+            UserStackFailed { reason = "user_stack" },
+            UserRegsFailed { reason = "user_registers" },
+        ],
+    }
+    unwind_dwarf_stacks: Counter,
+        "User stacks unwound in firn with DWARF CFI over the copied stack."
+    {
+        stats: [
+            /// User stacks unwound with DWARF over the stack copy.
+            unwind_dwarf_stacks {},
+        ],
+    }
+    unwind_dwarf_stacks_complete: Counter,
+        "DWARF-unwound stacks that reached the outermost frame."
+    {
+        stats: [
+            /// DWARF stacks unwound to the outermost frame.
+            unwind_dwarf_complete {},
+        ],
+    }
+    unwind_dwarf_stacks_stitched: Counter,
+        "DWARF-unwound stacks that stopped short and were continued with the kernel's \
+        frame-pointer walk."
+    {
+        stats: [
+            /// DWARF stacks that stopped short and were continued with the
+            /// kernel's frame-pointer walk.
+            unwind_stitched {},
+        ],
+    }
+    unwind_frames_without_cfi: Counter,
+        "Frames the DWARF unwinder stepped over without CFI, by kind: frame_pointer (code \
+        without CFI, such as JIT code, unwound by following rbp), signal (signal \
+        trampolines)."
+    {
+        stats: [
+            /// Frames without CFI unwound by following rbp (JIT code).
+            unwind_rbp_frames { kind = "frame_pointer" },
+            /// Signal frames unwound.
+            unwind_signal_frames { kind = "signal" },
+        ],
+    }
+    unwind_images_decided: Counter,
+        "Process images --unwind auto looked at, by the unwinding chosen: dwarf (the \
+        stack is copied for them) or frame_pointers (nothing extra is copied)."
+    {
+        stats: [
+            /// Process images `--unwind auto` decided to unwind with DWARF.
+            unwind_dwarf_images { unwinding = "dwarf" },
+            /// Process images `--unwind auto` left to frame pointers.
+            unwind_fp_images { unwinding = "frame_pointers" },
+        ],
+    }
+    unwind_images_switched_to_dwarf: Counter,
+        "Images left to frame pointers whose stacks then showed callers without frame \
+        pointers, switched to DWARF."
+    {
+        stats: [
+            /// Of those, images whose stacks then held callers without frame
+            /// pointers: switched to DWARF.
+            unwind_switched_to_dwarf {},
+        ],
+    }
+    unwind_copy_map_failures: Counter,
+        "Processes whose stack copy size could not be set, by reason: map_full (the BPF \
+        UNWIND_COPY map was full when a new image ran), update_failed (firn's update of \
+        the map failed)."
+    {
+        stats: [
+            /// Processes whose stack copy size could not be set in the BPF map.
+            unwind_copy_map_failures { reason = "update_failed" },
+        ],
+        bpf: [
+            UnwindCopyMapFull { reason = "map_full" },
+        ],
+    }
+    leaf_frames_repaired: Counter,
+        "Leaf frames whose caller was recovered with CFI from the copied stack."
+    {
+        stats: [
+            /// Leaf frames whose caller was recovered with CFI.
+            leaf_frames_repaired {},
+        ],
+    }
+    frames_unsymbolized: Counter,
+        "Frames firn could not name (kept as addresses), by stack and reason: unmapped \
+        (outside every known mapping: process gone, JIT), no_symbol (no symbol covers \
+        the address)."
+    {
+        stats: [
+            /// User frames outside every known mapping (process gone, JIT, ...).
+            user_frames_unknown { stack = "user", reason = "unmapped" },
+            /// User frames in a known object without a symbol for the address.
+            user_frames_unsymbolized { stack = "user", reason = "no_symbol" },
+            /// Kernel frames without a kallsyms symbol.
+            kernel_frames_unsymbolized { stack = "kernel", reason = "no_symbol" },
+        ],
+    }
+    symbolizer_cache_hits: Counter,
+        "Symbolizer cache lookups answered from the cache, by cache."
+    {
+        stats: [
+            /// Symbol table cache.
+            symbol_cache_hits { cache = "symbol_table" },
+            /// DWARF cache (line tables and inline trees).
+            debuginfo_cache_hits { cache = "dwarf" },
+            /// JIT perf map cache.
+            perf_map_cache_hits { cache = "perf_map" },
+        ],
+    }
+    symbolizer_cache_misses: Counter,
+        "Symbolizer cache lookups that had to read the object, by cache."
+    {
+        stats: [
+            symbol_cache_misses { cache = "symbol_table" },
+            debuginfo_cache_misses { cache = "dwarf" },
+            perf_map_cache_misses { cache = "perf_map" },
+        ],
+    }
+    symbolizer_cache_evictions: Counter,
+        "Entries the symbolizer caches dropped to stay within their size, by cache."
+    {
+        stats: [
+            symbol_cache_evictions { cache = "symbol_table" },
+            debuginfo_cache_evictions { cache = "dwarf" },
+            perf_map_cache_evictions { cache = "perf_map" },
+        ],
+    }
+    symbolizer_errors: Counter,
+        "Debug information that could not be used, by kind: symbol_table (malformed ELF \
+        symbol tables), dwarf (malformed or truncated DWARF), perf_map (perf map lines \
+        that did not parse)."
+    {
+        stats: [
+            /// ELF symbol tables that could not be read (malformed objects).
+            symbol_table_errors { kind = "symbol_table" },
+            /// DWARF that could not be used: malformed or truncated sections.
+            dwarf_errors { kind = "dwarf" },
+            /// Perf map lines that did not parse.
+            perf_map_parse_errors { kind = "perf_map" },
+        ],
+    }
+    symbolizer_limited: Counter,
+        "What the symbolizer read only in part to stay within its caches, by reason: \
+        dwarf_too_large (the object's frames are named from its symbol table), \
+        perf_map_truncated (a perf map larger than --perf-map-cache-size)."
+    {
+        stats: [
+            /// Objects whose DWARF would take more than the whole DWARF cache;
+            /// their frames are named from the symbol table.
+            debuginfo_too_large { reason = "dwarf_too_large" },
+            /// Perf maps larger than the cache may read.
+            perf_maps_truncated { reason = "perf_map_truncated" },
+        ],
+    }
+    debug_files: Counter,
+        "Separate debug files looked at, by result: found (matched their object by build \
+        id or CRC), rejected (did not match or did not parse)."
+    {
+        stats: [
+            /// Separate debug files that matched their object (build id or CRC).
+            debug_files_found { result = "found" },
+            /// Debug file candidates that did not match their object or did not
+            /// parse.
+            debug_files_rejected { result = "rejected" },
+        ],
+    }
+    cache_hits: Counter,
+        "Other caches' lookups answered, by cache."
+    {
+        stats: [
+            /// Unwind table cache.
+            unwind_cache_hits { cache = "unwind_table" },
+            /// Process metadata (cgroups, command line) served from the per-pid
+            /// cache, read from /proc, or evicted to stay within its size.
+            process_metadata_cache_hits { cache = "process_metadata" },
+            /// Cgroup parses served from the per-cgroup cache, done, or evicted.
+            cgroup_cache_hits { cache = "cgroup" },
+        ],
+    }
+    cache_misses: Counter,
+        "Other caches' lookups that had to do the work, by cache."
+    {
+        stats: [
+            unwind_cache_misses { cache = "unwind_table" },
+            process_metadata_cache_misses { cache = "process_metadata" },
+            cgroup_cache_misses { cache = "cgroup" },
+        ],
+    }
+    cache_evictions: Counter,
+        "Entries other caches dropped to stay within their size, by cache."
+    {
+        stats: [
+            unwind_cache_evictions { cache = "unwind_table" },
+            process_metadata_cache_evictions { cache = "process_metadata" },
+            cgroup_cache_evictions { cache = "cgroup" },
+        ],
+    }
+    ring_buffer_records_malformed: Counter,
+        "Ring buffer records that could not be decoded."
+    {
+        stats: [
+            /// Ring buffer records that could not be decoded.
+            records_malformed {},
+        ],
+    }
+    process_events: Counter,
+        "Exec and exit events read from the ring buffer."
+    {
+        stats: [
+            /// Exec and exit events read from the ring buffer.
+            process_events {},
+        ],
+    }
+    process_events_lost: Counter,
+        "Exec and exit events lost because the ring buffer was full."
+    {
+        bpf: [
+            ProcessEventsLost { reason = "ring_buffer_full" },
+        ],
+    }
+    process_maps_read_failures: Counter,
+        "Reads of /proc/PID/maps that failed, by reason: exited (the process was gone), \
+        error."
+    {
+        stats: [
+            /// Processes whose maps could not be read because they had exited.
+            processes_gone { reason = "exited" },
+            /// Other failures reading /proc/PID/maps.
+            maps_read_failures { reason = "error" },
+        ],
+    }
+    process_maps_refreshed: Counter,
+        "Memory maps read again because an address fell outside every known mapping."
+    {
+        stats: [
+            /// Maps re-read because an address fell outside every known mapping.
+            maps_refreshed {},
+        ],
+    }
+    processes_evicted: Counter,
+        "Processes dropped from the process table to stay within its size."
+    {
+        stats: [
+            /// Processes dropped from the table to stay within its size.
+            processes_evicted {},
+        ],
+    }
+    objects_opened: Counter,
+        "ELF objects opened."
+    {
+        stats: [
+            /// ELF objects opened.
+            objects_opened {},
+        ],
+    }
+    object_open_failures: Counter,
+        "ELF objects that could not be opened or parsed."
+    {
+        stats: [
+            /// ELF objects that could not be opened or parsed.
+            object_open_failures {},
+        ],
+    }
+    mapped_file_pages_truncated: Counter,
+        "Pages of mapped objects and debug files that were cut off by their file shrinking \
+        underneath (read as zeros instead of crashing)."
+    {
+        stats: [
+            /// Pages of mapped objects and debug files read as zeros because the
+            /// file shrank underneath (copied from `untrusted::truncated_pages`).
+            mapped_pages_truncated {},
+        ],
+    }
+    stage_stalled: Gauge,
+        "1 while a stage makes no progress on work it took up: drain (the ring buffer \
+        reader), build (symbolizing and writing or queueing profiles). /ready answers 503 \
+        meanwhile, and /healthy too once it lasts."
+    {
+        stats: [
+            /// Gauges: 1 while a stage makes no progress (see `watchdog`).
+            stage_stalled_drain { stage = "drain" },
+            stage_stalled_build { stage = "build" },
+        ],
+    }
+    untrusted_files_refused: Counter,
+        "Files another process controls (objects, debug files, perf maps) that firn would not \
+        read, by reason: not_regular (a FIFO, socket, device or directory), too_large, fuse \
+        (served by a process that may never answer), timed_out (opening it missed its \
+        deadline)."
+    {
+        stats: [
+            /// Files of other processes (objects, debug files, perf maps) not read,
+            /// by reason: a FIFO, device or directory; absurdly large; on FUSE;
+            /// opening them missed its deadline.
+            untrusted_refused_not_regular { reason = "not_regular" },
+            untrusted_refused_too_large { reason = "too_large" },
+            untrusted_refused_fuse { reason = "fuse" },
+            untrusted_refused_timed_out { reason = "timed_out" },
+        ],
+    }
+    objects_evicted: Counter,
+        "ELF objects dropped from the registry to stay within its size."
+    {
+        stats: [
+            /// Objects dropped from the registry to stay within its size.
+            objects_evicted {},
+        ],
+    }
+    processes_tracked: Gauge,
+        "Processes in the process table (exited ones stay for a grace period)."
+    {
+        stats: [
+            /// Processes and objects in the process table: gauges, not counters.
+            processes_tracked {},
+        ],
+    }
+    objects_tracked: Gauge,
+        "ELF objects kept open."
+    {
+        stats: [
+            objects_tracked {},
+        ],
+    }
+    profiles_written: Counter,
+        "Profiles written: a file per interval in the local store, or a profile per \
+        series queued for the remote store. For the remote store written = sent + \
+        dropped (reasons queue and rejected) + queue_profiles, all in profiles."
+    {
+        stats: [
+            /// Profiles written locally (one file per interval) or queued for the
+            /// remote store (one per series). For the remote store,
+            /// `profiles_written = remote_profiles_sent + remote_profiles_dropped +
+            /// remote_profiles_rejected + remote_queue_profiles`.
+            profiles_written {},
+        ],
+    }
+    profiles_sent: Counter,
+        "Profiles (one per series) the remote store accepted."
+    {
+        stats: [
+            /// Profiles (one per series) the remote store accepted.
+            remote_profiles_sent {},
+        ],
+    }
+    profiles_dropped: Counter,
+        "Profiles lost, by reason: pipeline (never written: the builder was behind, a \
+        whole interval counting as one, or the exporter failed), queue (the remote \
+        store queue was full, or the shutdown deadline came), rejected (the remote \
+        store refused them for good)."
+    {
+        stats: [
+            /// Profiles lost before they were written (exporter failure, a profile
+            /// that broke the pprof rules, or the builder behind: a whole interval,
+            /// never cut into series, counts as one).
+            profiles_dropped { reason = "pipeline" },
+            /// Profiles dropped unsent: the queue was full (oldest first), or the
+            /// shutdown deadline came.
+            remote_profiles_dropped { reason = "queue" },
+            /// Profiles the server refused for good (bad request, credentials).
+            remote_profiles_rejected { reason = "rejected" },
+        ],
+    }
+    local_profiles_deleted: Counter,
+        "Old local profiles deleted to stay within --local-store-max-bytes."
+    {
+        stats: [
+            /// Old local profiles deleted to respect the size limit.
+            local_profiles_deleted {},
+        ],
+    }
+    push_failures: Counter,
+        "Pushes to the remote store that failed, every attempt counted."
+    {
+        stats: [
+            /// Pushes to the remote store that failed, each attempt counted.
+            remote_send_failures {},
+        ],
+    }
+    push_retries: Counter,
+        "Pushes to the remote store that were retries of a failed one."
+    {
+        stats: [
+            /// Pushes that were attempts after a failure.
+            remote_send_retries {},
+        ],
+    }
+    queue_bytes: Gauge,
+        "Bytes of profiles waiting to be sent to the remote store (bounded by \
+        --remote-store-queue-bytes)."
+    {
+        stats: [
+            /// Bytes of profiles waiting to be sent: a gauge, not a counter.
+            remote_queue_bytes {},
+        ],
+    }
+    queue_profiles: Gauge,
+        "Profiles (series) waiting to be sent to the remote store, or being sent."
+    {
+        stats: [
+            /// Profiles (series) waiting to be sent or being sent: a gauge.
+            remote_queue_profiles {},
+        ],
+    }
+    debuginfo_uploads: Counter,
+        "Debug information uploads to the remote store, by result: uploaded, failed \
+        (retried later), skipped (not wanted, none found, or the backlog was full)."
+    {
+        stats: [
+            /// Debug files uploaded to the remote store.
+            debuginfo_uploads { result = "uploaded" },
+            /// Debug file uploads that failed (retried later).
+            debuginfo_upload_failures { result = "failed" },
+            /// Objects not uploaded: the server did not want them, no debug
+            /// information was found, or the upload backlog was full.
+            debuginfo_uploads_skipped { result = "skipped" },
+        ],
+    }
+    kubernetes_watch_events: Counter,
+        "Pod watch events read from the Kubernetes API server."
+    {
+        stats: [
+            /// Pod watch events read from the Kubernetes API server.
+            kubernetes_watch_events {},
+        ],
+    }
+    kubernetes_watch_errors: Counter,
+        "Failed lists or watches of pods, and malformed events or pods."
+    {
+        stats: [
+            /// Failed lists or watches of pods, and malformed events or pods.
+            kubernetes_watch_errors {},
+        ],
+    }
+    kubernetes_pods_skipped: Counter,
+        "Pods not indexed because the pod index was full."
+    {
+        stats: [
+            /// Pods not indexed because the index was full.
+            kubernetes_pods_skipped {},
+        ],
+    }
+}
