@@ -1,0 +1,44 @@
+// The chain main > levelOne > levelTwo > levelThree > burnLeaf in
+// JavaScript, for the captured samples the unwinder's tests replay. Run it
+// with `node --perf-basic-prof --no-turbo-inlining node_chain.js`: V8
+// compiles every level to machine code of its own (no inlining), and names
+// it in /tmp/perf-PID.map. Each level works after its call so none becomes
+// a tail call.
+"use strict";
+
+let sink = 0;
+
+function burnLeaf(rounds) {
+  let x = rounds;
+  for (let i = 0; i < rounds; i++) {
+    x = (x * 31 + i) % 1000003;
+  }
+  return x;
+}
+
+function levelThree(rounds) {
+  const r = burnLeaf(rounds);
+  sink ^= r;
+  return r + 3;
+}
+
+function levelTwo(rounds) {
+  const r = levelThree(rounds);
+  sink ^= r;
+  return r + 2;
+}
+
+function levelOne(rounds) {
+  const r = levelTwo(rounds);
+  sink ^= r;
+  return r + 1;
+}
+
+function main() {
+  const rounds = Number(process.argv[2] || 1000);
+  for (;;) {
+    sink ^= levelOne(rounds);
+  }
+}
+
+main();
