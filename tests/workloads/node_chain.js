@@ -1,9 +1,11 @@
 // The chain main > levelOne > levelTwo > levelThree > burnLeaf in
-// JavaScript, for the captured samples the unwinder's tests replay. Run it
-// with `node --perf-basic-prof --no-turbo-inlining node_chain.js`: V8
-// compiles every level to machine code of its own (no inlining), and names
-// it in /tmp/perf-PID.map. Each level works after its call so none becomes
-// a tail call.
+// JavaScript, for the captured samples the unwinder's tests replay
+// (fixtures/README.md). Run it with
+// `node --perf-basic-prof --no-turbo-inlining node_chain.js [ROUNDS]`: with
+// few rounds of burnLeaf per call (1000 by default), every level is called
+// often enough for V8 to compile it to machine code of its own (no
+// inlining), named in /tmp/perf-PID.map. Each level works after its call so
+// none becomes a tail call.
 "use strict";
 
 let sink = 0;

@@ -89,91 +89,109 @@ pub fn chosen_symbols(
     chosen
 }
 
-/// What becomes of a section in the extract.
-enum Kept<'a> {
-    Bytes(&'a [u8]),
-    /// The header alone.
-    Placeholder,
+/// A section of the object the extract keeps.
+struct KeptSection<'a> {
+    name: &'a [u8],
+    header: SectionHeader,
+    /// `None`: the header alone, as `SHT_NOBITS`.
+    bytes: Option<&'a [u8]>,
 }
 
-fn kept_section<'a>(
-    name: &[u8],
-    header: &elf::SectionHeader64<Endianness>,
-    data: &'a [u8],
-) -> Option<Kept<'a>> {
-    let endian = Endianness::Little;
-    let copied = [&b".eh_frame"[..], b".eh_frame_hdr", b".debug_frame"];
-    if header.sh_type(endian) == elf::SHT_NOTE || copied.contains(&name) {
-        return header.data(endian, data).ok().map(Kept::Bytes);
+/// What of the object the extract keeps.
+struct Parts<'a> {
+    header: FileHeader,
+    loads: Vec<ProgramHeader>,
+    sections: Vec<KeptSection<'a>>,
+}
+
+impl Parts<'_> {
+    /// The placeholder section holding `address`, else the first one.
+    fn code_section(&self, indexes: &[SectionIndex], address: u64) -> SectionIndex {
+        let mut code = self
+            .sections
+            .iter()
+            .zip(indexes)
+            .filter(|(section, _)| section.bytes.is_none())
+            .peekable();
+        let first = code.peek().map(|(_, index)| **index).unwrap_or_default();
+        code.find(|(section, _)| {
+            let header = &section.header;
+            address >= header.sh_addr && address - header.sh_addr < header.sh_size
+        })
+        .map_or(first, |(_, index)| *index)
     }
-    let executable = header.sh_flags(endian).0 & u64::from(elf::SHF_EXECINSTR.0) != 0;
-    (executable || name == b".got").then_some(Kept::Placeholder)
 }
 
-/// The extract of the 64-bit little-endian ELF object `data`, naming its
-/// functions by `symbols`.
-pub fn extract(data: &[u8], symbols: &[FunctionSymbol]) -> Result<Vec<u8>> {
+fn parts(data: &[u8]) -> Result<Parts<'_>> {
     let header = elf::FileHeader64::<Endianness>::parse(data).context("not a 64-bit ELF file")?;
     let endian = header.endian()?;
     if endian != Endianness::Little {
         bail!("not a little-endian ELF file");
     }
-    let loads: Vec<ProgramHeader> = header
+    let loads = header
         .program_headers(endian, data)?
         .iter()
         .filter(|segment| segment.p_type(endian) == elf::PT_LOAD)
         .map(|segment| ProgramHeader::from_raw(endian, segment))
         .collect();
     let table = header.sections(endian, data)?;
+    let copied = [&b".eh_frame"[..], b".eh_frame_hdr", b".debug_frame"];
     let mut sections = Vec::new();
     for section in table.iter() {
         let name = table.section_name(endian, section)?;
-        if let Some(kept) = kept_section(name, section, data) {
-            sections.push((name, SectionHeader::from_raw(endian, section), kept));
-        }
+        let executable = section.sh_flags(endian).0 & elf::SHF_EXECINSTR.0 != 0;
+        let bytes = if section.sh_type(endian) == elf::SHT_NOTE || copied.contains(&name) {
+            Some(section.data(endian, data)?)
+        } else if executable || name == b".got" {
+            None
+        } else {
+            continue;
+        };
+        sections.push(KeptSection {
+            name,
+            header: SectionHeader::from_raw(endian, section),
+            bytes,
+        });
     }
-    if !sections
-        .iter()
-        .any(|(_, _, kept)| matches!(kept, Kept::Placeholder))
-    {
+    if sections.iter().all(|section| section.bytes.is_some()) {
         bail!("no code sections");
     }
+    Ok(Parts {
+        header: FileHeader::from_raw(endian, header),
+        loads,
+        sections,
+    })
+}
+
+/// The extract of the 64-bit little-endian ELF object `data`, naming its
+/// functions by `symbols`.
+pub fn extract(data: &[u8], symbols: &[FunctionSymbol]) -> Result<Vec<u8>> {
+    let parts = parts(data)?;
     // ELF wants the local symbols first.
+    let is_local = |s: &FunctionSymbol| s.info >> 4 == elf::STB_LOCAL.0;
     let mut symbols: Vec<&FunctionSymbol> = symbols.iter().collect();
-    symbols.sort_by_key(|s| s.info >> 4 != elf::STB_LOCAL.0);
+    symbols.sort_by_key(|s| !is_local(s));
+    let locals = symbols.iter().filter(|s| is_local(s)).count();
 
     let mut out = Vec::new();
-    let mut writer = Writer::new(endian, true, &mut out);
+    let mut writer = Writer::new(Endianness::Little, true, &mut out);
     writer.reserve_file_header();
-    writer.reserve_program_headers(loads.len() as u32);
-    let mut placed = Vec::with_capacity(sections.len());
-    for (name, header, kept) in &sections {
-        let name = writer.add_section_name(name);
+    writer.reserve_program_headers(parts.loads.len() as u32);
+    let mut placed = Vec::with_capacity(parts.sections.len());
+    for section in &parts.sections {
+        let name = writer.add_section_name(section.name);
         let index = writer.reserve_section_index();
-        let offset = match kept {
-            Kept::Bytes(bytes) => writer.reserve(bytes.len() as u64, header.sh_addralign.max(1)),
-            Kept::Placeholder => 0,
-        };
+        let align = section.header.sh_addralign.max(1);
+        let offset = section
+            .bytes
+            .map_or(0, |bytes| writer.reserve(bytes.len() as u64, align));
         placed.push((name, index, offset));
     }
-    let code_section = |address: u64| -> SectionIndex {
-        let code = sections
-            .iter()
-            .zip(&placed)
-            .filter(|((_, _, kept), _)| matches!(kept, Kept::Placeholder));
-        let mut first = None;
-        for ((_, header, _), (_, index, _)) in code {
-            first.get_or_insert(*index);
-            if address >= header.sh_addr && address - header.sh_addr < header.sh_size {
-                return *index;
-            }
-        }
-        first.unwrap_or_default()
-    };
+    let indexes: Vec<SectionIndex> = placed.iter().map(|(_, index, _)| *index).collect();
     let names: Vec<_> = symbols.iter().map(|s| writer.add_string(&s.name)).collect();
     writer.reserve_null_symbol_index();
     for symbol in &symbols {
-        writer.reserve_symbol_index(Some(code_section(symbol.address)));
+        writer.reserve_symbol_index(Some(parts.code_section(&indexes, symbol.address)));
     }
     writer.reserve_symtab_section_index();
     writer.reserve_symtab();
@@ -183,21 +201,21 @@ pub fn extract(data: &[u8], symbols: &[FunctionSymbol]) -> Result<Vec<u8>> {
     writer.reserve_shstrtab()?;
     writer.reserve_section_headers();
 
-    writer.write_file_header(&FileHeader::from_raw(endian, header))?;
+    writer.write_file_header(&parts.header)?;
     writer.write_align_program_headers();
-    for load in &loads {
+    for load in &parts.loads {
         writer.write_program_header(load);
     }
-    for (_, header, kept) in &sections {
-        if let Kept::Bytes(bytes) = kept {
-            writer.write_align(header.sh_addralign.max(1));
+    for section in &parts.sections {
+        if let Some(bytes) = section.bytes {
+            writer.write_align(section.header.sh_addralign.max(1));
             writer.write(bytes);
         }
     }
     writer.write_null_symbol();
     for (symbol, name) in symbols.iter().zip(&names) {
         writer.write_symbol(&Sym {
-            section: Some(code_section(symbol.address).0),
+            section: Some(parts.code_section(&indexes, symbol.address).0),
             st_name: writer.string_offset(Some(*name)),
             st_info: elf::SymbolInfo(symbol.info),
             st_other: elf::SymbolOther(symbol.other),
@@ -209,24 +227,18 @@ pub fn extract(data: &[u8], symbols: &[FunctionSymbol]) -> Result<Vec<u8>> {
     writer.write_strtab();
     writer.write_shstrtab();
     writer.write_null_section_header();
-    for ((_, header, kept), (name, _, offset)) in sections.iter().zip(&placed) {
-        let sh_type = match kept {
-            Kept::Bytes(_) => header.sh_type,
-            Kept::Placeholder => elf::SHT_NOBITS,
-        };
+    for (section, (name, _, offset)) in parts.sections.iter().zip(&placed) {
         writer.write_section_header(&SectionHeader {
             sh_name: writer.section_name_offset(Some(*name)),
-            sh_type,
+            sh_type: section
+                .bytes
+                .map_or(elf::SHT_NOBITS, |_| section.header.sh_type),
             sh_offset: *offset,
             sh_link: 0,
             sh_info: 0,
-            ..header.clone()
+            ..section.header.clone()
         });
     }
-    let locals = symbols
-        .iter()
-        .filter(|s| s.info >> 4 == elf::STB_LOCAL.0)
-        .count();
     writer.write_symtab_section_header(1 + locals as u32);
     writer.write_strtab_section_header();
     writer.write_shstrtab_section_header();

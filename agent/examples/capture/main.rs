@@ -50,8 +50,10 @@ struct Cli {
     /// Samples kept, evenly spread over the recording.
     #[arg(long, default_value_t = 4)]
     samples: usize,
+    /// Seconds of sampling the samples are picked from.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// Samples per second.
     #[arg(long, default_value_t = 99)]
     frequency: u64,
     /// Objects to extract with all their function symbols.
@@ -89,29 +91,26 @@ fn extract_name(path: &str, build_id: Option<&BuildId>) -> String {
 }
 
 /// Writes the extract of `files` (mapped from `path`) to `objects/` and
-/// returns its file name. `needed`: the link-time addresses the captures
-/// name, for an object with too many symbols to keep them all (a rewrite
-/// keeps what the earlier extract kept); `None` keeps all.
+/// returns its file name. `needed`: for a capture, its name and the
+/// link-time addresses its stacks hold in this object; an object with too
+/// many symbols to keep them all keeps those that name these addresses and
+/// those of the other captures using the extract. `None` keeps all.
 fn write_extract(
     fixtures: &Path,
     path: &str,
     files: &Files,
-    needed: Option<&BTreeSet<u64>>,
+    needed: Option<(&str, &BTreeSet<u64>)>,
 ) -> Result<String> {
     let object = Object::new(files.data.clone(), files.debug.clone())?;
     let mut inputs = vec![&files.data[..]];
     inputs.extend(files.debug.as_deref());
     let symbols = extract::function_symbols(&inputs)?;
     let name = extract_name(path, object.layout.build_id.as_ref());
-    let target = fixtures.join("objects").join(&name);
     let needed = match needed {
-        Some(needed) if symbols.len() > KEEP_ALL_SYMBOLS_MAX => {
+        Some((this_capture, needed)) if symbols.len() > KEEP_ALL_SYMBOLS_MAX => {
             let mut needed = needed.clone();
-            if target.exists() {
-                let earlier = capture::inflate(&image::read(&target)?)?;
-                let kept = extract::function_symbols(&[&earlier])?;
-                needed.extend(kept.iter().map(|s| s.address));
-            }
+            let others = needed_by_other_captures(fixtures, this_capture, &name, &object)?;
+            needed.extend(others);
             Some(needed)
         }
         _ => None,
@@ -119,46 +118,77 @@ fn write_extract(
     let chosen = extract::chosen_symbols(&symbols, &object.symbols, needed.as_ref());
     let bytes = extract::extract(&files.data, &chosen)
         .with_context(|| format!("could not extract {path}"))?;
-    std::fs::write(&target, gzip(&bytes)?)?;
+    std::fs::write(fixtures.join("objects").join(&name), gzip(&bytes)?)?;
     Ok(name)
+}
+
+/// The link-time addresses in `object` that the captures other than
+/// `this_capture` whose objects include the extract `file` may look up.
+fn needed_by_other_captures(
+    fixtures: &Path,
+    this_capture: &str,
+    file: &str,
+    object: &Object,
+) -> Result<BTreeSet<u64>> {
+    let mut needed = BTreeSet::new();
+    for entry in std::fs::read_dir(fixtures.join("captures"))? {
+        let dir = entry?.path();
+        if dir.file_name().is_some_and(|name| name == this_capture) {
+            continue;
+        }
+        let text = |name: &str| std::fs::read_to_string(dir.join(name));
+        let Ok(manifest) = text("objects") else {
+            continue;
+        };
+        let paths: Vec<&str> = capture::parse_objects(&manifest)?
+            .into_iter()
+            .filter_map(|(extract, path)| (extract == file).then_some(path))
+            .collect();
+        if paths.is_empty() {
+            continue;
+        }
+        let samples = capture::parse_samples(&text("samples")?)?;
+        let stacks = capture::inflate(&image::read(&dir.join("stacks.gz"))?)?;
+        let stacks = capture::split_stacks(&samples, &stacks)?;
+        let mappings = capture::parse_maps(&text("maps")?)?;
+        for address in lookup_addresses(samples.iter().zip(stacks.iter().map(Vec::as_slice))) {
+            let vaddr = mappings
+                .iter()
+                .find(|m| m.contains(address) && paths.contains(&m.path.as_str()))
+                .and_then(|m| object.layout.vaddr_for_file_offset(m.file_offset(address)));
+            needed.extend(vaddr);
+        }
+    }
+    Ok(needed)
 }
 
 /// What a replay may look up: each sample's interrupted instruction, the
 /// words of its stack copy and its walk, as they are and one byte back
 /// (return addresses are named by their call).
-fn lookup_addresses(samples: &[record::Recorded]) -> BTreeSet<u64> {
+fn lookup_addresses<'a>(
+    samples: impl Iterator<Item = (&'a SampleLine, &'a [u8])>,
+) -> BTreeSet<u64> {
     let mut addresses = BTreeSet::new();
-    for sample in samples {
-        let words = sample
-            .stack
+    for (sample, stack) in samples {
+        let words = stack
             .chunks_exact(8)
             .map(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()));
-        for address in words
-            .chain(sample.line.walk.iter().copied())
-            .chain([sample.line.ip])
-        {
+        for address in words.chain(sample.walk.iter().copied()).chain([sample.ip]) {
             addresses.extend([address, address.wrapping_sub(1)]);
         }
     }
     addresses
 }
 
-fn capture_process(cli: &Cli, pid: u32, name: &str) -> Result<()> {
-    let recorded = record::record(pid, cli.seconds, cli.frequency)?;
-    if recorded.is_empty() {
-        bail!("no sample of process {pid} had its stack copied");
-    }
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    let perf_map =
-        std::fs::read_to_string(format!("/proc/{pid}/root/tmp/perf-{pid}.map")).unwrap_or_default();
-    let recorded_count = recorded.len();
-    let samples = record::spread(recorded, cli.samples);
-    eprintln!(
-        "{recorded_count} samples of process {pid} had their stack copied; kept {}",
-        samples.len()
-    );
-    let (mut live, files) = live::image(pid, &maps, &perf_map)?;
+/// The samples unwound over the live process: each one's frames by name,
+/// the `expected` text, and the objects holding frames.
+struct UnwoundSamples {
+    names: Vec<Vec<String>>,
+    expected: String,
+    framed: BTreeSet<String>,
+}
 
+fn unwind_samples(live: &mut Image, samples: &[record::Recorded]) -> Result<UnwoundSamples> {
     let mut names = Vec::new();
     let mut expected = String::from(
         "# Each sample's frames, innermost first, as `cargo xtask capture` named them\n\
@@ -178,49 +208,38 @@ fn capture_process(cli: &Cli, pid: u32, name: &str) -> Result<()> {
             }
         }
         let sample_names = live.frame_names(&unwound.frames);
+        let joined = if unwound.stitched {
+            ", joined with the kernel's walk"
+        } else {
+            ""
+        };
         writeln!(
             expected,
-            "\n# sample {index}: tid {}, {:?}{}",
-            sample.line.tid,
-            unwound.outcome.stop,
-            if unwound.stitched {
-                ", joined with the kernel's walk"
-            } else {
-                ""
-            }
+            "\n# sample {index}: tid {}, {:?}{joined}",
+            sample.line.tid, unwound.outcome.stop,
         )?;
         for frame in &sample_names {
             writeln!(expected, "{frame}")?;
         }
         names.push(sample_names);
     }
+    Ok(UnwoundSamples {
+        names,
+        expected,
+        framed,
+    })
+}
 
-    let addresses = lookup_addresses(&samples);
-    let mut needed: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
-    let mut jit = Vec::new();
-    for &address in &addresses {
-        match live.place(address) {
-            Place::Object { path, vaddr, .. } => {
-                needed.entry(path.to_owned()).or_default().insert(vaddr);
-            }
-            Place::Anonymous => jit.push(address),
-            _ => {}
-        }
-    }
-    let mut objects = String::new();
-    for path in &framed {
-        let file = write_extract(&cli.fixtures, path, &files[path], needed.get(path))?;
-        writeln!(objects, "{file} {path}")?;
-    }
-    let perf_map: String = live
-        .perf_map
-        .iter()
-        .filter(|entry| jit.iter().any(|&address| entry.contains(address)))
-        .map(|entry| format!("{:x} {:x} {}\n", entry.start, entry.size, entry.name))
-        .collect();
+/// What the fixture files of a capture hold besides the samples.
+struct CaptureFiles {
+    maps: String,
+    objects: String,
+    perf_map: String,
+    expected: String,
+}
 
-    let dir = cli.fixtures.join("captures").join(name);
-    std::fs::create_dir_all(&dir)?;
+fn write_capture(dir: &Path, samples: &[record::Recorded], files: &CaptureFiles) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
     let lines: String = samples
         .iter()
         .map(|sample| sample.line.to_line() + "\n")
@@ -231,19 +250,72 @@ fn capture_process(cli: &Cli, pid: u32, name: &str) -> Result<()> {
         .collect();
     std::fs::write(dir.join("samples"), lines)?;
     std::fs::write(dir.join("stacks.gz"), gzip(&stacks)?)?;
-    std::fs::write(dir.join("maps"), &maps)?;
-    std::fs::write(dir.join("objects"), &objects)?;
-    std::fs::write(dir.join("expected"), &expected)?;
-    let perf_map_file = dir.join("perf.map");
-    if perf_map.is_empty() {
-        let _ = std::fs::remove_file(perf_map_file);
+    std::fs::write(dir.join("maps"), &files.maps)?;
+    std::fs::write(dir.join("objects"), &files.objects)?;
+    std::fs::write(dir.join("expected"), &files.expected)?;
+    let perf_map = dir.join("perf.map");
+    if files.perf_map.is_empty() {
+        let _ = std::fs::remove_file(perf_map);
     } else {
-        std::fs::write(perf_map_file, perf_map)?;
+        std::fs::write(perf_map, &files.perf_map)?;
     }
+    Ok(())
+}
+
+fn capture_process(cli: &Cli, pid: u32, name: &str) -> Result<()> {
+    let recorded = record::record(pid, cli.seconds, cli.frequency)?;
+    if recorded.is_empty() {
+        bail!("no sample of process {pid} had its stack copied");
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    let perf_map =
+        std::fs::read_to_string(format!("/proc/{pid}/root/tmp/perf-{pid}.map")).unwrap_or_default();
+    let recorded_count = recorded.len();
+    let samples = record::spread(recorded, cli.samples);
+    eprintln!(
+        "{recorded_count} samples of process {pid} had their stack copied; kept {}",
+        samples.len()
+    );
+    let (mut live, files) = live::image(pid, &maps, &perf_map)?;
+    let unwound = unwind_samples(&mut live, &samples)?;
+
+    // Objects keep the symbols, and the perf map the entries, that name
+    // what a replay may look up.
+    let mut needed: BTreeMap<String, BTreeSet<u64>> = BTreeMap::new();
+    let mut jit = Vec::new();
+    let recorded = samples.iter().map(|s| (&s.line, s.stack.as_slice()));
+    for &address in &lookup_addresses(recorded) {
+        match live.place(address) {
+            Place::Object { path, vaddr, .. } => {
+                needed.entry(path.to_owned()).or_default().insert(vaddr);
+            }
+            Place::Anonymous => jit.push(address),
+            _ => {}
+        }
+    }
+    let mut objects = String::new();
+    for path in &unwound.framed {
+        let needed = needed.get(path).map(|needed| (name, needed));
+        let file = write_extract(&cli.fixtures, path, &files[path], needed)?;
+        writeln!(objects, "{file} {path}")?;
+    }
+    let perf_map = live
+        .perf_map
+        .iter()
+        .filter(|entry| jit.iter().any(|&address| entry.contains(address)))
+        .map(|entry| format!("{:x} {:x} {}\n", entry.start, entry.size, entry.name))
+        .collect();
+    let files = CaptureFiles {
+        maps,
+        objects,
+        perf_map,
+        expected: unwound.expected,
+    };
+    write_capture(&cli.fixtures.join("captures").join(name), &samples, &files)?;
 
     let replayed = replay(&cli.fixtures, name)?;
-    image::check_same(name, &names, &replayed)?;
-    print!("captures/{name}:\n{objects}{expected}");
+    image::check_same(name, &unwound.names, &replayed)?;
+    print!("captures/{name}:\n{}{}", files.objects, files.expected);
     Ok(())
 }
 

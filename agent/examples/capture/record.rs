@@ -47,9 +47,10 @@ pub fn record(pid: u32, seconds: f64, frequency: u64) -> Result<Vec<Recorded>> {
             Ok(Record::Sample(sample)) if sample.tgid == pid => Some(sample),
             _ => None,
         })
+        .filter(|sample| !sample.stack_copy.is_empty())
         .filter_map(|sample| {
             let regs = sample.user_regs?;
-            (!sample.stack_copy.is_empty()).then(|| Recorded {
+            Some(Recorded {
                 line: SampleLine {
                     tid: sample.tid,
                     ip: regs.ip,
