@@ -1,7 +1,7 @@
 //! Captured samples to unwind in tests and fuzz targets: the registers and
 //! stack copy the BPF program took of a fixture binary, the maps of the
-//! process it ran as, and that binary's real CFI (`fixtures/README.md` says
-//! how they were captured).
+//! process it ran as, and that binary's real CFI (`cargo xtask bench`'s
+//! `unwind_bench capture` writes them).
 
 use agent_common::UserRegs;
 use agent_elf::{self as elf, ElfLayout};
