@@ -20,7 +20,7 @@ pub enum LeafRepair {
 
 /// Reads a little-endian u64 at `address` from a copy of the stack that
 /// starts at `sp`.
-pub fn read_stack_u64(stack: &[u8], sp: u64, address: u64) -> Option<u64> {
+pub(crate) fn read_stack_u64(stack: &[u8], sp: u64, address: u64) -> Option<u64> {
     let offset = usize::try_from(address.checked_sub(sp)?).ok()?;
     let bytes = stack.get(offset..offset.checked_add(8)?)?;
     Some(u64::from_le_bytes(bytes.try_into().ok()?))
@@ -28,7 +28,7 @@ pub fn read_stack_u64(stack: &[u8], sp: u64, address: u64) -> Option<u64> {
 
 /// The return address of the frame executing at `row`, if the stack copy
 /// holds it.
-pub fn return_address(row: &UnwindRow, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> Option<u64> {
+pub(crate) fn return_address(row: &UnwindRow, ip: u64, sp: u64, bp: u64, stack: &[u8]) -> Option<u64> {
     let cfa = match row.cfa {
         Cfa::RspOffset(offset) => sp.checked_add_signed(i64::from(offset))?,
         Cfa::RbpOffset(offset) => bp.checked_add_signed(i64::from(offset))?,

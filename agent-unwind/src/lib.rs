@@ -33,8 +33,8 @@ mod fixture_tests;
 
 pub use cfi::{Cfa, CfiContext, CfiError, CfiSource, Rule, UnwindRow};
 pub use dwarf::{Code, CodeLookup, Outcome, StackCopy, Stop, unwind};
-pub use leaf::{LeafRepair, read_stack_u64, repair_leaf, return_address, stitch};
-pub use survey::{FrameSurvey, ObjectFrames, PROBES, is_go, survey};
+pub use leaf::{LeafRepair, repair_leaf, stitch};
+pub use survey::{FrameSurvey, ObjectFrames, is_go, survey};
 pub use unwinder::{CacheCounts, Mapped, ObjectLookup, Sample, Unwinder, Unwound};
 
 /// Most user frames of one stack: what the kernel's walk may hold, plus the

@@ -14,7 +14,7 @@ use object::Object;
 use crate::cfi::{CfiContext, CfiSource, FdeVisitor, Reader};
 
 /// Addresses probed per object.
-pub const PROBES: usize = 64;
+const PROBES: usize = 64;
 /// Rows read per FDE at most; real functions have a few dozen.
 const MAX_ROWS: usize = 512;
 

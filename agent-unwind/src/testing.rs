@@ -1,7 +1,7 @@
 //! Captured samples to unwind in tests and fuzz targets: the registers and
 //! stack copy the BPF program took of a fixture binary, the maps of the
-//! process it ran as, and that binary's real CFI (`cargo xtask bench`'s
-//! `unwind_bench capture` writes them).
+//! process it ran as, and that binary's real CFI (the agent's
+//! `unwind_bench` example writes such captures: `capture --pid PID`).
 
 use agent_common::UserRegs;
 use agent_elf::{self as elf, ElfLayout};
