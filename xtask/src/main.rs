@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_unwind;
+mod capture;
 mod ebpf;
 mod fuzz;
 mod install;
@@ -60,6 +61,9 @@ enum Command {
     /// Measure firn against `perf record` on a busy workload and print
     /// the figures.
     Bench(bench::BenchArgs),
+    /// Fixtures for the unwinder's tests: samples of a running process
+    /// (as root) and CFI extracts of real objects, into `fixtures/`.
+    Capture(capture::CaptureArgs),
     /// Run firn through faults (exec churn, the server down, killed or
     /// silent, a full store, hostile files, a 200+ MB binary) and print
     /// its memory, CPU, losses and deliveries.
@@ -94,6 +98,7 @@ fn main() -> Result<()> {
             setup::debian_packages()?;
             bench::run(&root, &args)
         }
+        Command::Capture(args) => capture::run(&root, &args),
         Command::Soak(args) => {
             setup::parca_server()?;
             soak::run(&root, &args)
