@@ -109,11 +109,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
             ),
         ),
         None => (
-            Box::new(LocalStore::new(
-                &config.local_store.directory,
-                config.local_store.max_bytes,
-                stats.clone(),
-            )?),
+            Box::new(LocalStore::new(&config.local_store, stats.clone())?),
             config.local_store.directory.display().to_string(),
         ),
     };
@@ -137,12 +133,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         FORCED_EXIT_AFTER,
     )
     .context("could not start the watchdog")?;
-    let mut session = Session::start(
-        &config.sampling,
-        &config.limits,
-        &config.debug_files,
-        stats.clone(),
-    )?;
+    let mut session = Session::start(&config.sampling, &config.pipeline, stats.clone())?;
     session.watch_drain(drain_stage);
     match session.bpf_probe() {
         Ok(probe) => metrics.attach_bpf(probe),

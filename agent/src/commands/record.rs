@@ -44,12 +44,7 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         bail!("{problem}; nothing recorded");
     }
     let stats = Arc::new(Stats::default());
-    let mut session = Session::start(
-        &config.sampling,
-        &config.limits,
-        &config.debug_files,
-        stats.clone(),
-    )?;
+    let mut session = Session::start(&config.sampling, &config.pipeline, stats.clone())?;
     let drain_stage = Stage::new("drain", RECORD_DRAIN_STALL, Duration::MAX, |stats| {
         &stats.stage_stalled_drain
     });
