@@ -20,7 +20,7 @@ use std::{
 
 use agent_elf::Bytes;
 use agent_symbolize::{DwarfInfo, FrameSymbolizer, SymbolConfig, Symbolizer};
-use firn::{config::DebugFileConfig, process::ObjectFile};
+use firn::process::{DebugFileConfig, ObjectFile};
 use object::{Object, ObjectSection, ObjectSymbol, SymbolKind};
 
 /// Counts live heap bytes and their peak.

@@ -21,9 +21,8 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use firn::{
     bpf::BpfSampler,
-    config::{Limits, SamplingConfig, UnwindMode},
-    sampler::{self, Record},
-    session::Pipeline,
+    sampler::{self, Record, SamplingConfig, UnwindMode},
+    session::{Pipeline, PipelineConfig},
     stats::Stats,
     unwind::UnwindPolicy,
 };
@@ -123,19 +122,14 @@ fn replay(pid: u32, seconds: u64, frequency: u64, passes: usize) -> Result<()> {
         bail!("no samples of process {pid} were captured");
     }
     let stats = Arc::new(Stats::default());
-    let limits = Limits::default();
+    let config = PipelineConfig::default();
     let policy = UnwindPolicy::new(
         UnwindMode::Dwarf,
         16 * 1024,
-        limits.max_processes,
+        config.processes.max_processes,
         stats.clone(),
     );
-    let mut pipeline = Pipeline::new(
-        &limits,
-        &firn::config::DebugFileConfig::default(),
-        stats.clone(),
-    )
-    .with_unwind(policy);
+    let mut pipeline = Pipeline::new(&config, stats.clone()).with_unwind(policy);
     let mut rates = Vec::new();
     for _ in 0..passes.max(2) {
         let started = Instant::now();

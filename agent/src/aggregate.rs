@@ -87,6 +87,21 @@ pub struct AggregatedProfile {
     pub stacks: Vec<(StackKey, u64)>,
 }
 
+/// How much one profile may hold.
+#[derive(Clone, Debug)]
+pub struct AggregateConfig {
+    /// Distinct stacks per profile; samples beyond are counted as dropped.
+    pub max_stacks_per_profile: usize,
+}
+
+impl Default for AggregateConfig {
+    fn default() -> Self {
+        Self {
+            max_stacks_per_profile: 200_000,
+        }
+    }
+}
+
 pub struct Aggregator {
     stacks: HashMap<StackKey, u64>,
     max_stacks: usize,
@@ -98,10 +113,10 @@ pub struct Aggregator {
 }
 
 impl Aggregator {
-    pub fn new(max_stacks: usize, stats: Arc<Stats>) -> Self {
+    pub fn new(config: &AggregateConfig, stats: Arc<Stats>) -> Self {
         Self {
             stacks: HashMap::new(),
-            max_stacks,
+            max_stacks: config.max_stacks_per_profile,
             samples: 0,
             dropped: 0,
             start_wall: SystemTime::now(),
@@ -164,6 +179,12 @@ mod tests {
         Arc::new(ProcessImage::new(tgid, "p".into(), Vec::new()))
     }
 
+    fn limit(max_stacks_per_profile: usize) -> AggregateConfig {
+        AggregateConfig {
+            max_stacks_per_profile,
+        }
+    }
+
     fn sample(image: &Arc<ProcessImage>, user: &[u64]) -> UnwoundSample {
         UnwoundSample {
             image: image.clone(),
@@ -176,7 +197,7 @@ mod tests {
 
     #[test]
     fn identical_stacks_are_counted_together() {
-        let mut aggregator = Aggregator::new(10, Arc::new(Stats::default()));
+        let mut aggregator = Aggregator::new(&limit(10), Arc::new(Stats::default()));
         let one = image(1);
         aggregator.add(sample(&one, &[1, 2, 3]));
         aggregator.add(sample(&one, &[1, 2, 3]));
@@ -191,7 +212,7 @@ mod tests {
 
     #[test]
     fn images_of_one_pid_across_exec_stay_apart() {
-        let mut aggregator = Aggregator::new(10, Arc::new(Stats::default()));
+        let mut aggregator = Aggregator::new(&limit(10), Arc::new(Stats::default()));
         let (before, after) = (image(7), image(7));
         aggregator.add(sample(&before, &[1]));
         aggregator.add(sample(&after, &[1]));
@@ -201,7 +222,7 @@ mod tests {
     #[test]
     fn the_stack_limit_drops_and_counts() {
         let stats = Arc::new(Stats::default());
-        let mut aggregator = Aggregator::new(2, stats.clone());
+        let mut aggregator = Aggregator::new(&limit(2), stats.clone());
         let one = image(1);
         for leaf in 0..5 {
             aggregator.add(sample(&one, &[leaf]));

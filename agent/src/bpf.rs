@@ -21,8 +21,8 @@ use tracing::{debug, warn};
 
 use self::program_log::{ProgramLog, ProgramLogError};
 use crate::{
-    config::{SamplingConfig, UnwindMode},
     privileges,
+    sampler::{SamplingConfig, UnwindMode},
     unwind::{CopyMapError, CopySizeMap},
 };
 

@@ -15,12 +15,16 @@ pub use file::{ArgsError, parse_args};
 pub use labels::KubernetesArgs;
 pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
 
+use agent_symbolize::{DemangleMode, SymbolConfig};
+
 use crate::{
-    config::{
-        AgentConfig, DebugFileConfig, DemangleMode, Limits, LocalStoreConfig, MetadataConfig,
-        RecordConfig, SamplingConfig, SymbolConfig, UnwindMode,
-    },
-    labels::Rule,
+    aggregate::AggregateConfig,
+    config::{AgentConfig, RecordConfig},
+    labels::{MetadataConfig, Rule},
+    output::LocalStoreConfig,
+    process::DebugFileConfig,
+    sampler::{SamplingConfig, UnwindMode},
+    session::PipelineConfig,
 };
 
 #[derive(Parser, Debug)]
@@ -269,12 +273,20 @@ impl SamplingArgs {
         }
     }
 
-    fn limits(&self) -> Limits {
-        Limits {
+    fn aggregate(&self) -> AggregateConfig {
+        AggregateConfig {
             max_stacks_per_profile: usize::try_from(self.max_stacks_per_profile)
                 .unwrap_or(usize::MAX),
-            ..Limits::default()
         }
+    }
+}
+
+/// The stages after the ring buffer: what the flags set, defaults for the rest.
+fn pipeline(sampling: &SamplingArgs, symbols: &SymbolArgs) -> PipelineConfig {
+    PipelineConfig {
+        debug_files: symbols.debug_files(),
+        aggregate: sampling.aggregate(),
+        ..PipelineConfig::default()
     }
 }
 
@@ -305,9 +317,8 @@ impl TryFrom<&RecordArgs> for RecordConfig {
     fn try_from(args: &RecordArgs) -> Result<Self, ConfigError> {
         Ok(Self {
             sampling: args.sampling.sampling(),
-            limits: args.sampling.limits(),
+            pipeline: pipeline(&args.sampling, &args.symbols),
             symbols: args.symbols.symbols(),
-            debug_files: args.symbols.debug_files(),
             metadata: MetadataConfig {
                 node: remote::host_name().unwrap_or_else(|_| "localhost".into()),
                 external_labels: Vec::new(),
@@ -329,9 +340,8 @@ impl TryFrom<&AgentArgs> for AgentConfig {
     fn try_from(args: &AgentArgs) -> Result<Self, ConfigError> {
         Ok(Self {
             sampling: args.sampling.sampling(),
-            limits: args.sampling.limits(),
+            pipeline: pipeline(&args.sampling, &args.symbols),
             symbols: args.symbols.symbols(),
-            debug_files: args.symbols.debug_files(),
             profiling_duration: args.profiling_duration,
             local_store: LocalStoreConfig {
                 directory: args.local_store_directory.clone(),
@@ -462,7 +472,7 @@ mod tests {
         assert_eq!(config.sampling.stack_copy_bytes, 16384);
         assert_eq!(config.symbols.demangle, DemangleMode::Simplified);
         assert_eq!(
-            config.debug_files.directories,
+            config.pipeline.debug_files.directories,
             [PathBuf::from("/usr/lib/debug")]
         );
         assert_eq!(config.symbols.debuginfo_cache_bytes, 16 << 20);
@@ -489,7 +499,7 @@ mod tests {
         let config = AgentConfig::try_from(&cli.agent).expect("valid configuration");
         assert_eq!(config.symbols.demangle, DemangleMode::Full);
         assert_eq!(
-            config.debug_files.directories,
+            config.pipeline.debug_files.directories,
             ["/a", "/b", "/c"].map(PathBuf::from)
         );
         assert_eq!(config.symbols.debuginfo_cache_bytes, 8 << 20);

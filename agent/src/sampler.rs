@@ -1,5 +1,6 @@
 //! The first stage: ring buffer records from the BPF program, decoded into
 //! plain values. `decode` does no I/O; `RingReader` owns the ring buffer.
+//! [`SamplingConfig`] says what the BPF program samples.
 
 use std::{fmt, io, mem::size_of};
 
@@ -8,6 +9,51 @@ use agent_common::{
 };
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
+
+/// What the BPF side samples and how.
+#[derive(Clone, Debug)]
+pub struct SamplingConfig {
+    /// Samples per second per CPU.
+    pub frequency_hz: u64,
+    /// Only these processes (tgids), filtered in the kernel; empty = all.
+    pub pids: Vec<u32>,
+    /// Ring buffer size in bytes (a power of two, at least a page);
+    /// `None` sizes it from the CPU count.
+    pub ring_buffer_bytes: Option<u32>,
+    /// User stack bytes copied per sample for unwinding the leaf frame with
+    /// CFI (frame-pointer walks lose the caller of a leaf without a frame).
+    pub leaf_stack_copy_bytes: u32,
+    /// How user stacks are unwound.
+    pub unwind: UnwindMode,
+    /// User stack bytes copied per sample of a process unwound with DWARF.
+    pub stack_copy_bytes: u32,
+}
+
+impl Default for SamplingConfig {
+    fn default() -> Self {
+        Self {
+            frequency_hz: 100,
+            pids: Vec::new(),
+            ring_buffer_bytes: None,
+            leaf_stack_copy_bytes: 1024,
+            unwind: UnwindMode::Auto,
+            stack_copy_bytes: 16 * 1024,
+        }
+    }
+}
+
+/// How user stacks are unwound. Here rather than with the unwinder: it
+/// decides what the BPF program copies with each sample.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnwindMode {
+    /// Per process: DWARF where its code lacks frame pointers.
+    #[default]
+    Auto,
+    /// The kernel's frame-pointer walk, leaf repaired with CFI.
+    FramePointers,
+    /// DWARF CFI over a copy of the stack, for every process.
+    Dwarf,
+}
 
 /// A task's name as the kernel stores it (at most 15 bytes and a NUL).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]

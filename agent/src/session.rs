@@ -13,14 +13,13 @@ use agent_common::MAX_STACK_DEPTH;
 use tracing::{debug, info, warn};
 
 use crate::{
-    aggregate::{AggregatedProfile, Aggregator, UnwoundSample},
+    aggregate::{AggregateConfig, AggregatedProfile, Aggregator, UnwoundSample},
     bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
-    config::{DebugFileConfig, Limits, SamplingConfig, UnwindMode},
     labels::{MetadataLimits, MetadataReader},
-    process::{ProcessImage, ProcessTable, ProcessTableStats},
-    sampler::{self, RawSample, Record, RingReader},
+    process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats},
+    sampler::{self, RawSample, Record, RingReader, SamplingConfig, UnwindMode},
     stats::Stats,
-    unwind::{UnwindPolicy, Unwinder, UserFrames},
+    unwind::{UnwindPolicy, Unwinder, UnwinderConfig, UserFrames},
     watchdog::Stage,
 };
 
@@ -61,6 +60,16 @@ pub struct Session {
     drain_stage: Option<Arc<Stage>>,
 }
 
+/// The configs of the stages after the ring buffer, each handed to its own
+/// stage.
+#[derive(Clone, Debug, Default)]
+pub struct PipelineConfig {
+    pub processes: ProcessTableConfig,
+    pub debug_files: DebugFileConfig,
+    pub unwinder: UnwinderConfig,
+    pub aggregate: AggregateConfig,
+}
+
 /// The stages after the ring buffer, apart from it so they can be fed
 /// records directly.
 pub struct Pipeline {
@@ -77,31 +86,32 @@ pub struct Pipeline {
 impl Pipeline {
     /// Unwinds with `--unwind auto` and no BPF map until
     /// [`Self::with_unwind`] says otherwise.
-    pub fn new(limits: &Limits, debug_files: &DebugFileConfig, stats: Arc<Stats>) -> Self {
+    pub fn new(config: &PipelineConfig, stats: Arc<Stats>) -> Self {
         let defaults = SamplingConfig::default();
+        let max_processes = config.processes.max_processes;
         Self {
             processes: ProcessTable::new(
                 PathBuf::from("/proc"),
-                limits,
-                &debug_files.directories,
+                &config.processes,
+                &config.debug_files,
                 stats.clone(),
             ),
             metadata: MetadataReader::new(
                 PathBuf::from("/proc"),
                 &MetadataLimits {
-                    max_processes: limits.max_processes,
+                    max_processes,
                     ..MetadataLimits::default()
                 },
                 stats.clone(),
             ),
-            unwinder: Unwinder::new(limits.unwind_cache_bytes, stats.clone()),
+            unwinder: Unwinder::new(&config.unwinder, stats.clone()),
             policy: UnwindPolicy::new(
                 defaults.unwind,
                 defaults.stack_copy_bytes,
-                limits.max_processes,
+                max_processes,
                 stats.clone(),
             ),
-            aggregator: Aggregator::new(limits.max_stacks_per_profile, stats.clone()),
+            aggregator: Aggregator::new(&config.aggregate, stats.clone()),
             stats,
             last_expire: Instant::now(),
             last_sweep: Instant::now(),
@@ -279,8 +289,7 @@ impl Session {
     /// Loads and attaches the BPF programs and readies the stages.
     pub fn start(
         sampling: &SamplingConfig,
-        limits: &Limits,
-        debug_files: &DebugFileConfig,
+        pipeline: &PipelineConfig,
         stats: Arc<Stats>,
     ) -> Result<Self, SessionError> {
         raise_open_file_limit();
@@ -290,13 +299,13 @@ impl Session {
         let mut policy = UnwindPolicy::new(
             sampling.unwind,
             sampling.stack_copy_bytes,
-            limits.max_processes,
+            pipeline.processes.max_processes,
             stats.clone(),
         );
         if sampling.unwind == UnwindMode::Auto {
             policy = policy.with_map(Box::new(bpf.take_copy_size_map()?));
         }
-        let mut pipeline = Pipeline::new(limits, debug_files, stats).with_unwind(policy);
+        let mut pipeline = Pipeline::new(pipeline, stats).with_unwind(policy);
         if sampling.unwind == UnwindMode::Auto {
             let started = Instant::now();
             let decided = if sampling.pids.is_empty() {
@@ -486,9 +495,10 @@ impl ShutdownSignal {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use agent_symbolize::SymbolConfig;
+
     use crate::{
-        config::{MetadataConfig, SymbolConfig},
-        labels::Labeler,
+        labels::{Labeler, MetadataConfig},
         output::build_whole_profile,
         symbolize::HostSymbolizer,
     };
@@ -498,11 +508,7 @@ mod tests {
     #[test]
     fn vanished_process_yields_unknown_frames_not_a_crash() {
         let stats = Arc::new(Stats::default());
-        let mut pipeline = Pipeline::new(
-            &Limits::default(),
-            &DebugFileConfig::default(),
-            stats.clone(),
-        );
+        let mut pipeline = Pipeline::new(&PipelineConfig::default(), stats.clone());
         // Beyond pid_max: no such process can exist.
         let ghost = 4_194_305;
         pipeline.sample(RawSample {
@@ -575,13 +581,10 @@ mod tests {
     fn an_unmapped_address_has_the_maps_read_again_once() {
         use agent_common::UserRegs;
 
-        use crate::{config::UnwindMode, unwind::UnwindPolicy};
-
         let stats = Arc::new(Stats::default());
-        let limits = Limits::default();
         let policy = UnwindPolicy::new(UnwindMode::Dwarf, 16384, 8, stats.clone());
         let mut pipeline =
-            Pipeline::new(&limits, &DebugFileConfig::default(), stats.clone()).with_unwind(policy);
+            Pipeline::new(&PipelineConfig::default(), stats.clone()).with_unwind(policy);
         let pid = std::process::id();
         let before = pipeline.processes.image(pid, "test");
         let code = memmap2::MmapMut::map_anon(4096)
@@ -639,11 +642,7 @@ mod tests {
     #[test]
     fn malformed_records_are_counted() {
         let stats = Arc::new(Stats::default());
-        let mut pipeline = Pipeline::new(
-            &Limits::default(),
-            &DebugFileConfig::default(),
-            stats.clone(),
-        );
+        let mut pipeline = Pipeline::new(&PipelineConfig::default(), stats.clone());
         pipeline.handle(&[1, 0, 0, 0, 9]);
         pipeline.handle(&[]);
         assert_eq!(stats.snapshot().records_malformed, 2);

@@ -7,8 +7,7 @@ use agent_fixtures::capture::SampleLine;
 use anyhow::{Context, Result};
 use firn::{
     bpf::BpfSampler,
-    config::{SamplingConfig, UnwindMode},
-    sampler::{self, Record},
+    sampler::{self, Record, SamplingConfig, UnwindMode},
 };
 
 /// A sample with its stack copy.

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 
 use super::remote::ConfigError;
-use crate::config::KubernetesConfig;
+use crate::labels::KubernetesConfig;
 
 const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 

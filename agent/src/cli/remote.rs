@@ -7,7 +7,10 @@ use std::{path::PathBuf, time::Duration};
 use clap::Args;
 
 use super::{parse_period, parse_store_bytes};
-use crate::config::{DebuginfoConfig, MetadataConfig, RemoteStoreConfig, Secret, TlsConfig};
+use crate::{
+    labels::MetadataConfig,
+    output::parca::{DebuginfoConfig, RemoteStoreConfig, Secret, TlsConfig},
+};
 
 #[derive(Args, Debug, Clone)]
 pub struct RemoteStoreArgs {

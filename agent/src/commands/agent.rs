@@ -20,7 +20,7 @@ use firn::{
     },
     process::ProcessTableStats,
     session::{Session, ShutdownSignal},
-    stats::Stats,
+    stats::{Stats, StatsSnapshot},
     symbolize::HostSymbolizer,
     watchdog::{self, Stage},
 };
@@ -87,62 +87,10 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         address = %http.local_addr(),
         "serving /metrics, /healthy and /ready"
     );
-    let (exporter, destination): (Box<dyn Exporter>, String) = match &config.remote_store {
-        Some(remote) => (
-            Box::new(
-                ParcaExporter::start(
-                    remote,
-                    &config.debuginfo,
-                    stats.clone(),
-                    metrics.push_duration(),
-                )
-                .context("could not set up the remote store")?,
-            ),
-            format!(
-                "{} ({})",
-                remote.address,
-                if remote.tls.is_some() {
-                    "TLS"
-                } else {
-                    "plaintext"
-                }
-            ),
-        ),
-        None => (
-            Box::new(LocalStore::new(
-                &config.local_store.directory,
-                config.local_store.max_bytes,
-                stats.clone(),
-            )?),
-            config.local_store.directory.display().to_string(),
-        ),
-    };
+    let (exporter, destination) = exporter(config, &stats, &metrics)?;
     let (labeler, _kubernetes) = labeler(config, &stats);
-    let drain_stage = Stage::new("drain", DRAIN_STALL, DRAIN_FAILURE, |stats| {
-        &stats.stage_stalled_drain
-    });
-    // Building one interval may take up to an interval before firn falls
-    // behind.
-    let build_stall = config.profiling_duration.max(Duration::from_secs(10));
-    let build_stage = Stage::new(
-        "build",
-        build_stall,
-        build_stall.saturating_mul(6),
-        |stats| &stats.stage_stalled_build,
-    );
-    watchdog::spawn(
-        vec![drain_stage.clone(), build_stage.clone()],
-        Some(health.clone()),
-        stats.clone(),
-        FORCED_EXIT_AFTER,
-    )
-    .context("could not start the watchdog")?;
-    let mut session = Session::start(
-        &config.sampling,
-        &config.limits,
-        &config.debug_files,
-        stats.clone(),
-    )?;
+    let (drain_stage, build_stage) = watch_stages(config, &health, &stats)?;
+    let mut session = Session::start(&config.sampling, &config.pipeline, stats.clone())?;
     session.watch_drain(drain_stage);
     match session.bpf_probe() {
         Ok(probe) => metrics.attach_bpf(probe),
@@ -164,44 +112,109 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     health.set_ready(true);
 
     let (sender, receiver) = mpsc::sync_channel::<Interval>(BUILD_QUEUE);
-    let (done_sender, done_receiver) = mpsc::channel::<()>();
-    // Set once, at shutdown: when the builder and the exporter must be done.
-    let deadline = Arc::new(OnceLock::<Instant>::new());
-    let builder = {
-        let stats = stats.clone();
-        let period = period_ns(config.sampling.frequency_hz);
-        let symbolizer =
-            HostSymbolizer::new(Path::new("/proc/kallsyms"), &config.symbols, stats.clone());
-        let deadline = deadline.clone();
-        thread::Builder::new()
-            .name("firn-builder".into())
-            .spawn(move || {
-                let mut exporter = exporter;
-                build_loop(
-                    receiver,
-                    exporter.as_mut(),
-                    &labeler,
-                    period,
-                    symbolizer,
-                    stats,
-                    &build_stage,
-                );
-                let deadline = deadline
-                    .get()
-                    .copied()
-                    .unwrap_or_else(|| Instant::now() + FLUSH_DEADLINE);
-                exporter.finish(deadline);
-                let _ = done_sender.send(());
-            })
-            .context("could not start the profile builder thread")?
-    };
-
-    let mut ticker = tokio::time::interval_at(
-        tokio::time::Instant::now() + config.profiling_duration,
+    let builder = Builder {
+        receiver,
+        exporter,
+        labeler,
+        period: period_ns(config.sampling.frequency_hz),
+        symbolizer: HostSymbolizer::new(
+            Path::new("/proc/kallsyms"),
+            &config.symbols,
+            stats.clone(),
+        ),
+        stats: stats.clone(),
+        stage: build_stage,
+    }
+    .spawn()?;
+    let stopping_at = sample_intervals(
+        &mut session,
+        &mut signals,
         config.profiling_duration,
+        &sender,
+        &health,
+        &stats,
+    )
+    .await?;
+    // Detach the BPF programs first: nothing is sampled from here on.
+    drop(session);
+    builder.finish(sender, stopping_at + SHUTDOWN_BUDGET);
+    log_totals(&stats.snapshot());
+    Ok(())
+}
+
+/// Where profiles go, and how to name that in the log.
+fn exporter(
+    config: &AgentConfig,
+    stats: &Arc<Stats>,
+    metrics: &Metrics,
+) -> Result<(Box<dyn Exporter>, String)> {
+    let Some(remote) = &config.remote_store else {
+        let store = LocalStore::new(&config.local_store, stats.clone())?;
+        let destination = config.local_store.directory.display().to_string();
+        return Ok((Box::new(store), destination));
+    };
+    let exporter = ParcaExporter::start(
+        remote,
+        &config.debuginfo,
+        stats.clone(),
+        metrics.push_duration(),
+    )
+    .context("could not set up the remote store")?;
+    let transport = if remote.tls.is_some() {
+        "TLS"
+    } else {
+        "plaintext"
+    };
+    Ok((
+        Box::new(exporter),
+        format!("{} ({transport})", remote.address),
+    ))
+}
+
+/// The drain and build stages, watched for stalls from here on.
+fn watch_stages(
+    config: &AgentConfig,
+    health: &Arc<Health>,
+    stats: &Arc<Stats>,
+) -> Result<(Arc<Stage>, Arc<Stage>)> {
+    let drain_stage = Stage::new("drain", DRAIN_STALL, DRAIN_FAILURE, |stats| {
+        &stats.stage_stalled_drain
+    });
+    // Building one interval may take up to an interval before firn falls
+    // behind.
+    let build_stall = config.profiling_duration.max(Duration::from_secs(10));
+    let build_stage = Stage::new(
+        "build",
+        build_stall,
+        build_stall.saturating_mul(6),
+        |stats| &stats.stage_stalled_build,
+    );
+    watchdog::spawn(
+        vec![drain_stage.clone(), build_stage.clone()],
+        Some(health.clone()),
+        stats.clone(),
+        FORCED_EXIT_AFTER,
+    )
+    .context("could not start the watchdog")?;
+    Ok((drain_stage, build_stage))
+}
+
+/// Hands one interval after another to the builder until a signal comes;
+/// returns when it came.
+async fn sample_intervals(
+    session: &mut Session,
+    signals: &mut ShutdownSignal,
+    profiling_duration: Duration,
+    sender: &mpsc::SyncSender<Interval>,
+    health: &Health,
+    stats: &Stats,
+) -> Result<Instant> {
+    let mut ticker = tokio::time::interval_at(
+        tokio::time::Instant::now() + profiling_duration,
+        profiling_duration,
     );
     let mut counters_before = session.bpf_counters();
-    let stopping_at = loop {
+    loop {
         let stop = session
             .collect_until(async {
                 tokio::select! {
@@ -235,24 +248,92 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
                 signal,
                 "shutting down: BPF detached, writing the last profile"
             );
-            break at;
+            return Ok(at);
         }
-    };
-    // Detach the BPF programs first: nothing is sampled from here on.
-    drop(session);
-    let exit_by = stopping_at + SHUTDOWN_BUDGET;
-    let _ = deadline.set(exit_by - EXPORTER_MARGIN);
-    drop(sender);
-    match done_receiver.recv_timeout(exit_by.saturating_duration_since(Instant::now())) {
-        Ok(()) => {
-            let _ = builder.join();
-        }
-        Err(_) => warn!(
-            budget = ?SHUTDOWN_BUDGET,
-            "the last profiles were not delivered in time"
-        ),
     }
-    let totals = stats.snapshot();
+}
+
+/// What the builder thread is given.
+struct Builder {
+    receiver: mpsc::Receiver<Interval>,
+    exporter: Box<dyn Exporter>,
+    labeler: Labeler,
+    period: i64,
+    symbolizer: HostSymbolizer,
+    stats: Arc<Stats>,
+    stage: Arc<Stage>,
+}
+
+/// The builder thread, running.
+struct RunningBuilder {
+    thread: thread::JoinHandle<()>,
+    /// Set once, at shutdown: when the builder and the exporter must be done.
+    deadline: Arc<OnceLock<Instant>>,
+    done: mpsc::Receiver<()>,
+}
+
+impl Builder {
+    /// Builds and exports each interval it receives until the sender is
+    /// dropped, then has the exporter finish by the deadline.
+    fn spawn(self) -> Result<RunningBuilder> {
+        let (done_sender, done) = mpsc::channel::<()>();
+        let deadline = Arc::new(OnceLock::<Instant>::new());
+        let thread = {
+            let deadline = deadline.clone();
+            thread::Builder::new()
+                .name("firn-builder".into())
+                .spawn(move || {
+                    let mut exporter = self.exporter;
+                    build_loop(
+                        self.receiver,
+                        exporter.as_mut(),
+                        &self.labeler,
+                        self.period,
+                        self.symbolizer,
+                        self.stats,
+                        &self.stage,
+                    );
+                    let deadline = deadline
+                        .get()
+                        .copied()
+                        .unwrap_or_else(|| Instant::now() + FLUSH_DEADLINE);
+                    exporter.finish(deadline);
+                    let _ = done_sender.send(());
+                })
+                .context("could not start the profile builder thread")?
+        };
+        Ok(RunningBuilder {
+            thread,
+            deadline,
+            done,
+        })
+    }
+}
+
+impl RunningBuilder {
+    /// Closes the intervals' channel and waits until `exit_by` for the
+    /// last profiles.
+    fn finish(self, sender: mpsc::SyncSender<Interval>, exit_by: Instant) {
+        // Before the channel closes: the builder reads it once it has
+        // built the last interval.
+        let _ = self.deadline.set(exit_by - EXPORTER_MARGIN);
+        drop(sender);
+        match self
+            .done
+            .recv_timeout(exit_by.saturating_duration_since(Instant::now()))
+        {
+            Ok(()) => {
+                let _ = self.thread.join();
+            }
+            Err(_) => warn!(
+                budget = ?SHUTDOWN_BUDGET,
+                "the last profiles were not delivered in time"
+            ),
+        }
+    }
+}
+
+fn log_totals(totals: &StatsSnapshot) {
     info!(
         profiles_written = totals.profiles_written,
         profiles_dropped = totals.profiles_dropped,
@@ -268,7 +349,6 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         kubernetes_watch_errors = totals.kubernetes_watch_errors,
         "firn agent stopped"
     );
-    Ok(())
 }
 
 /// The labeler and, in Kubernetes, the watch that feeds it pods (kept

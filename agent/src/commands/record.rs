@@ -6,9 +6,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_pprof::{encode_gzip, validate};
+use agent_pprof::{BuildSummary, encode_gzip, validate};
 use anyhow::{Context, Result, bail};
 use firn::{
+    aggregate::AggregatedProfile,
+    bpf::{BpfCounters, ProgramRunTime},
     config::RecordConfig,
     labels::Labeler,
     output::{build_whole_profile, check_writable, write_flamegraph},
@@ -44,12 +46,22 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         bail!("{problem}; nothing recorded");
     }
     let stats = Arc::new(Stats::default());
-    let mut session = Session::start(
-        &config.sampling,
-        &config.limits,
-        &config.debug_files,
-        stats.clone(),
-    )?;
+    let recording = record(config, &stats).await?;
+    let written = write_profile(config, recording.aggregated, &stats)?;
+    report(config, &recording.bpf, recording.run_time, &written, &stats);
+    Ok(())
+}
+
+/// What one recording sampled.
+struct Recording {
+    aggregated: AggregatedProfile,
+    bpf: BpfCounters,
+    run_time: Option<ProgramRunTime>,
+}
+
+/// Samples for `config.duration` or until a signal, then detaches.
+async fn record(config: &RecordConfig, stats: &Arc<Stats>) -> Result<Recording> {
+    let mut session = Session::start(&config.sampling, &config.pipeline, stats.clone())?;
     let drain_stage = Stage::new("drain", RECORD_DRAIN_STALL, Duration::MAX, |stats| {
         &stats.stage_stalled_drain
     });
@@ -76,11 +88,27 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
     if let Some(signal) = interrupted {
         info!(signal, elapsed = ?started.elapsed(), "stopping early");
     }
-    let aggregated = session.take_profile();
-    let bpf = session.bpf_counters();
-    let run_time = session.sampler_run_time();
-    drop(session);
+    Ok(Recording {
+        aggregated: session.take_profile(),
+        bpf: session.bpf_counters(),
+        run_time: session.sampler_run_time(),
+    })
+}
 
+/// The profile as written.
+struct Written {
+    bytes: usize,
+    stacks: usize,
+    dropped: u64,
+    summary: BuildSummary,
+}
+
+/// Symbolizes, labels and writes the profile (and the flame graph).
+fn write_profile(
+    config: &RecordConfig,
+    aggregated: AggregatedProfile,
+    stats: &Arc<Stats>,
+) -> Result<Written> {
     let mut symbolizer =
         HostSymbolizer::new(Path::new("/proc/kallsyms"), &config.symbols, stats.clone());
     let stacks = aggregated.stacks.len();
@@ -90,7 +118,7 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         period_ns(config.sampling.frequency_hz),
         &Labeler::new(&config.metadata, None),
         &mut symbolizer,
-        &stats,
+        stats,
     );
     validate(&profile).context("firn built a profile that breaks the pprof rules (a bug)")?;
     let bytes = encode_gzip(&profile);
@@ -100,31 +128,46 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         write_flamegraph(&profile, "firn record", path)
             .with_context(|| format!("could not write the flame graph {}", path.display()))?;
     }
+    Ok(Written {
+        bytes: bytes.len(),
+        stacks,
+        dropped,
+        summary,
+    })
+}
 
+/// What was lost, and the summary line.
+fn report(
+    config: &RecordConfig,
+    bpf: &BpfCounters,
+    run_time: Option<ProgramRunTime>,
+    written: &Written,
+    stats: &Stats,
+) {
     let snapshot = stats.snapshot();
     tracing::debug!(?bpf, "BPF counters");
-    let lost = lost_samples(&bpf);
+    let lost = lost_samples(bpf);
     if lost > 0 {
         warn!(
             lost,
             "samples were lost (ring buffer full); consider --ring-buffer-size"
         );
     }
-    if dropped > 0 {
+    if written.dropped > 0 {
         warn!(
-            dropped,
+            dropped = written.dropped,
             "samples dropped at the --max-stacks-per-profile limit"
         );
     }
     info!(
         output = %config.output.display(),
-        bytes = bytes.len(),
-        samples = summary.samples,
-        stacks,
+        bytes = written.bytes,
+        samples = written.summary.samples,
+        stacks = written.stacks,
         samples_dropped_relabel = snapshot.samples_dropped_relabel,
-        locations = summary.locations,
+        locations = written.summary.locations,
         lost,
-        stack_failures = stack_failures(&bpf),
+        stack_failures = stack_failures(bpf),
         unknown_frames = unknown_frames(&snapshot),
         leaf_frames_repaired = snapshot.leaf_frames_repaired,
         dwarf_stacks = snapshot.unwind_dwarf_stacks,
@@ -133,5 +176,4 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         bpf_mean_ns = run_time.map(|r| r.run_time_ns / r.run_count.max(1)),
         "profile written"
     );
-    Ok(())
 }

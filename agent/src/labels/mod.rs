@@ -11,7 +11,7 @@ pub mod process;
 mod providers;
 pub mod relabel;
 
-use std::sync::Arc;
+use std::{path::PathBuf, sync::Arc};
 
 use self::providers::{
     CgroupLabels, CommonLabels, Discovered, KubernetesLabels, MetadataProvider, ProcessLabels,
@@ -23,7 +23,33 @@ pub use self::{
     process::{MetadataLimits, MetadataReader, ProcessMetadata},
     relabel::{LabelSet, Rule},
 };
-use crate::{config::MetadataConfig, process::ProcessImage};
+use crate::process::ProcessImage;
+
+/// How series are labelled.
+#[derive(Clone, Debug)]
+pub struct MetadataConfig {
+    /// The `node` label.
+    pub node: String,
+    /// Added to every series (`--metadata-external-labels`).
+    pub external_labels: Vec<(String, String)>,
+    /// `relabel_configs` from the config file, applied in order.
+    pub relabel_rules: Vec<Rule>,
+    /// Pod labels from the API server; `None` outside Kubernetes.
+    pub kubernetes: Option<KubernetesConfig>,
+}
+
+/// The Kubernetes API server the pods of this node are watched through.
+#[derive(Clone, Debug)]
+pub struct KubernetesConfig {
+    /// `https://host:port` (`http://` only when asked for explicitly).
+    pub api_server: String,
+    /// The service account token, read at every connection (it rotates).
+    pub token_file: Option<PathBuf>,
+    /// The only CA trusted for the API server; `None`: the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// The node whose pods are watched (`spec.nodeName`).
+    pub node: String,
+}
 
 /// Turns a process into its series' label set: each metadata provider in
 /// turn adds what it knows (later ones win), then relabeling.

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use super::{PodIndex, ProcessMetadata, relabel::LabelSet, relabel::sanitize_name};
-use crate::{config::MetadataConfig, process::ProcessImage};
+use super::{MetadataConfig, PodIndex, ProcessMetadata, relabel::LabelSet, relabel::sanitize_name};
+use crate::process::ProcessImage;
 
 /// What the providers are told about one process.
 pub struct ProcessView<'a> {

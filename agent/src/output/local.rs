@@ -2,7 +2,7 @@
 
 use std::{
     fs,
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::Arc,
     time::{Instant, SystemTime, UNIX_EPOCH},
 };
@@ -18,6 +18,14 @@ const SUFFIX: &str = ".pb.gz";
 const TEMPORARY_PREFIX: &str = ".profile-";
 const TEMPORARY_SUFFIX: &str = ".tmp";
 
+/// Where profiles go without a remote store.
+#[derive(Clone, Debug)]
+pub struct LocalStoreConfig {
+    pub directory: PathBuf,
+    /// Oldest profiles are deleted (and counted) beyond this many bytes.
+    pub max_bytes: u64,
+}
+
 pub struct LocalStore {
     directory: PathBuf,
     max_bytes: u64,
@@ -25,14 +33,15 @@ pub struct LocalStore {
 }
 
 impl LocalStore {
-    pub fn new(directory: &Path, max_bytes: u64, stats: Arc<Stats>) -> Result<Self, OutputError> {
+    pub fn new(config: &LocalStoreConfig, stats: Arc<Stats>) -> Result<Self, OutputError> {
+        let directory = &config.directory;
         fs::create_dir_all(directory).map_err(|source| OutputError::CreateDir {
             path: directory.display().to_string(),
             source,
         })?;
         let store = Self {
-            directory: directory.to_path_buf(),
-            max_bytes,
+            directory: directory.clone(),
+            max_bytes: config.max_bytes,
             stats,
         };
         store.remove_leftovers();
@@ -135,15 +144,27 @@ impl Exporter for LocalStore {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::{path::Path, time::Duration};
 
     use super::*;
+
+    fn store(
+        directory: &Path,
+        max_bytes: u64,
+        stats: Arc<Stats>,
+    ) -> Result<LocalStore, OutputError> {
+        let config = LocalStoreConfig {
+            directory: directory.to_path_buf(),
+            max_bytes,
+        };
+        LocalStore::new(&config, stats)
+    }
 
     #[test]
     fn oldest_profiles_go_first_when_over_the_limit() {
         let dir = tempfile::tempdir().expect("tempdir");
         let stats = Arc::new(Stats::default());
-        let store = LocalStore::new(&dir.path().join("nested"), 250, stats.clone()).expect("store");
+        let store = store(&dir.path().join("nested"), 250, stats.clone()).expect("store");
         let base = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let mut written = Vec::new();
         for i in 0..4 {
@@ -208,8 +229,7 @@ mod tests {
     fn a_full_store_fails_with_the_os_error_and_leaves_no_temporary_file() {
         let dir = tempfile::tempdir().expect("tempdir");
         let _tmpfs = SmallTmpfs::mount(dir.path());
-        let store =
-            LocalStore::new(dir.path(), 1 << 30, Arc::new(Stats::default())).expect("store");
+        let store = store(dir.path(), 1 << 30, Arc::new(Stats::default())).expect("store");
         let base = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
         let mut failures = 0;
         for i in 0..4 {
@@ -228,7 +248,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         fs::write(dir.path().join(".profile-0000000000000001.tmp"), b"").expect("file");
         fs::write(dir.path().join("unrelated.tmp"), b"").expect("file");
-        LocalStore::new(dir.path(), 1 << 30, Arc::new(Stats::default())).expect("store");
+        store(dir.path(), 1 << 30, Arc::new(Stats::default())).expect("store");
         assert_eq!(leftovers(dir.path()), ["unrelated.tmp"]);
     }
 
@@ -237,6 +257,6 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("not-a-dir");
         fs::write(&file, b"x").expect("file");
-        assert!(LocalStore::new(&file, 1, Arc::new(Stats::default())).is_err());
+        assert!(store(&file, 1, Arc::new(Stats::default())).is_err());
     }
 }

@@ -22,7 +22,7 @@ use std::{
 pub use batch::{build_batch, build_whole_profile};
 pub use flamegraph::write_flamegraph;
 pub use labelled::{LabelledInterval, SeriesStacks, label_interval};
-pub use local::LocalStore;
+pub use local::{LocalStore, LocalStoreConfig};
 pub use symbolized::{FrameTable, SymbolizedInterval, SymbolizedStack, symbolize_interval};
 
 use crate::process::ObjectFile;

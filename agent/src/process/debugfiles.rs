@@ -14,6 +14,22 @@ use agent_elf::{ElfLayout, debug_files};
 /// At most this many candidate debug files are kept open per object.
 const MAX_DEBUG_FILES: usize = 4;
 
+/// Where separate debug files are looked for (GDB's debug-file-directory),
+/// inside a process's root first, then on the host: opened with each
+/// object, for the symbolizer and the debuginfo upload.
+#[derive(Clone, Debug)]
+pub struct DebugFileConfig {
+    pub directories: Vec<PathBuf>,
+}
+
+impl Default for DebugFileConfig {
+    fn default() -> Self {
+        Self {
+            directories: vec![PathBuf::from("/usr/lib/debug")],
+        }
+    }
+}
+
 /// A debug file candidate, open.
 #[derive(Debug)]
 pub struct DebugFile {

@@ -9,8 +9,8 @@ pub mod offload;
 mod sources;
 mod table;
 
-pub use debugfiles::{DebugFile, DebugFileKind, open_debug_files};
+pub use debugfiles::{DebugFile, DebugFileConfig, DebugFileKind, open_debug_files};
 pub use maps::{MappingKind, MappingSpec, MapsError, parse_maps};
 pub use objects::{ContentKey, ObjectContents, ObjectData, ObjectFile, ObjectKey, ObjectRegistry};
 pub use sources::PerfMapFile;
-pub use table::{Mapping, ProcessImage, ProcessTable, ProcessTableStats};
+pub use table::{Mapping, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats};

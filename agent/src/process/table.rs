@@ -13,13 +13,13 @@ use lru::LruCache;
 use tracing::debug;
 
 use super::{
+    debugfiles::DebugFileConfig,
     maps::{MappingKind, MappingSpec, MapsError, read_maps},
     objects::{ObjectFile, ObjectRegistry},
     offload::{OPEN_DEADLINE, Offload, OffloadError, SlowRoots},
     sources::PerfMapFile,
 };
 use crate::{
-    config::Limits,
     stats::Stats,
     untrusted::{self, FuseMounts, ProcessRoot, Refusals},
 };
@@ -27,6 +27,27 @@ use crate::{
 /// How often a process's maps may be re-read because an address fell
 /// outside all of them (libraries loaded later, JIT code).
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How many processes and objects the table keeps, and for how long.
+#[derive(Clone, Debug)]
+pub struct ProcessTableConfig {
+    /// Processes tracked at once.
+    pub max_processes: usize,
+    /// Open ELF objects (file handles, build ids) kept.
+    pub max_objects: usize,
+    /// How long an exited process stays resolvable.
+    pub exited_process_grace: Duration,
+}
+
+impl Default for ProcessTableConfig {
+    fn default() -> Self {
+        Self {
+            max_processes: 16_384,
+            max_objects: 4_096,
+            exited_process_grace: Duration::from_secs(30),
+        }
+    }
+}
 
 /// One executable mapping, with its object resolved on first use.
 #[derive(Debug)]
@@ -153,18 +174,17 @@ pub struct ProcessTable {
 }
 
 impl ProcessTable {
-    /// `debug_directories`: where separate debug files are looked for.
     pub fn new(
         proc_root: PathBuf,
-        limits: &Limits,
-        debug_directories: &[PathBuf],
+        config: &ProcessTableConfig,
+        debug_files: &DebugFileConfig,
         stats: Arc<Stats>,
     ) -> Self {
-        let capacity = NonZeroUsize::new(limits.max_processes).unwrap_or(NonZeroUsize::MIN);
+        let capacity = NonZeroUsize::new(config.max_processes).unwrap_or(NonZeroUsize::MIN);
         let objects = ObjectRegistry::new(
             proc_root.clone(),
-            limits.max_objects,
-            debug_directories.to_vec(),
+            config.max_objects,
+            debug_files.directories.clone(),
             stats.clone(),
         );
         Self {
@@ -172,7 +192,7 @@ impl ProcessTable {
             objects,
             proc_root,
             processes: LruCache::new(capacity),
-            grace: limits.exited_process_grace,
+            grace: config.exited_process_grace,
             refusals: Refusals::new(stats.clone()),
             stats,
             offload: Offload::new("firn-open-perf-map", OPEN_DEADLINE),
@@ -395,7 +415,14 @@ mod tests {
     use crate::process::MappingKind;
 
     fn table(proc_root: &Path, stats: Arc<Stats>) -> ProcessTable {
-        ProcessTable::new(proc_root.to_path_buf(), &Limits::default(), &[], stats)
+        ProcessTable::new(
+            proc_root.to_path_buf(),
+            &ProcessTableConfig::default(),
+            &DebugFileConfig {
+                directories: Vec::new(),
+            },
+            stats,
+        )
     }
 
     fn spec(start: u64, end: u64, path: &str) -> MappingSpec {
@@ -456,7 +483,7 @@ mod tests {
         assert_eq!(image.mapping_index(0x1000), None);
         assert_eq!(stats.snapshot().processes_gone, 1);
         // Gone processes expire after the grace period.
-        table.expire(Instant::now() + Limits::default().exited_process_grace);
+        table.expire(Instant::now() + ProcessTableConfig::default().exited_process_grace);
         assert_eq!(table.sizes().processes, 0);
     }
 
@@ -474,7 +501,9 @@ mod tests {
                 .is_some_and(|kept| Arc::ptr_eq(&kept, &image))
         );
         table.expire(
-            Instant::now() + Limits::default().exited_process_grace + Duration::from_secs(1),
+            Instant::now()
+                + ProcessTableConfig::default().exited_process_grace
+                + Duration::from_secs(1),
         );
         assert!(table.lookup(pid).is_none());
     }
@@ -561,11 +590,19 @@ mod tests {
     fn the_table_is_bounded_and_counts_evictions() {
         let stats = Arc::new(Stats::default());
         let dir = tempfile::tempdir().expect("tempdir");
-        let limits = Limits {
+        let config = ProcessTableConfig {
             max_processes: 2,
-            ..Limits::default()
+            ..ProcessTableConfig::default()
         };
-        let mut table = ProcessTable::new(dir.path().to_path_buf(), &limits, &[], stats.clone());
+        let no_debug_files = DebugFileConfig {
+            directories: Vec::new(),
+        };
+        let mut table = ProcessTable::new(
+            dir.path().to_path_buf(),
+            &config,
+            &no_debug_files,
+            stats.clone(),
+        );
         for pid in 1..=5 {
             table.image(pid, "p");
         }

@@ -96,6 +96,21 @@ pub struct UserFrames {
     pub needs_dwarf: bool,
 }
 
+/// The unwinder's memory.
+#[derive(Clone, Debug)]
+pub struct UnwinderConfig {
+    /// Bytes of unwind tables kept in memory.
+    pub cache_bytes: usize,
+}
+
+impl Default for UnwinderConfig {
+    fn default() -> Self {
+        Self {
+            cache_bytes: 32 << 20,
+        }
+    }
+}
+
 /// Unwinds samples over process images and counts what it saw.
 pub struct Unwinder {
     unwinder: agent_unwind::Unwinder<ContentKey>,
@@ -105,9 +120,9 @@ pub struct Unwinder {
 }
 
 impl Unwinder {
-    pub fn new(max_bytes: usize, stats: Arc<Stats>) -> Self {
+    pub fn new(config: &UnwinderConfig, stats: Arc<Stats>) -> Self {
         Self {
-            unwinder: agent_unwind::Unwinder::new(max_bytes),
+            unwinder: agent_unwind::Unwinder::new(config.cache_bytes),
             stats,
             published: CacheCounts::default(),
         }
@@ -246,12 +261,23 @@ mod tests {
         use agent_common::UserRegs;
         use agent_unwind::MAX_USER_FRAMES;
 
-        use crate::{config::Limits, process::ProcessTable};
+        use crate::process::{DebugFileConfig, ProcessTable, ProcessTableConfig};
 
         let stats = Arc::new(Stats::default());
-        let mut processes =
-            ProcessTable::new("/proc".into(), &Limits::default(), &[], stats.clone());
-        let mut unwinder = Unwinder::new(1 << 20, stats.clone());
+        let mut processes = ProcessTable::new(
+            "/proc".into(),
+            &ProcessTableConfig::default(),
+            &DebugFileConfig {
+                directories: Vec::new(),
+            },
+            stats.clone(),
+        );
+        let mut unwinder = Unwinder::new(
+            &UnwinderConfig {
+                cache_bytes: 1 << 20,
+            },
+            stats.clone(),
+        );
         let pid = std::process::id();
         let image = processes.image(pid, "test");
         let code = corrupt_samples_are_counted_under_one_reason as *const () as usize as u64;

@@ -18,8 +18,8 @@ use tracing::debug;
 
 use super::Unwinder;
 use crate::{
-    config::UnwindMode,
     process::{MappingKind, ProcessImage, ProcessTable},
+    sampler::UnwindMode,
     stats::Stats,
 };
 
@@ -274,7 +274,10 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::config::Limits;
+    use crate::{
+        process::{DebugFileConfig, ProcessTableConfig},
+        unwind::UnwinderConfig,
+    };
 
     #[derive(Default)]
     struct FakeMap {
@@ -304,8 +307,20 @@ mod tests {
 
     fn setup() -> (Arc<Stats>, ProcessTable, Unwinder) {
         let stats = Arc::new(Stats::default());
-        let processes = ProcessTable::new("/proc".into(), &Limits::default(), &[], stats.clone());
-        let unwinder = Unwinder::new(1 << 20, stats.clone());
+        let processes = ProcessTable::new(
+            "/proc".into(),
+            &ProcessTableConfig::default(),
+            &DebugFileConfig {
+                directories: Vec::new(),
+            },
+            stats.clone(),
+        );
+        let unwinder = Unwinder::new(
+            &UnwinderConfig {
+                cache_bytes: 1 << 20,
+            },
+            stats.clone(),
+        );
         (stats, processes, unwinder)
     }
 

@@ -32,7 +32,7 @@ use super::{
     PodIndex,
     objects::{self, WatchEvent},
 };
-use crate::{config::KubernetesConfig, stats::Stats};
+use crate::{labels::KubernetesConfig, stats::Stats};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const LIST_TIMEOUT: Duration = Duration::from_secs(60);

@@ -10,9 +10,10 @@ use agent_pprof::{Reader, decode};
 use super::*;
 use crate::{
     aggregate::{ImageRef, MetadataRef, StackKey},
-    config::{Limits, MetadataConfig},
-    labels::{MetadataLimits, MetadataReader, ProcessMetadata, Rule, relabel::RuleSpec},
-    process::{ProcessImage, ProcessTable},
+    labels::{
+        MetadataConfig, MetadataLimits, MetadataReader, ProcessMetadata, Rule, relabel::RuleSpec,
+    },
+    process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig},
     symbolize::{Line, ObjectSource, PerfMapSource},
 };
 
@@ -46,8 +47,10 @@ fn stacks_of_two_processes() -> (ProcessTable, Vec<(StackKey, u64)>) {
     let stats = Arc::new(Stats::default());
     let mut table = ProcessTable::new(
         PathBuf::from("/proc"),
-        &Limits::default(),
-        &[],
+        &ProcessTableConfig::default(),
+        &DebugFileConfig {
+            directories: Vec::new(),
+        },
         stats.clone(),
     );
     let mut reader = MetadataReader::new(PathBuf::from("/proc"), &MetadataLimits::default(), stats);

@@ -32,8 +32,10 @@ use tonic::{
 };
 use tracing::{debug, warn};
 
-use super::ParcaError;
-use crate::config::{RemoteStoreConfig, TlsConfig};
+use super::{
+    ParcaError,
+    config::{RemoteStoreConfig, TlsConfig},
+};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const KEEP_ALIVE: Duration = Duration::from_secs(30);

@@ -23,6 +23,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     budget::{ByteBudget, reserved_bytes},
+    config::DebuginfoConfig,
     connect::RequestMetadata,
     debugfile::{CHUNK, Source, find_source, may_have_source},
     debuginfo_proto::{
@@ -32,7 +33,7 @@ use super::{
     },
     delivery::describe,
 };
-use crate::{config::DebuginfoConfig, process::ObjectFile, stats::Stats};
+use crate::{process::ObjectFile, stats::Stats};
 
 pub type DebuginfoClient =
     debuginfo_service_client::DebuginfoServiceClient<InterceptedService<Channel, RequestMetadata>>;

@@ -14,9 +14,8 @@ use agent_fixtures::{CHAIN, CHAIN_STRIPPED};
 
 use super::*;
 use crate::{
-    config::RemoteStoreConfig,
     output::parca::{
-        connect,
+        RemoteStoreConfig, connect,
         debuginfo_proto::{
             InitiateUploadResponse, MarkUploadFinishedResponse, ShouldInitiateUploadResponse,
             UploadInstructions, UploadResponse,

@@ -10,6 +10,7 @@
 //! requests in a byte-bounded queue, so sampling never waits on the server.
 
 mod budget;
+mod config;
 mod connect;
 mod debugfile;
 mod debuginfo;
@@ -27,6 +28,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, warn};
 
+pub use self::config::{DebuginfoConfig, RemoteStoreConfig, Secret, TlsConfig};
 use self::{
     connect::RequestMetadata,
     debuginfo::Uploader,
@@ -35,11 +37,7 @@ use self::{
     queue::{Pending, SharedQueue},
 };
 use super::{ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, SeriesProfile};
-use crate::{
-    config::{DebuginfoConfig, RemoteStoreConfig},
-    process::ObjectFile,
-    stats::Stats,
-};
+use crate::{process::ObjectFile, stats::Stats};
 
 /// Code generated from `proto/parca/`, nested as the packages are so the
 /// cross-package references resolve.
