@@ -21,6 +21,7 @@ use tracing::{debug, warn};
 
 use self::program_log::{ProgramLog, ProgramLogError};
 use crate::{
+    host::Host,
     privileges,
     sampler::{SamplingConfig, UnwindMode},
     unwind::{CopyMapError, CopySizeMap},
@@ -382,9 +383,7 @@ impl BpfProbe {
     /// the program (the same figures `bpf_prog_info` holds); `None` while
     /// the kernel does not account it.
     pub fn run_time(&self) -> Option<ProgramRunTime> {
-        let accounted = self.stats_held
-            || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
-                .is_ok_and(|value| value.trim() == "1");
+        let accounted = self.stats_held || Host::system().bpf_stats_enabled();
         if !accounted {
             return None;
         }

@@ -16,6 +16,7 @@ pub mod config_file;
 /// Entry points of the fuzz targets in `fuzz/`; not part of the daemon.
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+pub mod host;
 pub mod http;
 pub mod labels;
 pub mod logging;

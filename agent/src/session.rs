@@ -4,7 +4,6 @@
 use std::{
     future::Future,
     io,
-    path::PathBuf,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -15,6 +14,7 @@ use tracing::{debug, info, warn};
 use crate::{
     aggregate::{AggregateConfig, AggregatedProfile, Aggregator, UnwoundSample},
     bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
+    host::Host,
     labels::{MetadataLimits, MetadataReader},
     process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats},
     sampler::{self, RawSample, Record, RingReader, SamplingConfig, UnwindMode},
@@ -64,6 +64,8 @@ pub struct Session {
 /// stage.
 #[derive(Clone, Debug, Default)]
 pub struct PipelineConfig {
+    /// Where `/proc` and `/sys` are.
+    pub host: Host,
     pub processes: ProcessTableConfig,
     pub debug_files: DebugFileConfig,
     pub unwinder: UnwinderConfig,
@@ -81,6 +83,7 @@ pub struct Pipeline {
     stats: Arc<Stats>,
     last_expire: Instant,
     last_sweep: Instant,
+    host: Host,
 }
 
 impl Pipeline {
@@ -91,13 +94,13 @@ impl Pipeline {
         let max_processes = config.processes.max_processes;
         Self {
             processes: ProcessTable::new(
-                PathBuf::from("/proc"),
+                config.host.proc().to_path_buf(),
                 &config.processes,
                 &config.debug_files,
                 stats.clone(),
             ),
             metadata: MetadataReader::new(
-                PathBuf::from("/proc"),
+                config.host.proc().to_path_buf(),
                 &MetadataLimits {
                     max_processes,
                     ..MetadataLimits::default()
@@ -115,6 +118,7 @@ impl Pipeline {
             stats,
             last_expire: Instant::now(),
             last_sweep: Instant::now(),
+            host: config.host.clone(),
         }
     }
 
@@ -274,7 +278,7 @@ impl Pipeline {
             self.last_expire = now;
         }
         if now.duration_since(self.last_sweep) >= SWEEP_INTERVAL {
-            self.policy.sweep(std::path::Path::new("/proc"));
+            self.policy.sweep(self.host.proc());
             self.last_sweep = now;
         }
     }
@@ -309,7 +313,7 @@ impl Session {
         if sampling.unwind == UnwindMode::Auto {
             let started = Instant::now();
             let decided = if sampling.pids.is_empty() {
-                pipeline.preclassify(running_processes(), PRECLASSIFY_BUDGET)
+                pipeline.preclassify(pipeline.host.pids(), PRECLASSIFY_BUDGET)
             } else {
                 pipeline.preclassify(sampling.pids.iter().copied(), PRECLASSIFY_BUDGET)
             };
@@ -430,14 +434,6 @@ fn drain_for(slice: Duration, mut next_batch: impl FnMut(usize) -> usize) -> boo
     }
 }
 
-/// The tgids in /proc (unordered).
-fn running_processes() -> impl Iterator<Item = u32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-}
-
 /// Every object firn keeps open is a file descriptor; the soft limit is
 /// often 1024 while the hard limit is far higher.
 fn raise_open_file_limit() {
@@ -520,18 +516,15 @@ mod tests {
         });
         let aggregated = pipeline.take_profile();
         assert_eq!(aggregated.samples, 1);
-        let mut symbolizer = HostSymbolizer::new(
-            std::path::Path::new("/proc/kallsyms"),
-            &SymbolConfig::default(),
-            stats.clone(),
-        );
+        let mut symbolizer =
+            HostSymbolizer::new(&Host::system(), &SymbolConfig::default(), stats.clone());
         let metadata = MetadataConfig {
             node: "node".into(),
             external_labels: Vec::new(),
             relabel_rules: Vec::new(),
             kubernetes: None,
         };
-        let labeler = Labeler::new(&metadata, None);
+        let labeler = Labeler::new(&metadata, &Host::system(), None);
         let (profile, summary) =
             build_whole_profile(aggregated, 10_000_000, &labeler, &mut symbolizer, &stats);
         assert_eq!(summary.unknown_user_locations, 2);

@@ -12,7 +12,7 @@ use agent_symbolize::{
 };
 use tracing::{debug, warn};
 
-use crate::stats::Stats;
+use crate::{host::Host, stats::Stats};
 
 #[derive(Debug, thiserror::Error)]
 enum KernelSymbolsError {
@@ -36,8 +36,8 @@ fn read_kallsyms(path: &Path) -> Result<Kallsyms, KernelSymbolsError> {
 }
 
 /// The running kernel's build id, from its notes.
-fn kernel_build_id() -> Option<BuildId> {
-    parse_build_id_note(&std::fs::read("/sys/kernel/notes").ok()?)
+fn kernel_build_id(host: &Host) -> Option<BuildId> {
+    parse_build_id_note(&host.kernel_notes().ok()?)
 }
 
 /// The symbolizer as the agent runs it.
@@ -47,10 +47,10 @@ pub struct HostSymbolizer {
 }
 
 impl HostSymbolizer {
-    /// Loads kallsyms from `kallsyms_path`; without it kernel frames keep
-    /// their addresses only (the reason is logged once).
-    pub fn new(kallsyms_path: &Path, config: &SymbolConfig, stats: Arc<Stats>) -> Self {
-        let kernel = match read_kallsyms(kallsyms_path) {
+    /// Loads the host's kallsyms; without them kernel frames keep their
+    /// addresses only (the reason is logged once).
+    pub fn new(host: &Host, config: &SymbolConfig, stats: Arc<Stats>) -> Self {
+        let kernel = match read_kallsyms(&host.kallsyms_path()) {
             Ok(table) => {
                 debug!(symbols = table.len(), "kernel symbols loaded");
                 Some(table)
@@ -61,7 +61,7 @@ impl HostSymbolizer {
             }
         };
         Self {
-            symbolizer: Symbolizer::new(config, kernel, kernel_build_id()),
+            symbolizer: Symbolizer::new(config, kernel, kernel_build_id(host)),
             stats,
         }
     }
@@ -134,7 +134,8 @@ mod tests {
 
     #[test]
     fn this_kernel_has_symbols() {
-        let table = read_kallsyms(Path::new("/proc/kallsyms")).expect("kallsyms readable as root");
+        let table =
+            read_kallsyms(&Host::system().kallsyms_path()).expect("kallsyms readable as root");
         assert!(table.len() > 1000);
         assert!(matches!(
             read_kallsyms(Path::new("/nonexistent/kallsyms")),
@@ -146,11 +147,8 @@ mod tests {
     #[test]
     fn counts_are_published_at_the_end_of_each_profile() {
         let stats = Arc::new(Stats::default());
-        let mut symbolizer = HostSymbolizer::new(
-            Path::new("/nonexistent"),
-            &SymbolConfig::default(),
-            stats.clone(),
-        );
+        let nowhere = Host::at("/nonexistent/proc".into(), "/nonexistent/sys".into());
+        let mut symbolizer = HostSymbolizer::new(&nowhere, &SymbolConfig::default(), stats.clone());
         let object = ObjectFile::open(&agent_fixtures::dir().join("chain.stripped"), &[])
             .expect("fixture opens");
         let object = Arc::new(object);

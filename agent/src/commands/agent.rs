@@ -1,7 +1,6 @@
 //! The agent: samples continuously and writes one profile per interval.
 
 use std::{
-    path::Path,
     sync::{Arc, OnceLock, mpsc},
     thread,
     time::{Duration, Instant},
@@ -75,7 +74,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         .sampling
         .pids
         .iter()
-        .filter_map(|&pid| super::pid_problem(pid))
+        .filter_map(|&pid| super::pid_problem(&config.pipeline.host, pid))
     {
         warn!("{problem}: nothing of it will be sampled");
     }
@@ -117,11 +116,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         exporter,
         labeler,
         period: period_ns(config.sampling.frequency_hz),
-        symbolizer: HostSymbolizer::new(
-            Path::new("/proc/kallsyms"),
-            &config.symbols,
-            stats.clone(),
-        ),
+        symbolizer: HostSymbolizer::new(&config.pipeline.host, &config.symbols, stats.clone()),
         stats: stats.clone(),
         stage: build_stage,
     }
@@ -355,12 +350,13 @@ fn log_totals(totals: &StatsSnapshot) {
 /// alive for as long as the agent runs).
 fn labeler(config: &AgentConfig, stats: &Arc<Stats>) -> (Labeler, Option<KubernetesWatcher>) {
     let metadata = &config.metadata;
+    let host = &config.pipeline.host;
     let Some(kubernetes) = &metadata.kubernetes else {
         info!(
             "not running in Kubernetes (no KUBERNETES_SERVICE_HOST or --kubernetes-api-server): \
              no pod labels"
         );
-        return (Labeler::new(metadata, None), None);
+        return (Labeler::new(metadata, host, None), None);
     };
     let pods = Arc::new(PodIndex::new());
     match KubernetesWatcher::start(kubernetes, pods.clone(), stats.clone()) {
@@ -370,11 +366,11 @@ fn labeler(config: &AgentConfig, stats: &Arc<Stats>) -> (Labeler, Option<Kuberne
                 node = kubernetes.node,
                 "reading pod metadata from the Kubernetes API server"
             );
-            (Labeler::new(metadata, Some(pods)), Some(watcher))
+            (Labeler::new(metadata, host, Some(pods)), Some(watcher))
         }
         Err(error) => {
             warn!(error = %format!("{:#}", anyhow::Error::from(error)), "no pod labels: the Kubernetes watch could not start");
-            (Labeler::new(metadata, None), None)
+            (Labeler::new(metadata, host, None), None)
         }
     }
 }

@@ -3,7 +3,7 @@
 pub mod agent;
 pub mod record;
 
-use firn::{bpf::BpfCounters, stats::StatsSnapshot};
+use firn::{bpf::BpfCounters, host::Host, stats::StatsSnapshot};
 
 /// Period of the sampling clock in nanoseconds.
 pub fn period_ns(frequency_hz: u64) -> i64 {
@@ -24,9 +24,8 @@ pub fn stack_failures(bpf: &BpfCounters) -> u64 {
 
 /// Why `--pid PID` cannot match anything: no such process, or a thread
 /// (the kernel filter matches processes). None when it is a process.
-pub fn pid_problem(pid: u32) -> Option<String> {
-    let path = format!("/proc/{pid}/status");
-    let status = match std::fs::read_to_string(&path) {
+pub fn pid_problem(host: &Host, pid: u32) -> Option<String> {
+    let status = match host.process_status(pid) {
         Ok(status) => status,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
             return Some(format!("no process has the pid {pid} (--pid)"));

@@ -1,7 +1,6 @@
 //! `firn record`: one recording, one profile, optionally a flame graph.
 
 use std::{
-    path::Path,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -41,7 +40,7 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
         .sampling
         .pids
         .iter()
-        .find_map(|&pid| pid_problem(pid))
+        .find_map(|&pid| pid_problem(&config.pipeline.host, pid))
     {
         bail!("{problem}; nothing recorded");
     }
@@ -109,14 +108,13 @@ fn write_profile(
     aggregated: AggregatedProfile,
     stats: &Arc<Stats>,
 ) -> Result<Written> {
-    let mut symbolizer =
-        HostSymbolizer::new(Path::new("/proc/kallsyms"), &config.symbols, stats.clone());
+    let mut symbolizer = HostSymbolizer::new(&config.pipeline.host, &config.symbols, stats.clone());
     let stacks = aggregated.stacks.len();
     let dropped = aggregated.dropped;
     let (profile, summary) = build_whole_profile(
         aggregated,
         period_ns(config.sampling.frequency_hz),
-        &Labeler::new(&config.metadata, None),
+        &Labeler::new(&config.metadata, &config.pipeline.host, None),
         &mut symbolizer,
         stats,
     );

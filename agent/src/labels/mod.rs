@@ -23,7 +23,7 @@ pub use self::{
     process::{MetadataLimits, MetadataReader, ProcessMetadata},
     relabel::{LabelSet, Rule},
 };
-use crate::process::ProcessImage;
+use crate::{host::Host, process::ProcessImage};
 
 /// How series are labelled.
 #[derive(Clone, Debug)]
@@ -59,9 +59,9 @@ pub struct Labeler {
 }
 
 impl Labeler {
-    pub fn new(metadata: &MetadataConfig, pods: Option<Arc<PodIndex>>) -> Self {
+    pub fn new(metadata: &MetadataConfig, host: &Host, pods: Option<Arc<PodIndex>>) -> Self {
         let mut providers: Vec<Box<dyn MetadataProvider>> = vec![
-            Box::new(CommonLabels::new(metadata)),
+            Box::new(CommonLabels::new(metadata, host)),
             Box::new(ProcessLabels),
             Box::new(CgroupLabels),
         ];
@@ -166,7 +166,7 @@ mod tests {
     #[test]
     fn a_container_in_a_pod_gets_every_label() {
         let (image, process) = process();
-        let labeler = Labeler::new(&metadata(&[]), Some(pods()));
+        let labeler = Labeler::new(&metadata(&[]), &Host::system(), Some(pods()));
         let discovered = labeler.discovered(&image, &process);
         assert_eq!(
             get(
@@ -207,7 +207,7 @@ mod tests {
         assert!(labels.keys().all(|name| relabel::is_valid_name(name)));
 
         // Without the pod index (outside Kubernetes): no pod labels.
-        let labels = Labeler::new(&metadata(&[]), None)
+        let labels = Labeler::new(&metadata(&[]), &Host::system(), None)
             .labels(&image, &process)
             .expect("kept");
         assert_eq!(get(&labels, "pod"), None);
@@ -222,7 +222,7 @@ mod tests {
             regex: Some("__meta_kubernetes_pod_label_(.+)".into()),
             ..RuleSpec::default()
         };
-        let labels = Labeler::new(&metadata(&[labelmap]), Some(pods()))
+        let labels = Labeler::new(&metadata(&[labelmap]), &Host::system(), Some(pods()))
             .labels(&image, &process)
             .expect("kept");
         assert_eq!(get(&labels, "app_kubernetes_io_name"), Some("checkout"));
@@ -234,7 +234,7 @@ mod tests {
             ..RuleSpec::default()
         };
         assert!(
-            Labeler::new(&metadata(&[drop]), None)
+            Labeler::new(&metadata(&[drop]), &Host::system(), None)
                 .labels(&image, &process)
                 .is_none()
         );

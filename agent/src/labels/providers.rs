@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::{MetadataConfig, PodIndex, ProcessMetadata, relabel::LabelSet, relabel::sanitize_name};
-use crate::process::ProcessImage;
+use crate::{host::Host, process::ProcessImage};
 
 /// What the providers are told about one process.
 pub struct ProcessView<'a> {
@@ -40,10 +40,10 @@ pub trait MetadataProvider: Send + Sync {
 pub struct CommonLabels(Vec<(String, String)>);
 
 impl CommonLabels {
-    pub fn new(metadata: &MetadataConfig) -> Self {
+    pub fn new(metadata: &MetadataConfig, host: &Host) -> Self {
         let mut labels = metadata.external_labels.clone();
         labels.push(("node".into(), metadata.node.clone()));
-        if let Some(release) = kernel_release() {
+        if let Some(release) = host.kernel_release() {
             labels.push(("kernel_release".into(), release));
         }
         Self(labels)
@@ -56,14 +56,6 @@ impl MetadataProvider for CommonLabels {
             labels.set(name, value);
         }
     }
-}
-
-/// `uname -r`.
-fn kernel_release() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .ok()
-        .map(|text| text.trim().to_owned())
-        .filter(|release| !release.is_empty())
 }
 
 /// The process itself: pid, comm, command line, executable and its build id.

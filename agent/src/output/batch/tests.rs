@@ -112,6 +112,7 @@ fn labeler(rules: &[RuleSpec]) -> Labeler {
                 .collect(),
             kubernetes: None,
         },
+        &crate::host::Host::system(),
         None,
     )
 }
