@@ -5,6 +5,7 @@
 
 use agent_common::UserRegs;
 use agent_elf::{self as elf, ElfLayout};
+use agent_fixtures::capture::{ExecMapping, parse_maps};
 
 use crate::{
     cfi::{CfiContext, CfiSource},
@@ -52,53 +53,10 @@ impl Capture {
     }
 }
 
-/// One executable mapping of the captured process.
-#[derive(Clone, Debug)]
-struct Mapping {
-    start: u64,
-    end: u64,
-    offset: u64,
-    path: String,
-}
-
-/// The executable mappings in a maps text, as the agent keeps them: file
-/// mappings, the vDSO and anonymous code, not `[vsyscall]` and the like.
-fn executable_mappings(maps: &str) -> Option<Vec<Mapping>> {
-    // The next space-separated field, and what follows it (a path may
-    // hold spaces).
-    fn field(rest: &str) -> Option<(&str, &str)> {
-        let rest = rest.trim_start_matches(' ');
-        let end = rest.find(' ').unwrap_or(rest.len());
-        (end > 0).then(|| rest.split_at(end))
-    }
-    let mut mappings = Vec::new();
-    for line in maps.lines().filter(|line| !line.is_empty()) {
-        let (range, rest) = field(line)?;
-        let (perms, rest) = field(rest)?;
-        let (offset, rest) = field(rest)?;
-        let (_device, rest) = field(rest)?;
-        let (_inode, rest) = field(rest)?;
-        let path = rest.trim();
-        let (start, end) = range.split_once('-')?;
-        let special = path.starts_with('[') && path != "[vdso]";
-        if perms.as_bytes().get(2) != Some(&b'x') || special || path.starts_with("/SYSV") {
-            continue;
-        }
-        mappings.push(Mapping {
-            start: u64::from_str_radix(start, 16).ok()?,
-            end: u64::from_str_radix(end, 16).ok()?,
-            offset: u64::from_str_radix(offset, 16).ok()?,
-            path: path.to_owned(),
-        });
-    }
-    mappings.sort_by_key(|m| m.start);
-    Some(mappings)
-}
-
 /// A captured process's code: the fixture object has CFI, its other
 /// mappings (libc, the loader) are code without.
 pub struct FixtureCode {
-    maps: Vec<Mapping>,
+    maps: Vec<ExecMapping>,
     /// The fixture's file name as the maps show it.
     name: String,
     layout: ElfLayout,
@@ -110,7 +68,7 @@ impl FixtureCode {
     /// `object` mapped as a file named `name` in `maps`.
     pub fn new(object: &'static [u8], name: &str, maps: &str) -> Option<Self> {
         Some(Self {
-            maps: executable_mappings(maps)?,
+            maps: parse_maps(maps).ok()?,
             name: format!("/{name}"),
             layout: elf::read_layout(object).ok()?,
             source: CfiSource::new(object).ok()?,
@@ -126,22 +84,16 @@ impl FixtureCode {
 
     /// Whether any executable mapping holds `address`.
     pub fn is_mapped(&self, address: u64) -> bool {
-        self.maps
-            .iter()
-            .any(|m| (m.start..m.end).contains(&address))
+        self.maps.iter().any(|m| m.contains(address))
     }
 
     /// The link-time address in the fixture object of a runtime address.
     pub fn vaddr(&self, address: u64) -> Option<u64> {
-        let map = self
-            .maps
-            .iter()
-            .find(|m| (m.start..m.end).contains(&address))?;
+        let map = self.maps.iter().find(|m| m.contains(address))?;
         if !map.path.ends_with(&self.name) {
             return None;
         }
-        self.layout
-            .vaddr_for_file_offset(address - map.start + map.offset)
+        self.layout.vaddr_for_file_offset(map.file_offset(address))
     }
 }
 
@@ -164,21 +116,6 @@ impl CodeLookup for FixtureCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn maps_keep_executable_code_only() {
-        let maps = "\
-1000-2000 r--p 00000000 fe:00 7    /tmp/app
-2000-3000 r-xp 00001000 fe:00 7    /tmp/my app
-7000-8000 r-xp 00000000 00:00 0
-9000-a000 r-xp 00000000 00:00 0    [vdso]
-ff000-ff100 --xp 00000000 00:00 0  [vsyscall]
-";
-        let mappings = executable_mappings(maps).expect("parses");
-        let paths: Vec<&str> = mappings.iter().map(|m| m.path.as_str()).collect();
-        assert_eq!(paths, ["/tmp/my app", "", "[vdso]"]);
-        assert!(executable_mappings("zz-1 r-xp 0 0:0 0 /x").is_none());
-    }
 
     #[test]
     fn the_chain_inline_capture_loads() {

@@ -94,22 +94,7 @@ fn capture_records(pid: u32, seconds: u64, frequency: u64) -> Result<Vec<Vec<u8>
         unwind: UnwindMode::Dwarf,
         ..SamplingConfig::default()
     };
-    let mut bpf = BpfSampler::load(&sampling)?;
-    let mut ring = bpf.take_ring_buffer()?;
-    bpf.start_sampling(frequency)?;
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let mut records = Vec::new();
-    while Instant::now() < deadline {
-        while let Some(item) = ring.next() {
-            records.push(item.to_vec());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    drop(bpf);
-    while let Some(item) = ring.next() {
-        records.push(item.to_vec());
-    }
-    Ok(records)
+    Ok(BpfSampler::record(&sampling, Duration::from_secs(seconds))?)
 }
 
 fn replay(pid: u32, seconds: u64, frequency: u64, passes: usize) -> Result<()> {

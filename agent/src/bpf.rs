@@ -6,6 +6,7 @@ mod program_log;
 use std::{
     io,
     os::fd::{AsFd, AsRawFd, OwnedFd},
+    time::{Duration, Instant},
 };
 
 use agent_common::{BpfConfig, Counter, MAX_PID_FILTER, names};
@@ -217,6 +218,28 @@ impl BpfSampler {
     /// Starts sampling every CPU; until then only process events flow.
     pub fn start_sampling(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
         self.attach_sampler(frequency_hz)
+    }
+
+    /// Samples for `duration` as `config` says and returns the ring
+    /// buffer's raw records, for captures and replays (the tools that
+    /// write fixtures and benchmark the unwinder).
+    pub fn record(config: &SamplingConfig, duration: Duration) -> Result<Vec<Vec<u8>>, BpfError> {
+        let mut bpf = Self::load(config)?;
+        let mut ring = bpf.take_ring_buffer()?;
+        bpf.start_sampling(config.frequency_hz)?;
+        let deadline = Instant::now() + duration;
+        let mut records = Vec::new();
+        while Instant::now() < deadline {
+            while let Some(item) = ring.next() {
+                records.push(item.to_vec());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        drop(bpf);
+        while let Some(item) = ring.next() {
+            records.push(item.to_vec());
+        }
+        Ok(records)
     }
 
     fn attach_process_events(&mut self) -> Result<(), BpfError> {

@@ -1,7 +1,7 @@
 //! Samples of one process as firn's BPF program takes them in DWARF mode:
 //! registers, the kernel's frame-pointer walk and a copy of the stack.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use agent_fixtures::capture::SampleLine;
 use anyhow::{Context, Result};
@@ -25,21 +25,8 @@ pub fn record(pid: u32, seconds: f64, frequency: u64) -> Result<Vec<Recorded>> {
         unwind: UnwindMode::Dwarf,
         ..SamplingConfig::default()
     };
-    let mut bpf = BpfSampler::load(&sampling).context("could not load firn's BPF program")?;
-    let mut ring = bpf.take_ring_buffer()?;
-    bpf.start_sampling(frequency)?;
-    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let mut records = Vec::new();
-    while Instant::now() < deadline {
-        while let Some(item) = ring.next() {
-            records.push(item.to_vec());
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    drop(bpf);
-    while let Some(item) = ring.next() {
-        records.push(item.to_vec());
-    }
+    let records = BpfSampler::record(&sampling, Duration::from_secs_f64(seconds))
+        .context("could not sample with firn's BPF program")?;
     Ok(records
         .iter()
         .filter_map(|record| match sampler::decode(record) {
