@@ -17,7 +17,7 @@ use agent_pprof::{self as pprof, Reader};
 use common::*;
 use parca_support::harness::{ParcaServer, all_stacks, free_port};
 
-/// The deadline from SIGTERM to exit.
+/// How long firn may take from SIGTERM to exit.
 const EXIT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The perf_event BPF links `pid` holds: one per CPU the sampler runs on.

@@ -60,7 +60,8 @@ pub fn build_c(dir: &Path, source: &str, output: &str, flags: &[&str]) -> PathBu
     binary
 }
 
-/// The flags the spine issue names for the frame-pointer chain workload.
+/// A lightly optimized build that keeps frame pointers: the case the
+/// frame-pointer walk handles alone.
 pub const FP_FLAGS: [&str; 2] = ["-O1", "-fno-omit-frame-pointer"];
 
 /// Builds the chain workload with `flags` and starts it spinning.

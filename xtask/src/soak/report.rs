@@ -8,8 +8,8 @@ use super::{
     monitor::{Counters, Point, Series},
 };
 
-/// The memory targets while a 200+ MB binary runs and the server
-/// is down.
+/// The resident memory firn must stay under (at its peak, and once steady)
+/// while a 200+ MB binary runs and the server is down.
 const PEAK_TARGET_MB: f64 = 64.0;
 const STEADY_TARGET_MB: f64 = 48.0;
 
@@ -29,7 +29,7 @@ pub struct Outcome {
     pub notes: Vec<String>,
     /// The phase whose steady RSS and stalls are judged.
     pub fault_phase: usize,
-    /// Check the memory targets.
+    /// Judge the RSS against `PEAK_TARGET_MB` and `STEADY_TARGET_MB`.
     pub targets: bool,
     pub log: PathBuf,
     pub error: Option<String>,
