@@ -204,15 +204,9 @@ fn run_rounds(
 
 /// The table's rows that compare the two profilers side by side.
 fn print_comparison(rounds: &Rounds, args: &BenchArgs, (firn, perf): (&Cost, &Cost)) {
-    let Rounds {
-        firn_loss,
-        perf_loss,
-        drift,
-        firn_complete,
-        perf_complete,
-        perf_script_cpu,
-        ..
-    } = rounds;
+    let (firn_loss, perf_loss, drift) = (&rounds.firn_loss, &rounds.perf_loss, &rounds.drift);
+    let (firn_complete, perf_complete) = (&rounds.firn_complete, &rounds.perf_complete);
+    let perf_script_cpu = &rounds.perf_script_cpu;
     let peer = match args.unwind {
         Unwind::Fp => "perf record -g",
         Unwind::Dwarf => "perf (dwarf)",
