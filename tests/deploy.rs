@@ -128,6 +128,10 @@ fn kubernetes_manifests_pass_schema_validation() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a checklist of the manifest's settings, one assertion each, read top to bottom"
+)]
 fn the_daemonset_runs_firn_with_the_configmap_as_a_least_privileged_root() {
     let daemonset = kubernetes("daemonset.yaml");
     let pod = &daemonset["spec"]["template"]["spec"];
@@ -431,6 +435,10 @@ fn record_with(
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story: an unprivileged firn with the granted capabilities against another user's workloads, then each capability left out in turn"
+)]
 fn the_granted_capabilities_suffice_and_each_is_needed() {
     require_root();
     let _serial = serial();

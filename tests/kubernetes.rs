@@ -74,6 +74,10 @@ fn profile_since(store: &Path, since: SystemTime, agent: &Agent) -> Profile {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one pod's life step by step against one fake API server: listed and watched, labelled, deleted and forgotten, then a lost watch (410) and the relist"
+)]
 fn kubernetes_pods_label_their_containers_until_deleted() {
     require_root();
     let _serial = serial();

@@ -19,6 +19,10 @@ use parca_support::harness::{Agent, ParcaServer, all_stacks, free_port, log_fiel
 const MINUTE: Duration = Duration::from_secs(60);
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of cgroup layouts (one row per runtime, driver and version), each then checked in turn"
+)]
 fn containers_and_units_are_named_from_real_cgroups_v1_and_v2() {
     require_root();
     let _serial = serial();
@@ -125,6 +129,10 @@ fn containers_and_units_are_named_from_real_cgroups_v1_and_v2() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story against one server: workloads, relabel rules, the agent, then what Parca holds and what it must not"
+)]
 fn dropped_processes_never_reach_parca_and_relabeled_labels_do() {
     require_root();
     let _serial = serial();

@@ -21,6 +21,10 @@ use parca_support::{
 const MINUTE: Duration = Duration::from_secs(60);
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story: workload, agent, server, then the stacks Parca answers with, checked frame by frame"
+)]
 fn profiles_reach_a_real_parca_server_with_the_whole_chain() {
     require_root();
     let _serial = serial();
@@ -127,6 +131,10 @@ fn profiles_reach_a_real_parca_server_with_the_whole_chain() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "two agents in sequence against a server that comes up late: a roomy queue, then a cramped one"
+)]
 fn a_server_down_at_start_gets_the_queued_profiles_and_a_small_queue_counts_drops() {
     require_root();
     let _serial = serial();
@@ -239,6 +247,10 @@ fn a_server_down_at_start_gets_the_queued_profiles_and_a_small_queue_counts_drop
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "four agents against one TLS server: the right token, a wrong one, an untrusted CA, verification off; then each outcome"
+)]
 fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear() {
     require_root();
     let _serial = serial();
@@ -430,6 +442,10 @@ fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear()
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story: strip a workload, keep its debug file, profile it, then follow the upload to the names Parca shows"
+)]
 fn a_stripped_workload_is_named_by_parca_from_the_uploaded_debug_file() {
     require_root();
     let _serial = serial();

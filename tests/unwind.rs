@@ -14,7 +14,8 @@ use std::{
 use agent_pprof::{Reader, proto::Profile};
 use common::*;
 
-/// The flags the unwinding issue names for its C workload.
+/// An optimized C build without frame pointers: the case the DWARF unwinder
+/// exists for.
 const NO_FP_FLAGS: [&str; 4] = ["-O2", "-fomit-frame-pointer", "-g", "-pthread"];
 
 /// The chain of chain_inline's benchmark threads.

@@ -21,7 +21,7 @@ pub use reader::{FrameView, MappingView, Reader, SampleView};
 pub use validate::{ProfileError, validate};
 
 /// Types generated from `proto/google/pprof/profile.proto`.
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, clippy::too_many_lines, missing_docs)]
 pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/perftools.profiles.rs"));
 }

@@ -35,18 +35,45 @@ pub enum ProfileError {
     AddressOutsideMapping { id: u64, address: u64, mapping: u64 },
 }
 
+/// The first rule `profile` breaks: an empty first string, sequential ids,
+/// references within their tables, non-empty mappings that hold their
+/// locations, one value per sample type, no empty stack.
 pub fn validate(profile: &Profile) -> Result<(), ProfileError> {
     if profile.string_table.first().is_none_or(|s| !s.is_empty()) {
         return Err(ProfileError::FirstStringNotEmpty);
     }
-    let strings = profile.string_table.len();
-    let string = |field: &'static str, index: i64| {
-        if usize::try_from(index).is_ok_and(|i| i < strings) {
+    let strings = Strings(profile.string_table.len());
+    check_ids(profile)?;
+    for value_type in profile.sample_type.iter().chain(&profile.period_type) {
+        strings.check("value type", value_type.r#type)?;
+        strings.check("value type unit", value_type.unit)?;
+    }
+    check_mappings(profile, strings)?;
+    for function in &profile.function {
+        strings.check("function name", function.name)?;
+        strings.check("function system name", function.system_name)?;
+        strings.check("function filename", function.filename)?;
+    }
+    check_locations(profile)?;
+    check_samples(profile, strings)
+}
+
+/// The length of the string table, to check indexes into it.
+#[derive(Clone, Copy)]
+struct Strings(usize);
+
+impl Strings {
+    fn check(self, field: &'static str, index: i64) -> Result<(), ProfileError> {
+        if usize::try_from(index).is_ok_and(|i| i < self.0) {
             Ok(())
         } else {
             Err(ProfileError::StringOutOfRange { field, index })
         }
-    };
+    }
+}
+
+/// Mappings, locations and functions are numbered 1, 2, 3… in table order.
+fn check_ids(profile: &Profile) -> Result<(), ProfileError> {
     let sequential = |kind: &'static str, ids: &mut dyn Iterator<Item = u64>| {
         ids.enumerate().try_for_each(|(index, found)| {
             if found == index as u64 + 1 {
@@ -58,15 +85,13 @@ pub fn validate(profile: &Profile) -> Result<(), ProfileError> {
     };
     sequential("mapping", &mut profile.mapping.iter().map(|m| m.id))?;
     sequential("location", &mut profile.location.iter().map(|l| l.id))?;
-    sequential("function", &mut profile.function.iter().map(|f| f.id))?;
+    sequential("function", &mut profile.function.iter().map(|f| f.id))
+}
 
-    for value_type in profile.sample_type.iter().chain(&profile.period_type) {
-        string("value type", value_type.r#type)?;
-        string("value type unit", value_type.unit)?;
-    }
+fn check_mappings(profile: &Profile, strings: Strings) -> Result<(), ProfileError> {
     for mapping in &profile.mapping {
-        string("mapping filename", mapping.filename)?;
-        string("mapping build id", mapping.build_id)?;
+        strings.check("mapping filename", mapping.filename)?;
+        strings.check("mapping build id", mapping.build_id)?;
         if mapping.memory_start >= mapping.memory_limit {
             return Err(ProfileError::EmptyMapping {
                 id: mapping.id,
@@ -75,11 +100,10 @@ pub fn validate(profile: &Profile) -> Result<(), ProfileError> {
             });
         }
     }
-    for function in &profile.function {
-        string("function name", function.name)?;
-        string("function system name", function.system_name)?;
-        string("function filename", function.filename)?;
-    }
+    Ok(())
+}
+
+fn check_locations(profile: &Profile) -> Result<(), ProfileError> {
     for location in &profile.location {
         if location.mapping_id != 0 {
             let mapping = profile
@@ -106,6 +130,10 @@ pub fn validate(profile: &Profile) -> Result<(), ProfileError> {
             }
         }
     }
+    Ok(())
+}
+
+fn check_samples(profile: &Profile, strings: Strings) -> Result<(), ProfileError> {
     for (index, sample) in profile.sample.iter().enumerate() {
         if sample.value.len() != profile.sample_type.len() {
             return Err(ProfileError::ValueCount {
@@ -125,8 +153,8 @@ pub fn validate(profile: &Profile) -> Result<(), ProfileError> {
             return Err(ProfileError::UnknownLocation { index, id });
         }
         for label in &sample.label {
-            string("label key", label.key)?;
-            string("label value", label.str)?;
+            strings.check("label key", label.key)?;
+            strings.check("label value", label.str)?;
         }
     }
     Ok(())

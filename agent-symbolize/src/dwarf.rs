@@ -128,6 +128,86 @@ impl fmt::Debug for DwarfInfo {
     }
 }
 
+/// What indexing will take at least, known from the section headers alone:
+/// the compressed sections inflated, and the abbreviations' index.
+fn index_cost_lower_bound(file: &object::File<'_>) -> u64 {
+    let mut inflated = 0u64;
+    let mut lower_bound = 0u64;
+    for id in NEEDED {
+        let Some(section) = file.section_by_name(id.name()) else {
+            continue;
+        };
+        let Ok(range) = section.compressed_file_range() else {
+            continue;
+        };
+        if range.format != CompressionFormat::None {
+            inflated = inflated.saturating_add(range.uncompressed_size);
+        }
+        if id == gimli::SectionId::DebugAbbrev {
+            lower_bound = range
+                .uncompressed_size
+                .saturating_mul(INDEX_COST_PER_ABBREV_BYTE as u64);
+        }
+    }
+    lower_bound.saturating_add(inflated)
+}
+
+/// Section `id` of `file`: a range of `whole` when stored plainly, or
+/// inflated onto the heap, with `decompressed` (the bytes inflated so far)
+/// kept under `max_bytes`.
+fn load_section(
+    file: &object::File<'_>,
+    whole: &Reader,
+    id: gimli::SectionId,
+    endian: gimli::RunTimeEndian,
+    max_bytes: usize,
+    decompressed: &mut usize,
+) -> Result<Reader, DwarfError> {
+    let empty = whole.range(0..0);
+    let Some(section) = file.section_by_name(id.name()) else {
+        return Ok(empty);
+    };
+    let section_name = id.name();
+    let range = section
+        .compressed_file_range()
+        .map_err(|source| DwarfError::Decompress {
+            section: section_name,
+            source,
+        })?;
+    if range.format == CompressionFormat::None {
+        // SHT_NOBITS: nothing in the file.
+        let Some((offset, size)) = section.file_range() else {
+            return Ok(empty);
+        };
+        let start = usize::try_from(offset).ok();
+        let end = start
+            .zip(usize::try_from(size).ok())
+            .and_then(|(s, l)| s.checked_add(l));
+        return match (start, end) {
+            (Some(start), Some(end)) if end <= whole.len() => Ok(whole.range(start..end)),
+            _ => Err(DwarfError::SectionBounds {
+                section: section_name,
+            }),
+        };
+    }
+    let total = (*decompressed as u64).saturating_add(range.uncompressed_size);
+    if total > max_bytes as u64 {
+        return Err(DwarfError::TooLarge {
+            bytes: total,
+            limit: max_bytes,
+        });
+    }
+    let data = section
+        .uncompressed_data()
+        .map_err(|source| DwarfError::Decompress {
+            section: section_name,
+            source,
+        })?
+        .into_owned();
+    *decompressed += data.len();
+    Ok(Reader::new(Bytes::new(Arc::new(data)), endian))
+}
+
 impl DwarfInfo {
     /// Indexes the DWARF of the ELF file in `bytes`, unless that would take
     /// more than `max_bytes` of heap (decompressed sections included).
@@ -146,25 +226,7 @@ impl DwarfInfo {
         let whole = Reader::new(bytes.clone(), endian);
         // Refuse before inflating anything: what the compressed sections
         // and the abbreviations alone will take.
-        let mut inflated = 0u64;
-        let mut lower_bound = 0u64;
-        for id in NEEDED {
-            let Some(section) = file.section_by_name(id.name()) else {
-                continue;
-            };
-            let Ok(range) = section.compressed_file_range() else {
-                continue;
-            };
-            if range.format != CompressionFormat::None {
-                inflated = inflated.saturating_add(range.uncompressed_size);
-            }
-            if id == gimli::SectionId::DebugAbbrev {
-                lower_bound = range
-                    .uncompressed_size
-                    .saturating_mul(INDEX_COST_PER_ABBREV_BYTE as u64);
-            }
-        }
-        let lower_bound = lower_bound.saturating_add(inflated);
+        let lower_bound = index_cost_lower_bound(&file);
         if lower_bound > max_bytes as u64 {
             return Err(DwarfError::TooLarge {
                 bytes: lower_bound,
@@ -172,54 +234,11 @@ impl DwarfInfo {
             });
         }
         let mut decompressed = 0usize;
-        let dwarf = gimli::Dwarf::load(|id| -> Result<Reader, DwarfError> {
-            let empty = whole.range(0..0);
+        let dwarf = gimli::Dwarf::load(|id| {
             if !NEEDED.contains(&id) {
-                return Ok(empty);
+                return Ok(whole.range(0..0));
             }
-            let Some(section) = file.section_by_name(id.name()) else {
-                return Ok(empty);
-            };
-            let section_name = id.name();
-            let range =
-                section
-                    .compressed_file_range()
-                    .map_err(|source| DwarfError::Decompress {
-                        section: section_name,
-                        source,
-                    })?;
-            if range.format == CompressionFormat::None {
-                // SHT_NOBITS: nothing in the file.
-                let Some((offset, size)) = section.file_range() else {
-                    return Ok(empty);
-                };
-                let start = usize::try_from(offset).ok();
-                let end = start
-                    .zip(usize::try_from(size).ok())
-                    .and_then(|(s, l)| s.checked_add(l));
-                return match (start, end) {
-                    (Some(start), Some(end)) if end <= bytes.len() => Ok(whole.range(start..end)),
-                    _ => Err(DwarfError::SectionBounds {
-                        section: section_name,
-                    }),
-                };
-            }
-            let total = (decompressed as u64).saturating_add(range.uncompressed_size);
-            if total > max_bytes as u64 {
-                return Err(DwarfError::TooLarge {
-                    bytes: total,
-                    limit: max_bytes,
-                });
-            }
-            let data = section
-                .uncompressed_data()
-                .map_err(|source| DwarfError::Decompress {
-                    section: section_name,
-                    source,
-                })?
-                .into_owned();
-            decompressed += data.len();
-            Ok(Reader::new(Bytes::new(Arc::new(data)), endian))
+            load_section(&file, &whole, id, endian, max_bytes, &mut decompressed)
         })?;
         let mut shape = DwarfShape {
             units: 0,

@@ -134,6 +134,13 @@ fn main() {
         std::process::exit(1);
     }
     let addresses = function_addresses(&object_path, if benchmarking { 2000 } else { 20 });
+    end_to_end(&object_path, &addresses);
+    phase_by_phase(&object_path, &addresses);
+}
+
+/// The symbolizer as the profile builder uses it: the object's first
+/// sample, then many, then the caches' counts.
+fn end_to_end(object_path: &Path, addresses: &[u64]) {
     // Measure the whole cost: no cache limit in the way.
     let unlimited = SymbolConfig {
         debuginfo_cache_bytes: 1 << 40,
@@ -147,7 +154,7 @@ fn main() {
     let heap_before = LIVE.load(Ordering::Relaxed);
     PEAK.store(heap_before, Ordering::Relaxed);
     let started = Instant::now();
-    let object = ObjectFile::open(&object_path, &DebugFileConfig::default().directories)
+    let object = ObjectFile::open(object_path, &DebugFileConfig::default().directories)
         .expect("object opens");
     let mut symbolizer = Symbolizer::new(&unlimited, None, None);
     // A function in the middle of the object, as a sample would hit it.
@@ -191,7 +198,7 @@ fn main() {
         mib(file_all)
     );
     let started = Instant::now();
-    for &vaddr in &addresses {
+    for &vaddr in addresses {
         let _ = symbolizer.user(&object, vaddr);
     }
     println!(
@@ -212,10 +219,14 @@ fn main() {
     assert!(!first.is_empty(), "the first address was symbolized");
     drop(symbolizer);
     drop(object);
+}
 
+/// Symbol table and DWARF index on their own: heap really used against
+/// the estimates the caches are charged with.
+fn phase_by_phase(object_path: &Path, addresses: &[u64]) {
     // Phase by phase, on the bare parts: heap really used against the
     // estimates the caches are charged with.
-    let data = Arc::new(std::fs::read(&object_path).expect("object readable"));
+    let data = Arc::new(std::fs::read(object_path).expect("object readable"));
     let heap = || LIVE.load(Ordering::Relaxed);
     let base = heap();
     let started = Instant::now();
@@ -245,7 +256,7 @@ fn main() {
     let index_estimate = dwarf.heap_bytes();
     let index_heap = heap() - base;
     let started = Instant::now();
-    for &vaddr in &addresses {
+    for &vaddr in addresses {
         let _ = dwarf.frames(vaddr);
     }
     println!(

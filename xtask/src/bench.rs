@@ -67,22 +67,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     let firn_path = root.join("target/release/firn");
     let work = root.join("target/bench");
     fs::create_dir_all(&work)?;
-    let workload = match args.unwind {
-        Unwind::Fp => {
-            let busy = work.join("busy");
-            util::run(
-                Command::new("gcc")
-                    .args(["-O2", "-fno-omit-frame-pointer", "-pthread", "-o"])
-                    .arg(&busy)
-                    .arg(root.join("tests/workloads/busy.c")),
-            )?;
-            Workload {
-                binary: busy,
-                before_seconds: Vec::new(),
-            }
-        }
-        Unwind::Dwarf => bench_unwind::prepare(root, &work)?,
-    };
+    let workload = prepare_workload(root, &work, args.unwind)?;
     Command::new("perf")
         .arg("--version")
         .output()
@@ -97,7 +82,71 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         args.rounds,
         args.seconds
     );
-    let mut baseline = vec![run_workload(&workload, args.seconds)?];
+    let rounds = run_rounds(root, &firn_path, &workload, &work, args)?;
+    let firn = summarize(&rounds.firn_costs);
+    let perf = summarize(&rounds.perf_costs);
+    print_comparison(&rounds, args, (&firn, &perf));
+    print_cpu_accounting(&rounds, args, cpus, (&firn, &perf));
+    if args.seconds > SHORT_SECONDS {
+        fixed_and_marginal(&firn_path, &workload, &work, args, (&firn, &perf))?;
+    }
+    println!(
+        "\nfirn's CPU includes symbolizing and writing pprof; perf's excludes `perf report`.\n\
+         Sampling cost in the kernel (BPF program, perf callchains) is charged to the\n\
+         workload and shows in its throughput loss."
+    );
+    if args.unwind == Unwind::Dwarf {
+        bench_unwind::unwinding_rate(root, &workload)?;
+    }
+    Ok(())
+}
+
+fn prepare_workload(root: &Path, work: &Path, unwind: Unwind) -> Result<Workload> {
+    Ok(match unwind {
+        Unwind::Fp => {
+            let busy = work.join("busy");
+            util::run(
+                Command::new("gcc")
+                    .args(["-O2", "-fno-omit-frame-pointer", "-pthread", "-o"])
+                    .arg(&busy)
+                    .arg(root.join("tests/workloads/busy.c")),
+            )?;
+            Workload {
+                binary: busy,
+                before_seconds: Vec::new(),
+            }
+        }
+        Unwind::Dwarf => bench_unwind::prepare(root, work)?,
+    })
+}
+
+/// What the rounds measured, in round order.
+struct Rounds {
+    firn_costs: Vec<Cost>,
+    perf_costs: Vec<Cost>,
+    /// The BPF program's mean run time per sample, of the firn runs that
+    /// logged it.
+    bpf_ns: Vec<u64>,
+    firn_loss: Vec<f64>,
+    perf_loss: Vec<f64>,
+    /// How far each baseline run was from the one before, in percent.
+    drift: Vec<f64>,
+    /// (complete, total) stacks, with `--unwind dwarf` only.
+    firn_complete: Vec<(u64, u64)>,
+    perf_complete: Vec<(u64, u64)>,
+    /// CPU seconds of `perf script`, with `--unwind dwarf` only.
+    perf_script_cpu: Vec<f64>,
+}
+
+/// Baseline, firn, baseline, perf, baseline… for each round.
+fn run_rounds(
+    root: &Path,
+    firn_path: &Path,
+    workload: &Workload,
+    work: &Path,
+    args: &BenchArgs,
+) -> Result<Rounds> {
+    let mut baseline = vec![run_workload(workload, args.seconds)?];
     let (mut firn_costs, mut perf_costs, mut bpf_ns) = (Vec::new(), Vec::new(), Vec::new());
     let (mut firn_loss, mut perf_loss, mut drift) = (Vec::new(), Vec::new(), Vec::new());
     let (mut firn_complete, mut perf_complete) = (Vec::new(), Vec::new());
@@ -105,13 +154,13 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     // Loss against the mean of the baselines just before and after.
     let mut bracket = |ops: f64, baseline: &mut Vec<f64>| -> Result<f64> {
         let before = *baseline.last().context("a baseline ran first")?;
-        let after = run_workload(&workload, args.seconds)?;
+        let after = run_workload(workload, args.seconds)?;
         baseline.push(after);
         drift.push((after - before).abs() / before * 100.0);
         Ok((1.0 - ops / ((before + after) / 2.0)) * 100.0)
     };
     for round in 1..=args.rounds {
-        let (firn_cost, mean_ns) = measure_firn(&firn_path, &workload, &work, args)?;
+        let (firn_cost, mean_ns) = measure_firn(firn_path, workload, work, args)?;
         firn_loss.push(bracket(firn_cost.workload_ops, &mut baseline)?);
         bpf_ns.extend(mean_ns);
         if args.unwind == Unwind::Dwarf {
@@ -120,7 +169,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
                 &work.join("firn.pb.gz"),
             )?);
         }
-        let perf_cost = measure_perf(&workload, &work, args)?;
+        let perf_cost = measure_perf(workload, work, args)?;
         perf_loss.push(bracket(perf_cost.workload_ops, &mut baseline)?);
         if args.unwind == Unwind::Dwarf {
             let (complete, cpu) = bench_unwind::perf_script(&work.join("perf.data"))?;
@@ -140,8 +189,24 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         perf_costs.push(perf_cost);
     }
 
-    let firn = summarize(&firn_costs);
-    let perf = summarize(&perf_costs);
+    Ok(Rounds {
+        firn_costs,
+        perf_costs,
+        bpf_ns,
+        firn_loss,
+        perf_loss,
+        drift,
+        firn_complete,
+        perf_complete,
+        perf_script_cpu,
+    })
+}
+
+/// The table's rows that compare the two profilers side by side.
+fn print_comparison(rounds: &Rounds, args: &BenchArgs, (firn, perf): (&Cost, &Cost)) {
+    let (firn_loss, perf_loss, drift) = (&rounds.firn_loss, &rounds.perf_loss, &rounds.drift);
+    let (firn_complete, perf_complete) = (&rounds.firn_complete, &rounds.perf_complete);
+    let perf_script_cpu = &rounds.perf_script_cpu;
     let peer = match args.unwind {
         Unwind::Fp => "perf record -g",
         Unwind::Dwarf => "perf (dwarf)",
@@ -161,8 +226,8 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         println!(
             "{:<36}{:>12}{:>18}",
             "complete stacks (all rounds)",
-            show(&firn_complete),
-            show(&perf_complete)
+            show(firn_complete),
+            show(perf_complete)
         );
     }
     println!(
@@ -200,14 +265,24 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     println!(
         "{:<36}{:>12}{:>18}",
         "  mean +- standard error",
-        mean_and_error(&firn_loss),
-        mean_and_error(&perf_loss)
+        mean_and_error(firn_loss),
+        mean_and_error(perf_loss)
     );
     println!(
         "{:<36}{:>11.2}%",
         "baseline drift between runs (median)",
         median(drift.iter().copied())
     );
+}
+
+/// The table's rows on firn's own cost.
+fn print_cpu_accounting(
+    rounds: &Rounds,
+    args: &BenchArgs,
+    cpus: usize,
+    (firn, perf): (&Cost, &Cost),
+) {
+    let bpf_ns = &rounds.bpf_ns;
     // An upper bound from CPU accounting: all of firn's CPU (including the
     // symbolizing at the end) plus the BPF program's time, as a share of
     // the CPU time the workload could have used.
@@ -232,18 +307,6 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
         "CPU ratio firn / perf",
         firn.cpu_seconds / perf.cpu_seconds.max(f64::EPSILON)
     );
-    if args.seconds > SHORT_SECONDS {
-        fixed_and_marginal(&firn_path, &workload, &work, args, (&firn, &perf))?;
-    }
-    println!(
-        "\nfirn's CPU includes symbolizing and writing pprof; perf's excludes `perf report`.\n\
-         Sampling cost in the kernel (BPF program, perf callchains) is charged to the\n\
-         workload and shows in its throughput loss."
-    );
-    if args.unwind == Unwind::Dwarf {
-        bench_unwind::unwinding_rate(root, &workload)?;
-    }
-    Ok(())
 }
 
 /// Workload seconds of the short runs that measure what a recording costs

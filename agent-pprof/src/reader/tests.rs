@@ -23,11 +23,6 @@ fn profile() -> proto::Profile {
         filename: s("app.c"),
         ..Default::default()
     };
-    let line = |function_id, line| proto::Line {
-        function_id,
-        line,
-        ..Default::default()
-    };
     proto::Profile {
         string_table: strings.iter().map(|x| x.to_string()).collect(),
         mapping: vec![
@@ -51,29 +46,7 @@ fn profile() -> proto::Profile {
             },
             function(3, "ksys_write"),
         ],
-        location: vec![
-            proto::Location {
-                id: 1,
-                mapping_id: 1,
-                address: 0xffff_ffff_8100_0000,
-                line: vec![line(3, 0)],
-                ..Default::default()
-            },
-            proto::Location {
-                id: 2,
-                mapping_id: 2,
-                address: 0x1234,
-                line: vec![line(2, 7), line(1, 20), line(9, 1)],
-                ..Default::default()
-            },
-            proto::Location {
-                id: 3,
-                mapping_id: 7,
-                address: 0x5678,
-                line: vec![],
-                ..Default::default()
-            },
-        ],
+        location: locations(),
         sample: vec![proto::Sample {
             location_id: vec![1, 3, 0, 2, 42],
             value: vec![5, 50],
@@ -85,6 +58,39 @@ fn profile() -> proto::Profile {
         }],
         ..Default::default()
     }
+}
+
+/// A kernel location, one holding an inlined pair and an unknown function,
+/// and one in a mapping that does not exist.
+fn locations() -> Vec<proto::Location> {
+    let line = |function_id, line| proto::Line {
+        function_id,
+        line,
+        ..Default::default()
+    };
+    vec![
+        proto::Location {
+            id: 1,
+            mapping_id: 1,
+            address: 0xffff_ffff_8100_0000,
+            line: vec![line(3, 0)],
+            ..Default::default()
+        },
+        proto::Location {
+            id: 2,
+            mapping_id: 2,
+            address: 0x1234,
+            line: vec![line(2, 7), line(1, 20), line(9, 1)],
+            ..Default::default()
+        },
+        proto::Location {
+            id: 3,
+            mapping_id: 7,
+            address: 0x5678,
+            line: vec![],
+            ..Default::default()
+        },
+    ]
 }
 
 #[test]

@@ -240,6 +240,10 @@ mod tests {
     }
 
     #[test]
+    #[expect(
+        clippy::too_many_lines,
+        reason = "a table: one case per runtime and cgroup driver, read top to bottom"
+    )]
     fn runtimes_are_recognized_by_their_cgroup_naming() {
         use ContainerRuntime::*;
         let uid_ = UID.replace('-', "_");

@@ -330,7 +330,7 @@ impl Exit {
     }
 }
 
-/// The deadline from SIGTERM to exit.
+/// How long firn may take from SIGTERM to exit.
 pub const EXIT_DEADLINE: Duration = Duration::from_secs(10);
 
 impl Firn {

@@ -30,7 +30,7 @@ pub struct SoakArgs {
     scale: Option<f64>,
     /// The length of each scenario's fault phase in minutes, the other
     /// phases in proportion (e.g. `--minutes 30 --scenario big-binary` for
-    /// the 30 minutes).
+    /// the full-length run).
     #[arg(long)]
     minutes: Option<f64>,
     /// Run only this scenario (repeatable); all of them by default.

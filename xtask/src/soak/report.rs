@@ -8,8 +8,8 @@ use super::{
     monitor::{Counters, Point, Series},
 };
 
-/// The issue's memory targets while a 200+ MB binary runs and the server
-/// is down.
+/// The resident memory firn must stay under (at its peak, and once steady)
+/// while a 200+ MB binary runs and the server is down.
 const PEAK_TARGET_MB: f64 = 64.0;
 const STEADY_TARGET_MB: f64 = 48.0;
 
@@ -29,7 +29,7 @@ pub struct Outcome {
     pub notes: Vec<String>,
     /// The phase whose steady RSS and stalls are judged.
     pub fault_phase: usize,
-    /// Check the issue's memory targets.
+    /// Judge the RSS against `PEAK_TARGET_MB` and `STEADY_TARGET_MB`.
     pub targets: bool,
     pub log: PathBuf,
     pub error: Option<String>,
@@ -205,6 +205,44 @@ pub fn print_scenario(outcome: &Outcome) {
         outcome.scenario.name(),
         outcome.profile_seconds
     );
+    print_phases(outcome, series);
+    print_memory_over_time(series);
+    match &outcome.resumed {
+        Some(Resumed::After(seconds, what)) => {
+            println!("delivery resumed: yes ({what} grew {seconds:.1} s after the fault ended)")
+        }
+        Some(Resumed::No(seconds, what)) => {
+            println!("delivery resumed: NO ({what} did not grow within {seconds:.0} s)")
+        }
+        None => {}
+    }
+    if outcome.targets {
+        let m = outcome.memory();
+        println!(
+            "memory targets: peak RSS (VmHWM) {:.1} MB (< {PEAK_TARGET_MB}), steady {:.1} MB \
+             (< {STEADY_TARGET_MB}), growth over the fault phase {:+.1} MB; anonymous: peak \
+             {:.1} MB, steady {:.1} MB",
+            m.peak, m.steady, m.growth, m.peak_anon, m.steady_anon
+        );
+    }
+    for note in &outcome.notes {
+        println!("{note}");
+    }
+    if let Some(exit) = &outcome.exit {
+        println!("SIGTERM: {}", exit.describe());
+        if !exit.wait_channels.is_empty() {
+            println!("  firn's threads were waiting in: {}", exit.wait_channels);
+        }
+    }
+    println!(
+        "verdict: {}   (log: {})",
+        outcome.verdict(),
+        outcome.log.display()
+    );
+}
+
+/// One row per phase: memory, CPU and the counters' growth in it.
+fn print_phases(outcome: &Outcome, series: &Series) {
     println!(
         "{:<10}{:>6}{:>20}{:>9}{:>9}{:>8}{:>9}{:>9}{:>8}{:>8}{:>7}{:>8}{:>11}{:>7}",
         "phase",
@@ -259,6 +297,10 @@ pub fn print_scenario(outcome: &Outcome) {
             max_of(&own, |c| c.processes),
         );
     }
+}
+
+/// RSS through the run, and what went wrong while watching it.
+fn print_memory_over_time(series: &Series) {
     let points = &series.points;
     let span = points.last().map_or(0.0, |p| p.at);
     let step = (span / 12.0).ceil().max(1.0);
@@ -292,38 +334,6 @@ pub fn print_scenario(outcome: &Outcome) {
             series.unanswered
         );
     }
-    match &outcome.resumed {
-        Some(Resumed::After(seconds, what)) => {
-            println!("delivery resumed: yes ({what} grew {seconds:.1} s after the fault ended)")
-        }
-        Some(Resumed::No(seconds, what)) => {
-            println!("delivery resumed: NO ({what} did not grow within {seconds:.0} s)")
-        }
-        None => {}
-    }
-    if outcome.targets {
-        let m = outcome.memory();
-        println!(
-            "memory targets: peak RSS (VmHWM) {:.1} MB (< {PEAK_TARGET_MB}), steady {:.1} MB \
-             (< {STEADY_TARGET_MB}), growth over the fault phase {:+.1} MB; anonymous: peak \
-             {:.1} MB, steady {:.1} MB",
-            m.peak, m.steady, m.growth, m.peak_anon, m.steady_anon
-        );
-    }
-    for note in &outcome.notes {
-        println!("{note}");
-    }
-    if let Some(exit) = &outcome.exit {
-        println!("SIGTERM: {}", exit.describe());
-        if !exit.wait_channels.is_empty() {
-            println!("  firn's threads were waiting in: {}", exit.wait_channels);
-        }
-    }
-    println!(
-        "verdict: {}   (log: {})",
-        outcome.verdict(),
-        outcome.log.display()
-    );
 }
 
 pub fn print_summary(outcomes: &[Outcome]) {

@@ -54,6 +54,19 @@ fn with(extra: &[(&str, &str)]) -> LabelSet {
 }
 
 fn cases() -> Vec<Case> {
+    [
+        replace_cases(),
+        replace_target_cases(),
+        filter_cases(),
+        other_cases(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// `replace`, the default action.
+fn replace_cases() -> Vec<Case> {
     vec![
         Case {
             name: "replace with the defaults copies the source",
@@ -104,6 +117,12 @@ fn cases() -> Vec<Case> {
             input: base(),
             output: Some(with(&[("short", "ginx")])),
         },
+    ]
+}
+
+/// `replace` onto a target that is deleted, templated, or invalid.
+fn replace_target_cases() -> Vec<Case> {
+    vec![
         Case {
             name: "replace to an empty value deletes the target",
             rules: vec![rule(
@@ -139,6 +158,12 @@ fn cases() -> Vec<Case> {
             input: base(),
             output: Some(base()),
         },
+    ]
+}
+
+/// `keep` and `drop`: whole label sets.
+fn filter_cases() -> Vec<Case> {
+    vec![
         Case {
             name: "keep keeps a matching set",
             rules: vec![rule(
@@ -172,6 +197,12 @@ fn cases() -> Vec<Case> {
             input: base(),
             output: Some(base()),
         },
+    ]
+}
+
+/// The actions on label names and values, and rules in sequence.
+fn other_cases() -> Vec<Case> {
+    vec![
         Case {
             name: "hashmod takes the MD5 of the value modulo",
             rules: vec![rule(

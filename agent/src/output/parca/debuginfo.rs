@@ -214,45 +214,37 @@ impl Uploader {
             .await?
         };
         let size = source.len();
-        let initiated = client
-            .initiate_upload(InitiateUploadRequest {
-                build_id: build_id.to_owned(),
-                size: i64::try_from(size).unwrap_or(i64::MAX),
-                hash,
-                force: false,
-                r#type: DebuginfoType::DebuginfoUnspecified.into(),
-                build_id_type: BuildIdType::Gnu.into(),
-            })
-            .await;
-        let instructions = match initiated {
-            Ok(response) => response
-                .into_inner()
-                .upload_instructions
-                .ok_or(UploadError::NoInstructions)?,
-            // Another agent got there first, the server holds this very
-            // file already marked invalid, or it will never take this file
-            // (too large): asking again would not help.
-            Err(status)
-                if matches!(
-                    status.code(),
-                    Code::AlreadyExists | Code::FailedPrecondition | Code::InvalidArgument
-                ) =>
-            {
-                return Ok(self.skipped(build_id, &object_path, status.message()));
+        let upload_id = match initiate(&mut client, build_id, size, hash).await? {
+            Initiated::Upload { upload_id } => upload_id,
+            Initiated::Declined { reason } => {
+                return Ok(self.skipped(build_id, &object_path, &reason));
             }
-            Err(status) => return Err(UploadError::rpc("InitiateUpload", &status)),
         };
-        if instructions.upload_strategy() != UploadStrategy::Grpc {
-            return Ok(self.skipped(
-                build_id,
-                &object_path,
-                "the server asks for a signed-URL upload, which firn does not do",
-            ));
-        }
+        self.send(&mut client, build_id, upload_id, &source).await?;
+        Stats::inc(&self.stats.debuginfo_uploads);
+        info!(
+            build_id,
+            object = object_path,
+            file = source.description,
+            bytes = size,
+            "debuginfo uploaded"
+        );
+        Ok(Outcome::Uploaded)
+    }
+
+    /// Streams `source` as upload `upload_id` and tells the server it is
+    /// complete, unless reading it failed part way.
+    async fn send(
+        &self,
+        client: &mut DebuginfoClient,
+        build_id: &str,
+        upload_id: String,
+        source: &Source,
+    ) -> Result<(), UploadError> {
         let info = UploadRequest {
             data: Some(upload_request::Data::Info(UploadInfo {
                 build_id: build_id.to_owned(),
-                upload_id: instructions.upload_id.clone(),
+                upload_id: upload_id.clone(),
                 r#type: DebuginfoType::DebuginfoUnspecified.into(),
             })),
         };
@@ -282,21 +274,70 @@ impl Uploader {
         client
             .mark_upload_finished(MarkUploadFinishedRequest {
                 build_id: build_id.to_owned(),
-                upload_id: instructions.upload_id,
+                upload_id,
                 r#type: DebuginfoType::DebuginfoUnspecified.into(),
             })
             .await
             .map_err(|status| UploadError::rpc("MarkUploadFinished", &status))?;
-        Stats::inc(&self.stats.debuginfo_uploads);
-        info!(
-            build_id,
-            object = object_path,
-            file = source.description,
-            bytes = size,
-            "debuginfo uploaded"
-        );
-        Ok(Outcome::Uploaded)
+        Ok(())
     }
+}
+
+/// What the server said to an upload of this build id.
+enum Initiated {
+    Upload {
+        upload_id: String,
+    },
+    /// It will not take the file, and asking again would not help.
+    Declined {
+        reason: String,
+    },
+}
+
+async fn initiate(
+    client: &mut DebuginfoClient,
+    build_id: &str,
+    size: u64,
+    hash: String,
+) -> Result<Initiated, UploadError> {
+    let initiated = client
+        .initiate_upload(InitiateUploadRequest {
+            build_id: build_id.to_owned(),
+            size: i64::try_from(size).unwrap_or(i64::MAX),
+            hash,
+            force: false,
+            r#type: DebuginfoType::DebuginfoUnspecified.into(),
+            build_id_type: BuildIdType::Gnu.into(),
+        })
+        .await;
+    let instructions = match initiated {
+        Ok(response) => response
+            .into_inner()
+            .upload_instructions
+            .ok_or(UploadError::NoInstructions)?,
+        // Another agent got there first, the server holds this very
+        // file already marked invalid, or it will never take this file
+        // (too large): asking again would not help.
+        Err(status)
+            if matches!(
+                status.code(),
+                Code::AlreadyExists | Code::FailedPrecondition | Code::InvalidArgument
+            ) =>
+        {
+            return Ok(Initiated::Declined {
+                reason: status.message().to_owned(),
+            });
+        }
+        Err(status) => return Err(UploadError::rpc("InitiateUpload", &status)),
+    };
+    if instructions.upload_strategy() != UploadStrategy::Grpc {
+        return Ok(Initiated::Declined {
+            reason: "the server asks for a signed-URL upload, which firn does not do".into(),
+        });
+    }
+    Ok(Initiated::Upload {
+        upload_id: instructions.upload_id,
+    })
 }
 
 /// Reads `source` a chunk at a time into `sender`, each chunk waiting for

@@ -41,7 +41,7 @@ use crate::{process::ObjectFile, stats::Stats};
 
 /// Code generated from `proto/parca/`, nested as the packages are so the
 /// cross-package references resolve.
-#[allow(clippy::all, missing_docs)]
+#[allow(clippy::all, clippy::too_many_lines, missing_docs)]
 pub mod proto {
     pub mod parca {
         pub mod profilestore {
