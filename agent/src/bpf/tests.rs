@@ -1,0 +1,55 @@
+use super::*;
+
+#[test]
+fn ring_buffer_scales_with_cpus_within_bounds() {
+    assert_eq!(default_ring_buffer_bytes(1), 4 << 20);
+    assert_eq!(default_ring_buffer_bytes(2), 4 << 20);
+    assert_eq!(default_ring_buffer_bytes(6), 8 << 20);
+    assert_eq!(default_ring_buffer_bytes(64), 64 << 20);
+    assert_eq!(default_ring_buffer_bytes(4096), 256 << 20);
+}
+
+#[test]
+fn run_time_is_read_from_fdinfo() {
+    let fdinfo = "pos:\t0\nflags:\t02000002\nprog_type:\t7\nprog_id:\t42\n\
+                  run_time_ns:\t123456\nrun_cnt:\t789\nrecursion_misses:\t0\n";
+    assert_eq!(
+        parse_run_time(fdinfo),
+        Some(ProgramRunTime {
+            run_time_ns: 123_456,
+            run_count: 789
+        })
+    );
+    assert_eq!(parse_run_time("pos:\t0\nflags:\t0\n"), None);
+}
+
+#[test]
+fn copy_sizes_follow_the_unwind_mode() {
+    let mut config = SamplingConfig {
+        leaf_stack_copy_bytes: 1024,
+        stack_copy_bytes: 16384,
+        ..SamplingConfig::default()
+    };
+    let sizes = |config: &SamplingConfig| {
+        let bpf = bpf_config(config, 1 << 22);
+        (bpf.stack_copy_bytes, bpf.exec_copy_bytes)
+    };
+    assert_eq!(sizes(&config), (1024, 16384));
+    config.unwind = UnwindMode::FramePointers;
+    assert_eq!(sizes(&config), (1024, 0));
+    config.unwind = UnwindMode::Dwarf;
+    assert_eq!(sizes(&config), (16384, 0));
+}
+
+#[test]
+fn counter_deltas_saturate() {
+    let mut earlier = BpfCounters::default();
+    let mut later = BpfCounters::default();
+    earlier.values[0] = 10;
+    later.values[0] = 25;
+    later.values[1] = 3;
+    let delta = later.since(&earlier);
+    assert_eq!(delta.get(Counter::SamplesSeen), 15);
+    assert_eq!(delta.get(Counter::SamplesWritten), 3);
+    assert_eq!(earlier.since(&later).get(Counter::SamplesSeen), 0);
+}

@@ -1,0 +1,150 @@
+use super::*;
+use agent_symbolize::SymbolConfig;
+
+use crate::{
+    labels::{Labeler, MetadataConfig},
+    output::build_whole_profile,
+    symbolize::HostSymbolizer,
+};
+
+/// A sample of a process that exited before firn read its maps: the
+/// frames stay, as unknown addresses, and the loss is counted.
+#[test]
+fn vanished_process_yields_unknown_frames_not_a_crash() {
+    let stats = Arc::new(Stats::default());
+    let mut pipeline = Pipeline::new(&PipelineConfig::default(), stats.clone());
+    // Beyond pid_max: no such process can exist.
+    let ghost = 4_194_305;
+    pipeline.sample(RawSample {
+        tgid: ghost,
+        tid: ghost,
+        comm: "ghost".into(),
+        user_stack: vec![0x5555_0000_1000, 0x5555_0000_2000],
+        ..RawSample::default()
+    });
+    let aggregated = pipeline.take_profile();
+    assert_eq!(aggregated.samples, 1);
+    let mut symbolizer =
+        HostSymbolizer::new(&Host::system(), &SymbolConfig::default(), stats.clone());
+    let metadata = MetadataConfig {
+        node: "node".into(),
+        external_labels: Vec::new(),
+        relabel_rules: Vec::new(),
+        kubernetes: None,
+    };
+    let labeler = Labeler::new(&metadata, &Host::system(), None);
+    let (profile, summary) =
+        build_whole_profile(aggregated, 10_000_000, &labeler, &mut symbolizer, &stats);
+    assert_eq!(summary.unknown_user_locations, 2);
+    let names = agent_pprof::Reader::new(&profile)
+        .samples()
+        .next()
+        .map(|sample| sample.function_names())
+        .unwrap_or_default();
+    assert_eq!(names, ["0x555500001000", "0x555500002000"]);
+    let snapshot = stats.snapshot();
+    assert_eq!(snapshot.processes_gone, 1);
+    assert_eq!(snapshot.user_frames_unknown, 2);
+}
+
+#[test]
+fn a_drain_pass_yields_even_when_records_never_stop() {
+    // Slow records arriving faster than they are handled: the pass must
+    // end after its slice and report what is left.
+    // Sleeps only ever run long (a loaded machine), so: at most 7
+    // batches of at least 5 ms fit before the 30 ms check stops it, and
+    // it never stops before its slice is used.
+    let mut batches = 0;
+    let started = Instant::now();
+    let pending = drain_for(Duration::from_millis(30), |limit| {
+        batches += 1;
+        std::thread::sleep(Duration::from_millis(5));
+        limit
+    });
+    assert!(pending);
+    assert!(started.elapsed() >= Duration::from_millis(30));
+    assert!(
+        (1..=7).contains(&batches),
+        "{batches} batches in a 30 ms slice"
+    );
+    let mut calls = 0;
+    let pending = drain_for(Duration::from_secs(60), |limit| {
+        calls += 1;
+        if calls < 3 { limit } else { 7 }
+    });
+    assert!(!pending, "a short batch means the ring is empty");
+    assert_eq!(calls, 3);
+}
+
+/// Code mapped after firn read the process's maps (a dlopen): the
+/// unwind that runs into it has the maps read again and starts over.
+#[test]
+fn an_unmapped_address_has_the_maps_read_again_once() {
+    use agent_common::UserRegs;
+
+    let stats = Arc::new(Stats::default());
+    let policy = UnwindPolicy::new(UnwindMode::Dwarf, 16384, 8, stats.clone());
+    let mut pipeline = Pipeline::new(&PipelineConfig::default(), stats.clone()).with_unwind(policy);
+    let pid = std::process::id();
+    let before = pipeline.processes.image(pid, "test");
+    let code = memmap2::MmapMut::map_anon(4096)
+        .and_then(|map| map.make_exec())
+        .expect("executable memory");
+    let ip = code.as_ptr() as u64 + 16;
+    assert!(before.mapping_index(ip).is_none());
+    // Maps are read again at most once a second.
+    std::thread::sleep(Duration::from_millis(1100));
+    let sample = RawSample {
+        tgid: pid,
+        tid: pid,
+        user_regs: Some(UserRegs {
+            ip,
+            sp: 0x7ffd_0000,
+            bp: 0,
+        }),
+        stack_copy: vec![0; 64],
+        ..RawSample::default()
+    };
+    pipeline.sample(sample.clone());
+    let snapshot = stats.snapshot();
+    assert_eq!(snapshot.maps_refreshed, 1);
+    // Over the fresh maps the address is code without CFI, not unmapped.
+    assert_eq!(
+        (
+            snapshot.unwind_failed_no_cfi,
+            snapshot.unwind_failed_unmapped
+        ),
+        (1, 0)
+    );
+    let after = pipeline
+        .processes
+        .lookup(pid)
+        .expect("the process is known");
+    assert!(after.mapping_index(ip).is_some());
+
+    // Nowhere mapped: read again only once the second has passed.
+    let nowhere = RawSample {
+        user_regs: Some(UserRegs {
+            ip: 16,
+            ..sample.user_regs.expect("registers")
+        }),
+        ..sample
+    };
+    pipeline.sample(nowhere);
+    let snapshot = stats.snapshot();
+    assert_eq!(
+        (snapshot.maps_refreshed, snapshot.unwind_failed_unmapped),
+        (1, 1)
+    );
+    drop(code);
+}
+
+#[test]
+fn malformed_records_are_counted() {
+    let stats = Arc::new(Stats::default());
+    let mut pipeline = Pipeline::new(&PipelineConfig::default(), stats.clone());
+    pipeline.handle(&[1, 0, 0, 0, 9]);
+    pipeline.handle(&[]);
+    assert_eq!(stats.snapshot().records_malformed, 2);
+    assert_eq!(pipeline.take_profile().samples, 0);
+}
