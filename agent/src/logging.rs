@@ -74,6 +74,23 @@ pub fn check_level(level: &str) -> Result<(), LoggingError> {
         })
 }
 
+/// An error and its causes on one line. A cause whose text its parent
+/// already ends with (errors that print their source in their own
+/// message, as kube's do) is not repeated.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line
+}
+
 /// Installs the global subscriber.
 pub fn init(filter: EnvFilter, format: LogFormat) -> Result<(), LoggingError> {
     let registry = tracing_subscriber::registry().with(filter);
@@ -104,6 +121,27 @@ pub fn init(filter: EnvFilter, format: LogFormat) -> Result<(), LoggingError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Failure {
+        #[error("reading the pods failed")]
+        Plain(#[source] std::io::Error),
+        #[error("listing failed: {0}")]
+        Repeats(#[source] std::io::Error),
+    }
+
+    #[test]
+    fn an_error_chain_names_each_cause_once() {
+        let cause = || std::io::Error::other("no route to host");
+        assert_eq!(
+            error_chain(&Failure::Plain(cause())),
+            "reading the pods failed: no route to host"
+        );
+        assert_eq!(
+            error_chain(&Failure::Repeats(cause())),
+            "listing failed: no route to host"
+        );
+    }
 
     #[test]
     fn levels_and_directives_parse_and_garbage_does_not() {

@@ -4,7 +4,8 @@
 //! their cgroups.
 
 mod client;
-pub mod objects;
+mod objects;
+mod transport;
 
 use std::{
     collections::HashMap,
@@ -12,7 +13,7 @@ use std::{
 };
 
 pub use client::{KubernetesError, KubernetesWatcher};
-pub use objects::{ContainerInfo, PodInfo};
+pub use objects::{ContainerInfo, ObjectError, PodInfo};
 
 /// Pods indexed; more than any node runs (the kubelet's default is 110).
 pub const MAX_PODS: usize = 4096;
