@@ -1,7 +1,9 @@
 //! Logs on stderr, one event a line: logfmt (`key=value`, what journald
 //! and Loki take as is) or JSON, filtered by `--log-level`.
 
-use tracing_subscriber::{EnvFilter, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing_subscriber::{
+    EnvFilter, filter::LevelFilter, layer::SubscriberExt, util::SubscriberInitExt,
+};
 
 /// `--log-format`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,11 +41,27 @@ pub const LEVELS: &str = "off, error, warn, info, debug, trace";
 /// `info,firn::output=debug`).
 pub fn filter(level: &str) -> Result<EnvFilter, LoggingError> {
     check_level(level)?;
-    EnvFilter::try_new(level).map_err(|source| LoggingError::Level {
-        level: level.to_owned(),
-        source,
-    })
+    let parse = |directives: &str| {
+        EnvFilter::try_new(directives).map_err(|source| LoggingError::Level {
+            level: level.to_owned(),
+            source,
+        })
+    };
+    let filter = parse(level)?;
+    let above_error = filter
+        .max_level_hint()
+        .is_none_or(|max| max > LevelFilter::ERROR);
+    if !above_error || level.contains("kube") {
+        return Ok(filter);
+    }
+    parse(&format!("{level},{QUIET_LIBRARIES}"))
 }
+
+/// kube's client and watcher warn at every retry of a failing list or
+/// watch, some with the API server's whole answer; firn logs those
+/// failures itself, once per run of them. They say more only when a
+/// `--log-level` directive names them.
+const QUIET_LIBRARIES: &str = "kube_client=error,kube_runtime=error";
 
 /// Checks a `--log-level` more strictly than the tracing filter does: each
 /// comma-separated directive is a level or ends in `=level`. A bare word
@@ -141,6 +159,16 @@ mod tests {
             error_chain(&Failure::Repeats(cause())),
             "listing failed: no route to host"
         );
+    }
+
+    #[test]
+    fn kube_warns_only_when_named() {
+        let shown = |level: &str| filter(level).expect("a filter").to_string();
+        assert!(shown("info").contains("kube_client=error"));
+        assert!(shown("debug,kube_runtime=debug").contains("kube_runtime=debug"));
+        assert!(!shown("debug,kube_runtime=debug").contains("kube_client"));
+        assert!(!shown("off").contains("kube"), "off stays off");
+        assert!(!shown("error").contains("kube"));
     }
 
     #[test]

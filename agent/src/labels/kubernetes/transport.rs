@@ -8,11 +8,11 @@
 
 use std::{
     future::Future,
-    path::{Path, PathBuf},
+    path::PathBuf,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex},
     task::{Context, Poll, ready},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -28,7 +28,7 @@ use tokio::time::Sleep;
 use tower::{BoxError, Layer, Service, ServiceBuilder};
 use tracing::debug;
 
-use crate::stats::Stats;
+use crate::{backoff::Backoff, stats::Stats};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// From sending a watch to its answer's headers (TLS handshake included).
@@ -38,6 +38,10 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_LIST_BYTES: usize = 256 << 20;
 /// Longest watch event line (a pod object).
 const MAX_EVENT_BYTES: usize = 4 << 20;
+/// A watch that ended sooner than this after it started was cut short.
+const QUICK_WATCH: Duration = Duration::from_secs(1);
+const PACING_FIRST: Duration = Duration::from_millis(500);
+const PACING_MAX: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
@@ -74,8 +78,11 @@ pub fn client(
     let service = ServiceBuilder::new()
         .layer(BaseUriLayer::new(base))
         .layer(ApiRequestLayer {
-            token_file: token_file.map(Arc::from),
-            stats,
+            shared: Arc::new(Shared {
+                token_file,
+                stats,
+                pacing: Mutex::new(WatchPacing::new()),
+            }),
         })
         .service(http_client);
     kube::Client::new(service, "default")
@@ -91,8 +98,7 @@ fn untrusting_tls() -> ClientConfig {
 
 #[derive(Clone)]
 struct ApiRequestLayer {
-    token_file: Option<Arc<Path>>,
-    stats: Arc<Stats>,
+    shared: Arc<Shared>,
 }
 
 impl<S> Layer<S> for ApiRequestLayer {
@@ -101,22 +107,19 @@ impl<S> Layer<S> for ApiRequestLayer {
     fn layer(&self, inner: S) -> ApiRequests<S> {
         ApiRequests {
             inner,
-            token_file: self.token_file.clone(),
-            stats: self.stats.clone(),
+            shared: self.shared.clone(),
         }
     }
 }
 
-/// Adds firn's headers and the token to each request and puts the time
-/// and size limits on its answer.
-#[derive(Clone)]
-struct ApiRequests<S> {
-    inner: S,
-    token_file: Option<Arc<Path>>,
+/// What every copy of the service shares.
+struct Shared {
+    token_file: Option<PathBuf>,
     stats: Arc<Stats>,
+    pacing: Mutex<WatchPacing>,
 }
 
-impl<S> ApiRequests<S> {
+impl Shared {
     /// `Bearer <token>`, marked sensitive so no HTTP layer prints it.
     fn token(&self) -> Option<HeaderValue> {
         let path = self.token_file.as_deref()?;
@@ -133,12 +136,52 @@ impl<S> ApiRequests<S> {
     }
 }
 
+/// Spaces out watches that end at once. kube starts the next watch as
+/// soon as one ends without an error (its backoff is for errors), and a
+/// server that closes every watch at once must not be hammered.
+struct WatchPacing {
+    backoff: Backoff,
+    last_start: Option<Instant>,
+}
+
+impl WatchPacing {
+    fn new() -> Self {
+        Self {
+            backoff: Backoff::new(PACING_FIRST, PACING_MAX),
+            last_start: None,
+        }
+    }
+
+    /// How long a watch about to start at `now` waits first.
+    fn delay(&mut self, now: Instant) -> Duration {
+        let quick = self
+            .last_start
+            .is_some_and(|last| now.saturating_duration_since(last) < QUICK_WATCH);
+        let delay = if quick {
+            self.backoff.wait()
+        } else {
+            self.backoff.reset(PACING_FIRST);
+            Duration::ZERO
+        };
+        self.last_start = Some(now + delay);
+        delay
+    }
+}
+
+/// Adds firn's headers and the token to each request, paces watches, and
+/// puts the time and size limits on each answer.
+#[derive(Clone)]
+struct ApiRequests<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
 type ResponseFuture<B> =
     Pin<Box<dyn Future<Output = Result<Response<BoundedBody<B>>, BoxError>> + Send>>;
 
 impl<S, B> Service<Request<KubeBody>> for ApiRequests<S>
 where
-    S: Service<Request<KubeBody>, Response = Response<B>>,
+    S: Service<Request<KubeBody>, Response = Response<B>> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
     B: Body<Data = Bytes> + Unpin,
@@ -160,22 +203,29 @@ where
         headers
             .entry(header::ACCEPT)
             .or_insert(HeaderValue::from_static("application/json"));
-        if let Some(token) = self.token() {
+        if let Some(token) = self.shared.token() {
             request.headers_mut().insert(header::AUTHORIZATION, token);
         }
         let watch = is_watch(request.uri());
-        let limit = if watch {
-            WATCH_START_TIMEOUT
+        let (limit, delay) = if watch {
+            let mut pacing = self.shared.pacing.lock().unwrap_or_else(|e| e.into_inner());
+            (WATCH_START_TIMEOUT, pacing.delay(Instant::now()))
         } else {
-            LIST_TIMEOUT
+            (LIST_TIMEOUT, Duration::ZERO)
         };
-        let response = self.inner.call(request);
-        let stats = self.stats.clone();
+        // The service polled ready goes with the request; a copy stays.
+        let copy = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, copy);
+        let stats = self.shared.stats.clone();
         Box::pin(async move {
+            if !delay.is_zero() {
+                debug!(?delay, "the last watch ended at once; waiting");
+                tokio::time::sleep(delay).await;
+            }
             let sleep = tokio::time::sleep(limit);
             let body_deadline = (!watch).then(|| Box::pin(tokio::time::sleep(limit)));
             let response = tokio::select! {
-                response = response => response.map_err(Into::into)?,
+                response = inner.call(request) => response.map_err(Into::into)?,
                 () = sleep => return Err(TransportError::Timeout { limit }.into()),
             };
             Ok(response.map(|inner| BoundedBody {
@@ -309,6 +359,23 @@ mod tests {
         )));
         assert!(!is_watch(&uri("/api/v1/pods?allowWatchBookmarks=true")));
         assert!(!is_watch(&uri("/api/v1/pods")));
+    }
+
+    #[test]
+    fn watches_cut_short_are_spaced_out() {
+        let mut pacing = WatchPacing::new();
+        let start = Instant::now();
+        assert_eq!(pacing.delay(start), Duration::ZERO, "the first watch");
+        let first = pacing.delay(start + Duration::from_millis(10));
+        assert!(first > Duration::ZERO && first <= PACING_FIRST);
+        let later = start + Duration::from_millis(10) + first;
+        assert!(pacing.delay(later) > first / 2, "growing");
+        let long_after = later + Duration::from_secs(300);
+        assert_eq!(
+            pacing.delay(long_after),
+            Duration::ZERO,
+            "a watch that lasted"
+        );
     }
 
     #[test]
