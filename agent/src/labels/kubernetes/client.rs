@@ -91,8 +91,10 @@ impl KubernetesWatcher {
 struct Endpoint {
     /// Scheme and authority; a path in the configured address is ignored.
     base: Uri,
-    /// `None` for plain `http://`, which is only used when asked for.
-    tls: Option<Arc<ClientConfig>>,
+    /// For `https://`, trusting the configured CA. Plain `http://` (only
+    /// when asked for) never reaches TLS, but the connector still wants a
+    /// configuration: one that trusts nothing.
+    tls: Arc<ClientConfig>,
     token_file: Option<PathBuf>,
     selector: String,
     node: String,
@@ -119,9 +121,11 @@ impl Endpoint {
             .path_and_query("/")
             .build()
             .map_err(|_| bad())?;
-        let tls = secure
-            .then(|| tls_config(config.ca_file.as_ref()))
-            .transpose()?;
+        let tls = if secure {
+            tls_config(config.ca_file.as_ref())?
+        } else {
+            client_config(RootCertStore::empty())?
+        };
         Ok(Self {
             base,
             tls,
@@ -157,6 +161,10 @@ fn tls_config(ca_file: Option<&PathBuf>) -> Result<Arc<ClientConfig>, Kubernetes
             roots.add_parsable_certificates(native.certs);
         }
     }
+    client_config(roots)
+}
+
+fn client_config(roots: RootCertStore) -> Result<Arc<ClientConfig>, KubernetesError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -344,11 +352,9 @@ mod tests {
     fn api_server_addresses_are_checked() {
         let endpoint = Endpoint::new(&config("https://10.96.0.1:443")).expect("in-cluster form");
         assert_eq!(endpoint.base, "https://10.96.0.1:443/");
-        assert!(endpoint.tls.is_some(), "https means TLS, verified");
         assert_eq!(endpoint.selector, "spec.nodeName=node a");
         let endpoint = Endpoint::new(&config("http://[::1]:8080/ignored")).expect("plain, IPv6");
         assert_eq!(endpoint.base, "http://[::1]:8080/");
-        assert!(endpoint.tls.is_none());
         assert_eq!(
             Endpoint::new(&config("https://k8s")).map(|e| e.base).ok(),
             Some(Uri::from_static("https://k8s/"))
@@ -356,12 +362,16 @@ mod tests {
         for bad in ["k8s:443", "ftp://k8s", "", "https://"] {
             assert!(Endpoint::new(&config(bad)).is_err(), "{bad}");
         }
+        // https means TLS verified against the CA, which must be readable;
+        // plain http reads no CA.
         let mut with_ca = config("https://k8s");
         with_ca.ca_file = Some("/nonexistent/ca.crt".into());
         assert!(matches!(
             Endpoint::new(&with_ca),
             Err(KubernetesError::CaFile { .. })
         ));
+        with_ca.api_server = "http://k8s".into();
+        assert!(Endpoint::new(&with_ca).is_ok());
     }
 
     fn pod(uid: &str, node: &str) -> Pod {

@@ -54,11 +54,11 @@ pub enum TransportError {
 }
 
 /// A kube client for the API server at `base` (scheme and authority
-/// only); `tls` is `None` for plain `http://`. Must be called inside a
-/// tokio runtime: the client spawns its request queue there.
+/// only). Must be called inside a tokio runtime: the client spawns its
+/// request queue there.
 pub fn client(
     base: Uri,
-    tls: Option<Arc<ClientConfig>>,
+    tls: Arc<ClientConfig>,
     token_file: Option<PathBuf>,
     stats: Arc<Stats>,
 ) -> kube::Client {
@@ -66,11 +66,8 @@ pub fn client(
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-    // Plain http never reaches TLS; the connector still wants a
-    // configuration, and one that trusts nothing is the safe one.
-    let tls = tls.map_or_else(untrusting_tls, |tls| (*tls).clone());
     let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
+        .with_tls_config((*tls).clone())
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
@@ -86,14 +83,6 @@ pub fn client(
         })
         .service(http_client);
     kube::Client::new(service, "default")
-}
-
-fn untrusting_tls() -> ClientConfig {
-    ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default TLS versions")
-        .with_root_certificates(rustls::RootCertStore::empty())
-        .with_no_client_auth()
 }
 
 #[derive(Clone)]
