@@ -19,7 +19,7 @@ use crate::{
     config_file::ConfigFile,
     labels::{
         CgroupInfo,
-        kubernetes::PodInfo,
+        kubernetes::{PodInfo, PodObject},
         relabel::{LabelSet, relabel},
     },
     process::{
@@ -431,16 +431,15 @@ pub fn relabel_labels(data: &[u8]) {
 /// Kubernetes API answers as kube parses them (a pod list, a watch event
 /// line), then firn's reading of each pod in them.
 pub fn kubernetes_pod(data: &[u8]) {
-    use k8s_openapi::api::core::v1::Pod;
     use kube::core::{ObjectList, WatchEvent};
 
-    if let Ok(list) = serde_json::from_slice::<ObjectList<Pod>>(data) {
+    if let Ok(list) = serde_json::from_slice::<ObjectList<PodObject>>(data) {
         for pod in list.items {
             let _ = PodInfo::try_from(pod);
         }
     }
     if let Ok(WatchEvent::Added(pod) | WatchEvent::Modified(pod) | WatchEvent::Deleted(pod)) =
-        serde_json::from_slice::<WatchEvent<Pod>>(data)
+        serde_json::from_slice::<WatchEvent<PodObject>>(data)
     {
         let _ = PodInfo::try_from(pod);
     }

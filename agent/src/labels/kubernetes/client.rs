@@ -6,7 +6,6 @@
 use std::{path::PathBuf, sync::Arc, thread};
 
 use http::Uri;
-use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{
     WatchStreamExt,
     watcher::{self, Event},
@@ -19,7 +18,11 @@ use tokio::sync::watch;
 use tokio_stream::StreamExt;
 use tracing::{debug, info, warn};
 
-use super::{MAX_PODS, PodIndex, objects::PodInfo, transport};
+use super::{
+    MAX_PODS, PodIndex,
+    objects::{PodInfo, PodObject},
+    transport,
+};
 use crate::{config::KubernetesConfig, logging::error_chain, stats::Stats};
 
 #[derive(Debug, thiserror::Error)]
@@ -186,7 +189,7 @@ async fn run(
         endpoint.token_file,
         stats.clone(),
     );
-    let pods = kube::Api::<Pod>::all(client);
+    let pods = kube::Api::<PodObject>::all(client);
     // Any version: lists are served from the API server's cache rather
     // than etcd, which matters with one agent per node; the watch catches
     // up from there.
@@ -232,7 +235,7 @@ struct PodSync {
 }
 
 impl PodSync {
-    fn event(&mut self, event: Event<Pod>) {
+    fn event(&mut self, event: Event<PodObject>) {
         match event {
             Event::Init => {
                 self.listed = Some(Vec::new());
@@ -279,7 +282,7 @@ impl PodSync {
 
     /// What firn keeps of a pod of this node; `None` (counted) for a pod
     /// it cannot use.
-    fn pod(&self, pod: Pod) -> Option<PodInfo> {
+    fn pod(&self, pod: PodObject) -> Option<PodInfo> {
         let pod = match PodInfo::try_from(pod) {
             Ok(pod) => pod,
             Err(error) => {
@@ -374,7 +377,7 @@ mod tests {
         assert!(Endpoint::new(&with_ca).is_ok());
     }
 
-    fn pod(uid: &str, node: &str) -> Pod {
+    fn pod(uid: &str, node: &str) -> PodObject {
         serde_json::from_value(serde_json::json!({
             "metadata": {"uid": uid, "name": format!("pod-{uid}"), "namespace": "ns"},
             "spec": {"nodeName": node, "containers": [{"name": "app"}]},

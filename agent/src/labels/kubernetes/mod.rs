@@ -13,7 +13,7 @@ use std::{
 };
 
 pub use client::{KubernetesError, KubernetesWatcher};
-pub use objects::{ContainerInfo, ObjectError, PodInfo};
+pub use objects::{ContainerInfo, ObjectError, PodInfo, PodObject};
 
 /// Pods indexed; more than any node runs (the kubelet's default is 110).
 pub const MAX_PODS: usize = 4096;

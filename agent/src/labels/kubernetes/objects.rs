@@ -1,10 +1,14 @@
-//! What firn keeps of a Kubernetes Pod: the few fields it labels with,
-//! taken out of the API object as soon as it arrives so the index holds
-//! small values, not whole pods. Conversion only; no I/O.
+//! What firn reads of a Kubernetes Pod: the API object as the watcher
+//! parses it ([`PodObject`]: k8s-openapi's metadata, and of the spec and
+//! status only the fields firn labels with), and the few values the index
+//! keeps of it ([`PodInfo`]). Parsing and conversion only; no I/O.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::{
+    NamespaceResourceScope, api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use serde::Deserialize;
 
 /// Annotation values longer than this are left out of the metadata
 /// (`last-applied-configuration` can be hundreds of kilobytes).
@@ -14,6 +18,76 @@ const MAX_ANNOTATION_BYTES: usize = 4096;
 pub enum ObjectError {
     #[error("a pod without a uid")]
     NoUid,
+}
+
+/// A Pod as the API server sends it, with only what firn reads of its
+/// spec and status. k8s-openapi's whole `Pod` would parse (and hold) every
+/// probe, volume and resource of every container: about a megabyte more
+/// code in the binary and more memory per listed pod, for nothing firn
+/// uses. The metadata is k8s-openapi's, and the API path and kind are
+/// `Pod`'s.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct PodObject {
+    pub metadata: ObjectMeta,
+    spec: PodSpec,
+    status: PodStatus,
+}
+
+impl k8s_openapi::Resource for PodObject {
+    const API_VERSION: &'static str = <Pod as k8s_openapi::Resource>::API_VERSION;
+    const GROUP: &'static str = <Pod as k8s_openapi::Resource>::GROUP;
+    const KIND: &'static str = <Pod as k8s_openapi::Resource>::KIND;
+    const VERSION: &'static str = <Pod as k8s_openapi::Resource>::VERSION;
+    const URL_PATH_SEGMENT: &'static str = <Pod as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    type Scope = NamespaceResourceScope;
+}
+
+impl k8s_openapi::Metadata for PodObject {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct PodSpec {
+    node_name: String,
+    containers: Vec<ContainerSpec>,
+    init_containers: Vec<ContainerSpec>,
+    ephemeral_containers: Vec<ContainerSpec>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+struct ContainerSpec {
+    name: String,
+    image: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+struct PodStatus {
+    #[serde(rename = "podIP")]
+    pod_ip: String,
+    container_statuses: Vec<ContainerStatus>,
+    init_container_statuses: Vec<ContainerStatus>,
+    ephemeral_container_statuses: Vec<ContainerStatus>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default)]
+struct ContainerStatus {
+    name: String,
+    #[serde(rename = "containerID")]
+    container_id: String,
+    image: String,
 }
 
 /// One container of a pod, with its runtime id once it runs.
@@ -44,39 +118,33 @@ pub struct PodInfo {
     pub config_hash: Option<String>,
 }
 
-impl TryFrom<Pod> for PodInfo {
+impl TryFrom<PodObject> for PodInfo {
     type Error = ObjectError;
 
-    fn try_from(pod: Pod) -> Result<Self, ObjectError> {
-        let metadata = pod.metadata;
+    fn try_from(pod: PodObject) -> Result<Self, ObjectError> {
+        let PodObject {
+            metadata,
+            spec,
+            status,
+        } = pod;
         let uid = metadata
             .uid
             .filter(|uid| !uid.is_empty())
             .ok_or(ObjectError::NoUid)?;
-        let spec = pod.spec.unwrap_or_default();
-        let status = pod.status.unwrap_or_default();
         let images: BTreeMap<String, String> = spec
             .containers
             .into_iter()
-            .chain(spec.init_containers.into_iter().flatten())
-            .map(|c| (c.name, c.image.unwrap_or_default()))
-            .chain(
-                spec.ephemeral_containers
-                    .into_iter()
-                    .flatten()
-                    .map(|c| (c.name, c.image.unwrap_or_default())),
-            )
+            .chain(spec.init_containers)
+            .chain(spec.ephemeral_containers)
+            .map(|c| (c.name, c.image))
             .collect();
-        let mut containers: Vec<ContainerInfo> = [
-            status.container_statuses,
-            status.init_container_statuses,
-            status.ephemeral_container_statuses,
-        ]
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|c| container(c, &images))
-        .collect();
+        let mut containers: Vec<ContainerInfo> = status
+            .container_statuses
+            .into_iter()
+            .chain(status.init_container_statuses)
+            .chain(status.ephemeral_container_statuses)
+            .map(|c| container(c, &images))
+            .collect();
         // Containers not started yet are known by name only.
         for (name, image) in images {
             if !containers.iter().any(|c| c.name == name) {
@@ -104,8 +172,8 @@ impl TryFrom<Pod> for PodInfo {
             uid,
             namespace: metadata.namespace.unwrap_or_default(),
             name: metadata.name.unwrap_or_default(),
-            node_name: spec.node_name.unwrap_or_default(),
-            ip: status.pod_ip.unwrap_or_default(),
+            node_name: spec.node_name,
+            ip: status.pod_ip,
             labels: metadata.labels.unwrap_or_default(),
             annotations,
             controller,
@@ -118,11 +186,10 @@ impl TryFrom<Pod> for PodInfo {
 /// A container as its status names it; the image as the spec asked for
 /// it (the status may show the resolved one).
 fn container(status: ContainerStatus, images: &BTreeMap<String, String>) -> ContainerInfo {
-    let container_id = status.container_id.unwrap_or_default();
-    let (runtime, id) = match container_id.split_once("://") {
+    let (runtime, id) = match status.container_id.split_once("://") {
         Some((runtime, id)) => (Some(runtime.to_owned()), Some(id.to_owned())),
-        None if container_id.is_empty() => (None, None),
-        None => (None, Some(container_id)),
+        None if status.container_id.is_empty() => (None, None),
+        None => (None, Some(status.container_id)),
     };
     let image = images.get(&status.name).cloned().unwrap_or(status.image);
     ContainerInfo {
@@ -159,7 +226,7 @@ mod tests {
     }"#;
 
     fn pod_info(json: &str) -> Result<PodInfo, ObjectError> {
-        PodInfo::try_from(serde_json::from_str::<Pod>(json).expect("a Pod"))
+        PodInfo::try_from(serde_json::from_str::<PodObject>(json).expect("a Pod"))
     }
 
     #[test]
@@ -210,26 +277,27 @@ mod tests {
         let list = format!(
             r#"{{"kind":"PodList","apiVersion":"v1","metadata":{{"resourceVersion":"99"}},"items":[{POD}]}}"#
         );
-        let list: ObjectList<Pod> = serde_json::from_str(&list).expect("a pod list");
+        let list: ObjectList<PodObject> = serde_json::from_str(&list).expect("a pod list");
         assert_eq!(list.metadata.resource_version.as_deref(), Some("99"));
         assert_eq!(list.items.len(), 1);
         let deleted = format!(r#"{{"type":"DELETED","object":{POD}}}"#);
-        let Ok(WatchEvent::Deleted(pod)) = serde_json::from_str::<WatchEvent<Pod>>(&deleted) else {
+        let Ok(WatchEvent::Deleted(pod)) = serde_json::from_str::<WatchEvent<PodObject>>(&deleted)
+        else {
             panic!("a deleted pod");
         };
         assert!(PodInfo::try_from(pod).is_ok_and(|pod| pod.uid.starts_with("6b1f")));
         let gone = r#"{"type":"ERROR","object":{"kind":"Status","code":410,"reason":"Expired","message":"too old resource version"}}"#;
         assert!(matches!(
-            serde_json::from_str::<WatchEvent<Pod>>(gone),
+            serde_json::from_str::<WatchEvent<PodObject>>(gone),
             Ok(WatchEvent::Error(status)) if status.code == 410
         ));
         for bad in [
             r#"{"type":"ADDED","object":{"metadata":"wrong"}}"#,
-            r#"{"type":"ADDED","object":{"kind":"Service","metadata":{}}}"#,
+            r#"{"type":"ADDED","object":{"spec":{"containers":{}}}}"#,
             "{not json",
         ] {
             assert!(
-                serde_json::from_str::<WatchEvent<Pod>>(bad).is_err(),
+                serde_json::from_str::<WatchEvent<PodObject>>(bad).is_err(),
                 "{bad}"
             );
         }
