@@ -19,7 +19,7 @@ use crate::{
     config_file::ConfigFile,
     labels::{
         CgroupInfo,
-        kubernetes::{PodInfo, PodObject},
+        kubernetes::{PodInfo, objects::PodObject},
         relabel::{LabelSet, relabel},
     },
     process::{

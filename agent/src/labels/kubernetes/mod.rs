@@ -4,7 +4,7 @@
 //! their cgroups.
 
 mod client;
-mod objects;
+pub(crate) mod objects;
 mod transport;
 
 use std::{
@@ -13,7 +13,7 @@ use std::{
 };
 
 pub use client::{KubernetesError, KubernetesWatcher};
-pub use objects::{ContainerInfo, ObjectError, PodInfo, PodObject};
+pub use objects::{ContainerInfo, PodInfo};
 
 /// Pods indexed; more than any node runs (the kubelet's default is 110).
 pub const MAX_PODS: usize = 4096;
