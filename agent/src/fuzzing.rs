@@ -19,7 +19,7 @@ use crate::{
     config_file::ConfigFile,
     labels::{
         CgroupInfo,
-        kubernetes::objects::{parse_event, parse_pod_list, parse_status},
+        kubernetes::{PodInfo, objects::PodObject},
         relabel::{LabelSet, relabel},
     },
     process::{ProcessImage, parse_maps},
@@ -380,11 +380,21 @@ pub fn relabel_labels(data: &[u8]) {
     let _ = relabel(&rules, set);
 }
 
-/// Kubernetes API answers: a pod list, a watch event line, a status.
+/// Kubernetes API answers as kube parses them (a pod list, a watch event
+/// line), then firn's reading of each pod in them.
 pub fn kubernetes_pod(data: &[u8]) {
-    let _ = parse_pod_list(data);
-    let _ = parse_event(data);
-    let _ = parse_status(data);
+    use kube::core::{ObjectList, WatchEvent};
+
+    if let Ok(list) = serde_json::from_slice::<ObjectList<PodObject>>(data) {
+        for pod in list.items {
+            let _ = PodInfo::try_from(pod);
+        }
+    }
+    if let Ok(WatchEvent::Added(pod) | WatchEvent::Modified(pod) | WatchEvent::Deleted(pod)) =
+        serde_json::from_slice::<WatchEvent<PodObject>>(data)
+    {
+        let _ = PodInfo::try_from(pod);
+    }
 }
 
 /// A symbol name from an object or a perf map, demangled every way.

@@ -9,6 +9,7 @@
 
 pub mod aggregate;
 pub mod allocator;
+pub mod backoff;
 pub mod bpf;
 pub mod cli;
 pub mod config;

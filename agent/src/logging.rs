@@ -1,7 +1,9 @@
 //! Logs on stderr, one event a line: logfmt (`key=value`, what journald
 //! and Loki take as is) or JSON, filtered by `--log-level`.
 
-use tracing_subscriber::{EnvFilter, layer::SubscriberExt, util::SubscriberInitExt};
+use tracing_subscriber::{
+    EnvFilter, filter::LevelFilter, layer::SubscriberExt, util::SubscriberInitExt,
+};
 
 /// `--log-format`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,11 +41,27 @@ pub const LEVELS: &str = "off, error, warn, info, debug, trace";
 /// `info,firn::output=debug`).
 pub fn filter(level: &str) -> Result<EnvFilter, LoggingError> {
     check_level(level)?;
-    EnvFilter::try_new(level).map_err(|source| LoggingError::Level {
-        level: level.to_owned(),
-        source,
-    })
+    let parse = |directives: &str| {
+        EnvFilter::try_new(directives).map_err(|source| LoggingError::Level {
+            level: level.to_owned(),
+            source,
+        })
+    };
+    let filter = parse(level)?;
+    let above_error = filter
+        .max_level_hint()
+        .is_none_or(|max| max > LevelFilter::ERROR);
+    if !above_error || level.contains("kube") {
+        return Ok(filter);
+    }
+    parse(&format!("{level},{QUIET_LIBRARIES}"))
 }
+
+/// kube's client and watcher warn at every retry of a failing list or
+/// watch, some with the API server's whole answer; firn logs those
+/// failures itself, once per run of them. They say more only when a
+/// `--log-level` directive names them.
+const QUIET_LIBRARIES: &str = "kube_client=error,kube_runtime=error";
 
 /// Checks a `--log-level` more strictly than the tracing filter does: each
 /// comma-separated directive is a level or ends in `=level`. A bare word
@@ -72,6 +90,23 @@ pub fn check_level(level: &str) -> Result<(), LoggingError> {
             level: level.to_owned(),
             source,
         })
+}
+
+/// An error and its causes on one line. A cause whose text its parent
+/// already ends with (errors that print their source in their own
+/// message, as kube's do) is not repeated.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut line = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    line
 }
 
 /// Installs the global subscriber.
@@ -104,6 +139,37 @@ pub fn init(filter: EnvFilter, format: LogFormat) -> Result<(), LoggingError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Failure {
+        #[error("reading the pods failed")]
+        Plain(#[source] std::io::Error),
+        #[error("listing failed: {0}")]
+        Repeats(#[source] std::io::Error),
+    }
+
+    #[test]
+    fn an_error_chain_names_each_cause_once() {
+        let cause = || std::io::Error::other("no route to host");
+        assert_eq!(
+            error_chain(&Failure::Plain(cause())),
+            "reading the pods failed: no route to host"
+        );
+        assert_eq!(
+            error_chain(&Failure::Repeats(cause())),
+            "listing failed: no route to host"
+        );
+    }
+
+    #[test]
+    fn kube_warns_only_when_named() {
+        let shown = |level: &str| filter(level).expect("a filter").to_string();
+        assert!(shown("info").contains("kube_client=error"));
+        assert!(shown("debug,kube_runtime=debug").contains("kube_runtime=debug"));
+        assert!(!shown("debug,kube_runtime=debug").contains("kube_client"));
+        assert!(!shown("off").contains("kube"), "off stays off");
+        assert!(!shown("error").contains("kube"));
+    }
 
     #[test]
     fn levels_and_directives_parse_and_garbage_does_not() {

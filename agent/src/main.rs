@@ -7,23 +7,11 @@ use std::process::ExitCode;
 use firn::{
     cli::{ArgsError, Command, parse_args},
     config::{AgentConfig, RecordConfig},
-    logging,
+    logging::{self, error_chain},
 };
 
 /// Exit status for bad flags or configuration (as clap uses).
 const EXIT_USAGE: u8 = 2;
-
-/// An error and its causes on one line.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut line = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        line.push_str(": ");
-        line.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    line
-}
 
 fn main() -> ExitCode {
     firn::allocator::tune();

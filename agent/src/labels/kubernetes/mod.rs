@@ -4,7 +4,8 @@
 //! their cgroups.
 
 mod client;
-pub mod objects;
+pub(crate) mod objects;
+mod transport;
 
 use std::{
     collections::HashMap,
