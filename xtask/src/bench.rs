@@ -352,11 +352,16 @@ fn fixed_and_marginal(
         firn_rate * 1e3,
         perf_rate * 1e3
     );
-    println!(
-        "{:<36}{:>12.2}",
-        "  ratio firn / perf per second",
-        firn_rate / perf_rate.max(f64::EPSILON)
-    );
+    // Below a microsecond per recorded second the ratio says nothing.
+    if perf_rate >= 1e-6 {
+        println!(
+            "{:<36}{:>12.2}",
+            "  ratio firn / perf per second",
+            firn_rate / perf_rate
+        );
+    } else {
+        println!("{:<36}{:>12}", "  ratio firn / perf per second", "n/a");
+    }
     Ok(())
 }
 
