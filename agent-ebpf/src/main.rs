@@ -431,7 +431,13 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
             error
         );
     }
-    process_event(&ctx, RecordKind::Exec);
+    if !process_event(RecordKind::Exec) {
+        failed!(
+            &ctx,
+            "exec event of tgid {} lost: ring buffer reservation failed",
+            tgid
+        );
+    }
     0
 }
 
@@ -444,32 +450,30 @@ pub fn process_exit(ctx: RawTracePointContext) -> u32 {
         // Done here rather than by the daemon so that no entry outlives its
         // process even when the exit event is lost.
         let _ = UNWIND_COPY.remove(&tgid);
-        process_event(&ctx, RecordKind::Exit);
+        if !process_event(RecordKind::Exit) {
+            failed!(
+                &ctx,
+                "exit event of tgid {} lost: ring buffer reservation failed",
+                tgid
+            );
+        }
     }
     0
 }
 
+/// Writes a process event; false when the ring buffer had no room (counted
+/// here, logged by the caller: one log site per program keeps the logging
+/// code inlined, so the object holds no symbol named after its build path).
 #[inline(always)]
-fn process_event(ctx: &RawTracePointContext, kind: RecordKind) {
+fn process_event(kind: RecordKind) -> bool {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let config = config();
     if !wanted(&config, tgid) {
-        return;
+        return true;
     }
     let Some(mut entry) = EVENTS.reserve::<ProcessRecord>(0) else {
         count(Counter::ProcessEventsLost);
-        let kind = match kind {
-            RecordKind::Exec => "exec",
-            RecordKind::Exit => "exit",
-            RecordKind::Sample => "sample",
-        };
-        failed!(
-            ctx,
-            "{} event of tgid {} lost: ring buffer reservation failed",
-            kind,
-            tgid
-        );
-        return;
+        return false;
     };
     entry.write(ProcessRecord {
         kind: kind as u32,
@@ -479,6 +483,7 @@ fn process_event(ctx: &RawTracePointContext, kind: RecordKind) {
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     });
     entry.submit(wakeup_flag(&config));
+    true
 }
 
 #[cfg(not(test))]
