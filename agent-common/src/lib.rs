@@ -27,7 +27,10 @@ pub const PERCPU_VALUE_LIMIT: usize = 32 * 1024;
 
 /// Upper bound of the user stack copy carried by one sample: what fits next
 /// to the record in the per-CPU scratch buffer.
-pub const MAX_STACK_COPY: usize = (PERCPU_VALUE_LIMIT - core::mem::size_of::<SampleRecord>())
+pub const MAX_STACK_COPY: usize = (PERCPU_VALUE_LIMIT
+    - core::mem::size_of::<SampleRecord>()
+    - INTERPRETER_BYTES
+    - INTERPRETER_FRAME_READ)
     / STACK_COPY_CHUNK
     * STACK_COPY_CHUNK;
 
@@ -36,6 +39,17 @@ pub const MAX_UNWIND_PROCESSES: u32 = 16_384;
 
 /// Most PIDs the in-kernel PID filter holds.
 pub const MAX_PID_FILTER: u32 = 1024;
+
+/// Most interpreter frames one sample carries; deeper stacks keep their
+/// innermost frames and are flagged [`sample_flags::INTERPRETER_TRUNCATED`].
+pub const MAX_INTERPRETER_FRAMES: usize = 128;
+
+/// Most interpreter processes the BPF walker knows at once.
+pub const MAX_INTERPRETER_PROCESSES: u32 = 4096;
+
+/// Bytes of an interpreter frame the walker reads in one go: every field it
+/// needs lies within them, for every supported layout.
+pub const INTERPRETER_FRAME_READ: usize = 128;
 
 /// The log target of what the BPF programs say through `aya-log`: the
 /// daemon shows those records when this target's debug level is on (e.g.
@@ -51,6 +65,7 @@ pub mod names {
     pub const SCRATCH: &str = "SCRATCH";
     pub const CONFIG: &str = "CONFIG";
     pub const UNWIND_COPY: &str = "UNWIND_COPY";
+    pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
     pub const PROG_SAMPLE: &str = "sample_cpu";
     pub const PROG_EXEC: &str = "process_exec";
     pub const PROG_EXIT: &str = "process_exit";
@@ -86,6 +101,21 @@ pub mod sample_flags {
     pub const USER_REGS_VALID: u32 = 1 << 2;
     /// The sample interrupted user mode (otherwise kernel mode).
     pub const USER_MODE: u32 = 1 << 3;
+    /// The interpreter's stack was deeper than [`super::MAX_INTERPRETER_FRAMES`]:
+    /// the outermost frames are missing.
+    pub const INTERPRETER_TRUNCATED: u32 = 1 << 4;
+    /// A read of the interpreter's frame chain failed part way: the frames
+    /// recorded are the innermost ones.
+    pub const INTERPRETER_READ_FAILED: u32 = 1 << 5;
+}
+
+/// Bits of [`InterpreterFrame::flags`].
+pub mod interpreter_frame_flags {
+    /// The outermost interpreter frame run by one call of the native
+    /// interpreter loop (`_PyEval_EvalFrameDefault`): the frames from the
+    /// previous entry (or the innermost) up to this one replace one native
+    /// interpreter frame.
+    pub const ENTRY: u32 = 1 << 0;
 }
 
 /// The x86_64 user registers a DWARF unwinder starts from.
@@ -97,7 +127,8 @@ pub struct UserRegs {
     pub bp: u64,
 }
 
-/// One CPU sample. It is followed in the ring buffer by `stack_copy_len`
+/// One CPU sample. It is followed in the ring buffer by
+/// `interpreter_frames` [`InterpreterFrame`]s, then by `stack_copy_len`
 /// bytes copied from the user stack, starting at `user_regs.sp`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -117,9 +148,104 @@ pub struct SampleRecord {
     pub kernel_frames: u32,
     pub user_frames: u32,
     pub stack_copy_len: u32,
+    /// Interpreter frames following the record (before the stack copy),
+    /// innermost first.
+    pub interpreter_frames: u32,
+    pub reserved: u32,
     pub user_regs: UserRegs,
     pub kernel_stack: [u64; MAX_STACK_DEPTH],
     pub user_stack: [u64; MAX_STACK_DEPTH],
+}
+
+/// What identifies one interpreter frame at sample time; the daemon names
+/// it later from the process's memory.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InterpreterFrame {
+    /// The code object's address.
+    pub code: u64,
+    /// Eight bytes of the code object (at [`PythonProcess::code_stamp`]) as
+    /// they were when sampled: the daemon trusts what it reads at `code`
+    /// (or remembers of it) only while they still match, so a freed code
+    /// object whose address was reused is not named after the old one.
+    pub stamp: u64,
+    /// Where in the code the frame was: the raw instruction field
+    /// ([`PythonInstruction`] says what it holds).
+    pub instruction: u64,
+    /// [`interpreter_frame_flags`].
+    pub flags: u32,
+    pub reserved: u32,
+}
+
+/// What a frame's instruction field holds, per interpreter version.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PythonInstruction {
+    /// A 32-bit index (`f_lasti`, CPython 3.8-3.10).
+    Index = 0,
+    /// A pointer into the code object's bytecode (`prev_instr` of 3.11 and
+    /// 3.12, `instr_ptr` of 3.13).
+    Pointer = 1,
+}
+
+/// How the walker finds where one native interpreter loop call's frames
+/// end (see [`interpreter_frame_flags::ENTRY`]).
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PythonEntry {
+    /// Every frame is its own call of the loop (CPython 3.8-3.10).
+    EveryFrame = 0,
+    /// A byte at [`PythonProcess::frame_entry`] is non-zero on the entry
+    /// frame (`is_entry`, 3.11).
+    Flag = 1,
+    /// The loop pushes a shim frame whose owner byte at
+    /// [`PythonProcess::frame_entry`] is `FRAME_OWNED_BY_CSTACK` (3): the
+    /// frame before it is the entry, the shim itself is skipped (3.12+).
+    Shim = 2,
+}
+
+/// Value of the owner byte of a CPython shim frame (`FRAME_OWNED_BY_CSTACK`).
+pub const PYTHON_OWNER_CSTACK: u8 = 3;
+
+/// Offset "not present" in [`PythonProcess`].
+pub const PYTHON_NO_OFFSET: u16 = u16::MAX;
+
+/// What the BPF walker needs to read one CPython process's frames, written
+/// by the daemon per tgid into `PYTHON_PROCESSES`. Offsets are in bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PythonProcess {
+    /// Address of the interpreter's `Py_tss_t autoTSSkey` in the process
+    /// (`{ int _is_initialized; pthread_key_t _key; }`).
+    pub tss_key_address: u64,
+    /// Offset from the thread pointer of glibc's first-level thread
+    /// specific data array (`struct pthread::specific_1stblock`); entry
+    /// `key` holds its value at `+ key * 16 + 8`.
+    pub tsd_first_block: u32,
+    /// `PY_VERSION_HEX >> 16` (e.g. `0x030b`), for the logs.
+    pub version: u16,
+    /// `PyThreadState`: the frame (3.8-3.10 `frame`, 3.13 `current_frame`)
+    /// or the `cframe` pointer (3.11, 3.12).
+    pub thread_frame: u16,
+    /// `_PyCFrame::current_frame` when `thread_frame` points to a cframe,
+    /// else [`PYTHON_NO_OFFSET`].
+    pub cframe_current_frame: u16,
+    /// The frame's code object (`f_code`, 3.13 `f_executable`).
+    pub frame_code: u16,
+    /// The calling frame (`f_back`, `previous`).
+    pub frame_previous: u16,
+    /// The instruction field ([`Self::instruction`] says which kind).
+    pub frame_instruction: u16,
+    /// The entry flag or owner byte, per [`Self::entry`].
+    pub frame_entry: u16,
+    /// Offset of the eight bytes of a code object copied into
+    /// [`InterpreterFrame::stamp`].
+    pub code_stamp: u16,
+    /// [`PythonInstruction`] as u8.
+    pub instruction: u8,
+    /// [`PythonEntry`] as u8.
+    pub entry: u8,
+    pub reserved: [u8; 2],
 }
 
 /// A process event (exec or exit of a whole process).
@@ -138,8 +264,17 @@ pub struct ProcessRecord {
 #[repr(C)]
 pub struct SampleScratch {
     pub record: SampleRecord,
-    pub stack: [u8; MAX_STACK_COPY],
+    /// The interpreter frames, then the stack copy right after the last
+    /// of them.
+    pub tail: [u8; INTERPRETER_BYTES + MAX_STACK_COPY],
+    /// Where the walker reads one interpreter frame before picking its
+    /// fields.
+    pub frame: [u8; INTERPRETER_FRAME_READ],
 }
+
+/// Room for the interpreter frames of one sample.
+pub const INTERPRETER_BYTES: usize =
+    MAX_INTERPRETER_FRAMES * core::mem::size_of::<InterpreterFrame>();
 
 /// Indexes of the per-CPU `COUNTERS` array.
 #[repr(u32)]
@@ -170,10 +305,23 @@ pub enum Counter {
     ScratchUnavailable = 10,
     /// A new image could not get the full stack copy: `UNWIND_COPY` full.
     UnwindCopyMapFull = 11,
+    /// Samples of a known interpreter process whose interpreter stack was
+    /// walked (whether or not the thread ran interpreted code).
+    InterpreterWalks = 12,
+    /// Interpreter frames recorded.
+    InterpreterFrames = 13,
+    /// Interpreter stacks cut at `MAX_INTERPRETER_FRAMES`.
+    InterpreterTruncated = 14,
+    /// Interpreter walks that failed on a read (thread state, frame or
+    /// code object).
+    InterpreterReadFailed = 15,
+    /// Samples of an interpreter process whose thread had no interpreter
+    /// state (a native thread, or one before the interpreter started).
+    InterpreterNoThreadState = 16,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 12;
+    pub const COUNT: u32 = 17;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Self::SamplesSeen,
         Self::SamplesWritten,
@@ -187,6 +335,11 @@ impl Counter {
         Self::ProcessEventsLost,
         Self::ScratchUnavailable,
         Self::UnwindCopyMapFull,
+        Self::InterpreterWalks,
+        Self::InterpreterFrames,
+        Self::InterpreterTruncated,
+        Self::InterpreterReadFailed,
+        Self::InterpreterNoThreadState,
     ];
 }
 
@@ -204,7 +357,10 @@ pub struct BpfConfig {
     /// Non-zero: a process that executes a new image gets this copy size in
     /// `UNWIND_COPY` until the daemon has looked at the image and decided.
     pub exec_copy_bytes: u32,
-    pub reserved: u32,
+    /// Offset of the user thread pointer (`thread.fsbase` on x86-64) in
+    /// the kernel's `task_struct`, from the kernel's BTF; zero when
+    /// unknown, which turns the interpreter walkers off.
+    pub task_thread_pointer: u32,
     /// Wake the reader once this many bytes are waiting in the ring buffer;
     /// below that the daemon drains on its own timer.
     pub wakeup_bytes: u64,
@@ -215,7 +371,7 @@ impl BpfConfig {
         filter_pids: 0,
         stack_copy_bytes: 0,
         exec_copy_bytes: 0,
-        reserved: 0,
+        task_thread_pointer: 0,
         wakeup_bytes: 0,
     };
 }
@@ -224,11 +380,15 @@ impl BpfConfig {
 mod user {
     // SAFETY: plain `#[repr(C)]` integers, no padding, valid for any bytes.
     unsafe impl aya::Pod for super::BpfConfig {}
+    // SAFETY: plain `#[repr(C)]` integers, no padding, valid for any bytes.
+    unsafe impl aya::Pod for super::PythonProcess {}
 }
 
 // Layout checks: the daemon decodes records by these sizes.
 const _: () = assert!(core::mem::size_of::<UserRegs>() == 24);
-const _: () = assert!(core::mem::size_of::<SampleRecord>() == 88 + 2 * 8 * MAX_STACK_DEPTH);
+const _: () = assert!(core::mem::size_of::<SampleRecord>() == 96 + 2 * 8 * MAX_STACK_DEPTH);
+const _: () = assert!(core::mem::size_of::<InterpreterFrame>() == 32);
+const _: () = assert!(core::mem::size_of::<PythonProcess>() == 32);
 const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 32);
 const _: () = assert!(core::mem::size_of::<BpfConfig>() == 24);
 const _: () = assert!(MAX_STACK_COPY.is_multiple_of(STACK_COPY_CHUNK));
