@@ -6,7 +6,8 @@
 //!   records through firn's pipeline (decode, process table, unwinding,
 //!   aggregation) again and again: samples per second on one core.
 //! - `share --profile FILE --comm NAME --chain a,b,c`: the share of a
-//!   profile's samples of NAME in `--within` that hold the chain.
+//!   profile's samples of NAME (in `--within`, if given) that hold the
+//!   chain; with `--python`, whose Python frames are the chain exactly.
 //! - `capture --pid PID --output PREFIX`: one sample's registers and stack
 //!   copy plus the process's maps, for unit test fixtures.
 
@@ -57,7 +58,11 @@ enum Command {
         chain: Vec<String>,
         /// Only samples holding this frame count.
         #[arg(long)]
-        within: String,
+        within: Option<String>,
+        /// Match the chain against the sample's Python frames (those of
+        /// the `[python]` mapping), all of them.
+        #[arg(long)]
+        python: bool,
     },
     Capture {
         #[arg(long)]
@@ -81,7 +86,8 @@ fn main() -> Result<()> {
             comm,
             chain,
             within,
-        } => share(&profile, &comm, &chain, &within),
+            python,
+        } => share(&profile, &comm, &chain, within.as_deref(), python),
         Command::Capture { pid, output } => capture(pid, &output),
     }
 }
@@ -139,7 +145,13 @@ fn replay(pid: u32, seconds: u64, frequency: u64, passes: usize) -> Result<()> {
     Ok(())
 }
 
-fn share(profile: &PathBuf, comm: &str, chain: &[String], within: &str) -> Result<()> {
+fn share(
+    profile: &PathBuf,
+    comm: &str,
+    chain: &[String],
+    within: Option<&str>,
+    python: bool,
+) -> Result<()> {
     let bytes =
         std::fs::read(profile).with_context(|| format!("could not read {}", profile.display()))?;
     let profile = decode(&bytes)?;
@@ -149,16 +161,30 @@ fn share(profile: &PathBuf, comm: &str, chain: &[String], within: &str) -> Resul
             continue;
         }
         let names = sample.function_names();
-        if !names.iter().any(|name| name == within) {
+        if within.is_some_and(|within| !names.iter().any(|name| name == within)) {
             continue;
         }
         total += sample.count();
-        if names.windows(chain.len()).any(|window| window == chain) {
+        let holds = match python {
+            true => python_names(&sample) == chain,
+            false => names.windows(chain.len()).any(|window| window == chain),
+        };
+        if holds {
             complete += sample.count();
         }
     }
     println!("complete={complete} total={total}");
     Ok(())
+}
+
+/// The names of the sample's Python frames, innermost first.
+fn python_names(sample: &agent_pprof::SampleView<'_>) -> Vec<String> {
+    sample
+        .frames()
+        .iter()
+        .filter(|frame| frame.mapping.is_some_and(|m| m.filename == "[python]"))
+        .map(|frame| frame.display_name())
+        .collect()
 }
 
 fn capture(pid: u32, output: &std::path::Path) -> Result<()> {

@@ -2,7 +2,8 @@
 //! workload, side by side in one run. Prints figures; asserts nothing.
 //! `--unwind dwarf`: the workload is built without frame pointers and perf
 //! unwinds with `--call-graph dwarf`; the share of complete stacks of each
-//! and firn's unwinding rate are reported too (`bench_unwind`).
+//! and firn's unwinding rate are reported too (`bench_unwind`). `--python`:
+//! a Python workload, firn against py-spy (`bench_python`).
 
 use std::{
     fs::{self, File},
@@ -15,7 +16,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    bench_unwind,
+    bench_python, bench_unwind,
     util::{self, cargo, is_root},
 };
 
@@ -23,17 +24,22 @@ use crate::{
 pub struct BenchArgs {
     /// Seconds the workload runs in each measurement.
     #[arg(long, default_value_t = 10)]
-    seconds: u64,
+    pub seconds: u64,
     /// Rounds of (baseline, firn, perf); medians are reported.
     #[arg(long, default_value_t = 3)]
-    rounds: usize,
+    pub rounds: usize,
     /// Sampling frequency for both profilers.
     #[arg(long, default_value_t = 100)]
-    frequency: u64,
+    pub frequency: u64,
     /// `fp`: a frame-pointer workload, perf with `-g`. `dwarf`: a workload
     /// built without frame pointers, perf with `--call-graph dwarf`.
     #[arg(long, value_enum, default_value_t = Unwind::Fp)]
     unwind: Unwind,
+    /// The Python case instead: a Python workload under Debian's
+    /// python3.11 and a pyenv 3.12, firn (with and without its Python
+    /// walker) against py-spy.
+    #[arg(long, conflicts_with = "unwind")]
+    pub python: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -67,6 +73,9 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     let firn_path = root.join("target/release/firn");
     let work = root.join("target/bench");
     fs::create_dir_all(&work)?;
+    if args.python {
+        return bench_python::run(root, &firn_path, &work, args);
+    }
     let workload = prepare_workload(root, &work, args.unwind)?;
     Command::new("perf")
         .arg("--version")
@@ -380,7 +389,7 @@ fn mean_and_error(values: &[f64]) -> String {
     format!("{mean:+.2}+-{:.2}%", (variance / n).sqrt())
 }
 
-fn median(values: impl Iterator<Item = f64>) -> f64 {
+pub fn median(values: impl Iterator<Item = f64>) -> f64 {
     let mut values: Vec<f64> = values.collect();
     values.sort_by(f64::total_cmp);
     match values.len() {

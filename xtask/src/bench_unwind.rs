@@ -59,9 +59,20 @@ fn example(root: &Path) -> PathBuf {
 
 /// (complete, total) samples of the workload's chain in firn's profile.
 pub fn firn_complete_share(root: &Path, profile: &Path) -> Result<(u64, u64)> {
+    let chain = CHAIN.join(",");
+    firn_share(
+        root,
+        profile,
+        &["--comm", COMM, "--within", CHAIN[0], "--chain", &chain],
+    )
+}
+
+/// (complete, total) samples of a firn profile, as the unwind_bench
+/// example's `share ARGS` counts them.
+pub fn firn_share(root: &Path, profile: &Path, args: &[&str]) -> Result<(u64, u64)> {
     let output = Command::new(example(root))
-        .args(["share", "--comm", COMM, "--within", CHAIN[0], "--chain"])
-        .arg(CHAIN.join(","))
+        .arg("share")
+        .args(args)
         .arg("--profile")
         .arg(profile)
         .output()

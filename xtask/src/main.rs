@@ -1,6 +1,7 @@
 //! Developer tasks for firn: `cargo xtask <command>`.
 
 mod bench;
+mod bench_python;
 mod bench_unwind;
 mod capture;
 mod ebpf;
@@ -58,8 +59,8 @@ enum Command {
     /// Build the fuzz targets in fuzz/ and run each for a bounded time;
     /// failing inputs become regression fixtures.
     Fuzz(fuzz::FuzzArgs),
-    /// Measure firn against `perf record` on a busy workload and print
-    /// the figures.
+    /// Measure firn against `perf record` on a busy workload (or, with
+    /// `--python`, against py-spy on a Python one) and print the figures.
     Bench(bench::BenchArgs),
     /// Fixtures for the unwinder's tests: samples of a running process
     /// (as root) and CFI extracts of real objects, into `fixtures/`.
@@ -96,6 +97,9 @@ fn main() -> Result<()> {
         Command::Fuzz(args) => fuzz::run_targets(&root, &args),
         Command::Bench(args) => {
             setup::debian_packages()?;
+            if args.python {
+                setup::python_tools()?;
+            }
             bench::run(&root, &args)
         }
         Command::Capture(args) => capture::run(&root, &args),

