@@ -261,32 +261,54 @@ impl PythonRuntime {
         None
     }
 
-    /// glibc's thread-specific data offset for the image's libc.
+    /// glibc's thread-specific data offset, read off `pthread_getspecific`:
+    /// in `libpthread.so.0` before glibc 2.34, in `libc.so.6` since (where
+    /// libpthread is an empty stub), in the executable of a static build.
     fn find_libc(
         &mut self,
         image: &ProcessImage,
         processes: &mut ProcessTable,
     ) -> Result<u32, SkipReason> {
         let mut libc = None;
+        let mut libpthread = None;
         for (index, mapping) in image.mappings.iter().enumerate() {
             if mapping.spec.kind != MappingKind::File {
                 continue;
             }
-            match libc_kind(file_name(&mapping.spec.path)) {
+            let name = file_name(&mapping.spec.path);
+            match libc_kind(name) {
                 Some(LibcKind::Musl) => return Err(SkipReason::Musl),
                 Some(LibcKind::Glibc) if libc.is_none() => libc = Some(index),
+                _ if name.starts_with("libpthread") && libpthread.is_none() => {
+                    libpthread = Some(index);
+                }
                 _ => {}
             }
         }
-        // A static build carries its libc in the executable.
-        let index = match libc {
-            Some(index) => index,
-            None => image
-                .mappings
-                .iter()
-                .position(|m| Some(m.spec.path.as_str()) == image.executable())
-                .ok_or(SkipReason::LibcUnknown)?,
+        let executable = image
+            .mappings
+            .iter()
+            .position(|m| Some(m.spec.path.as_str()) == image.executable());
+        let candidates = match libc {
+            Some(libc) => [libpthread, Some(libc)],
+            None => [libpthread, executable],
         };
+        let mut outcome = Err(SkipReason::LibcUnknown);
+        for index in candidates.into_iter().flatten() {
+            outcome = self.thread_specific_offset(image, index, processes);
+            if outcome.is_ok() {
+                break;
+            }
+        }
+        outcome
+    }
+
+    fn thread_specific_offset(
+        &mut self,
+        image: &ProcessImage,
+        index: usize,
+        processes: &mut ProcessTable,
+    ) -> Result<u32, SkipReason> {
         let object = processes
             .object(image, index)
             .ok_or(SkipReason::Unreadable)?;
@@ -296,7 +318,7 @@ impl PythonRuntime {
         }
         let found = match object.data() {
             Ok(data) => glibc_thread_specific_offset(&data).map_err(|error| {
-                info!(path = object.path, %error, "glibc's thread-specific data layout not recognized; Python frames of its processes are not walked");
+                debug!(path = object.path, %error, "no pthread_getspecific firn can read");
                 SkipReason::LibcUnknown
             }),
             Err(_) => Err(SkipReason::Unreadable),
