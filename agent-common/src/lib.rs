@@ -30,7 +30,8 @@ pub const PERCPU_VALUE_LIMIT: usize = 32 * 1024;
 pub const MAX_STACK_COPY: usize = (PERCPU_VALUE_LIMIT
     - core::mem::size_of::<SampleRecord>()
     - INTERPRETER_BYTES
-    - INTERPRETER_FRAME_READ)
+    - INTERPRETER_FRAME_READ
+    - core::mem::size_of::<InterpreterWalk>())
     / STACK_COPY_CHUNK
     * STACK_COPY_CHUNK;
 
@@ -269,7 +270,25 @@ pub struct SampleScratch {
     pub tail: [u8; INTERPRETER_BYTES + MAX_STACK_COPY],
     /// Where the walker reads one interpreter frame before picking its
     /// fields.
-    pub frame: [u8; INTERPRETER_FRAME_READ],
+    pub frame: [u64; INTERPRETER_FRAME_READ / 8],
+    /// The interpreter walk's progress. Kept in the map, not on the BPF
+    /// stack: the verifier tracks no map contents, so each step of the
+    /// unrolled walk is checked once, not once per count of frames so far.
+    pub walk: InterpreterWalk,
+}
+
+/// See [`SampleScratch::walk`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct InterpreterWalk {
+    /// The process's layout, copied from the map once per walk.
+    pub layout: PythonProcess,
+    /// The next frame to look at; zero at the end of the chain.
+    pub frame: u64,
+    /// Frames recorded so far.
+    pub recorded: u32,
+    /// `sample_flags` to add to the record.
+    pub flags: u32,
 }
 
 /// Room for the interpreter frames of one sample.

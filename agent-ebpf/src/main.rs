@@ -9,10 +9,14 @@
 //! the daemon) holds the size for processes unwound with DWARF; everyone
 //! else gets the small default the leaf repair needs.
 //!
+//! For CPython processes the daemon has registered in `PYTHON_PROCESSES`,
+//! it also records the sampled thread's interpreter frames (`python`).
+//!
 //! `process_exec` / `process_exit` tell the daemon when a process image
 //! changes or goes away, in the same ring buffer and therefore in order with
-//! the samples. They also keep `UNWIND_COPY` in step: a fresh image gets the
-//! full copy until the daemon has decided, an exited process loses its entry.
+//! the samples. They also keep `UNWIND_COPY` and `PYTHON_PROCESSES` in step:
+//! a fresh image gets the full copy until the daemon has decided and loses
+//! its interpreter layout, an exited process loses both entries.
 //!
 //! Where a read, a walk or a write fails, the program bumps a counter and
 //! says why through `aya-log` at debug level under the daemon's `firn::bpf`
@@ -22,12 +26,15 @@
 #![no_std]
 #![no_main]
 
+mod python;
+
 use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
 
 use agent_common::{
-    BpfConfig, COMM_LEN, Counter, LOG_TARGET, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH,
-    MAX_UNWIND_PROCESSES, ProcessRecord, RecordKind, STACK_READ_BYTES, SampleRecord, SampleScratch,
-    UserRegs, sample_flags,
+    BpfConfig, COMM_LEN, Counter, INTERPRETER_BYTES, InterpreterFrame, LOG_TARGET,
+    MAX_INTERPRETER_FRAMES, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES,
+    ProcessRecord, RecordKind, STACK_READ_BYTES, SampleRecord, SampleScratch, UserRegs,
+    sample_flags,
 };
 use aya_ebpf::{
     EbpfContext,
@@ -94,12 +101,17 @@ fn config() -> BpfConfig {
 
 #[inline(always)]
 fn count(counter: Counter) {
+    count_by(counter, 1);
+}
+
+#[inline(always)]
+fn count_by(counter: Counter, by: u64) {
     if let Some(value) = COUNTERS.get_ptr_mut(counter as u32) {
         // SAFETY: the lookup returned this CPU's slot of the array, valid
         // while the program runs. The only other writer at the same time
         // is the sampler interrupting a tracepoint program on this CPU;
         // that can lose one count, never tear the u64 or touch other memory.
-        unsafe { *value += 1 };
+        unsafe { *value += by };
     }
 }
 
@@ -174,6 +186,8 @@ unsafe fn record_sample(
     record.kernel_frames = 0;
     record.user_frames = 0;
     record.stack_copy_len = 0;
+    record.interpreter_frames = 0;
+    record.reserved = 0;
     record.user_regs = UserRegs::default();
 
     let raw_ctx = ctx.as_ptr();
@@ -223,6 +237,20 @@ unsafe fn record_sample(
         );
     }
 
+    // SAFETY: `scratch` is ours alone (the caller's promise).
+    let interpreted = unsafe { python::walk(config, scratch, tgid, &mut record.flags) };
+    record.interpreter_frames = interpreted;
+    // Read back from the map: the verifier tracks no map contents, so the
+    // walk's many outcomes continue as one state instead of one each.
+    // SAFETY: a field of the record, valid for reads.
+    let interpreted = unsafe { core::ptr::read_volatile(&record.interpreter_frames) };
+    // The stack copy follows the interpreter frames.
+    let mut base = interpreted as usize & (MAX_INTERPRETER_FRAMES * 2 - 1);
+    if base > MAX_INTERPRETER_FRAMES {
+        base = MAX_INTERPRETER_FRAMES;
+    }
+    let base = base * size_of::<InterpreterFrame>();
+
     // Kernel threads have no user side; nothing more to capture.
     let mut copied = 0usize;
     if record.user_frames > 0 {
@@ -239,14 +267,14 @@ unsafe fn record_sample(
             // SAFETY: `scratch` is valid and ours alone (the caller's
             // promise); the copy writes only its `stack` field, which
             // `record` does not cover.
-            copied = unsafe { copy_user_stack(ctx, scratch, tgid, regs.sp, wanted) };
+            copied = unsafe { copy_user_stack(ctx, scratch, base, tgid, regs.sp, wanted) };
             record.stack_copy_len = copied as u32;
         } else {
             count(Counter::UserRegsFailed);
         }
     }
 
-    let mut len = RECORD_BYTES + copied;
+    let mut len = RECORD_BYTES + base + copied;
     if len > size_of::<SampleScratch>() {
         len = size_of::<SampleScratch>();
     }
@@ -333,7 +361,8 @@ unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option
     })
 }
 
-/// Copies up to `wanted` bytes of user stack from `sp` up, a page at a
+/// Copies up to `wanted` bytes of user stack from `sp` up into the
+/// scratch tail from `base` (at most `INTERPRETER_BYTES`) on, a page at a
 /// time, stopping at the first page that cannot be read (the end of the
 /// stack mapping). The first read runs up to the next page boundary, so
 /// later reads never straddle the end of the mapping and nothing readable
@@ -347,14 +376,18 @@ unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option
 unsafe fn copy_user_stack(
     ctx: &PerfEventContext,
     scratch: *mut SampleScratch,
+    base: usize,
     tgid: u32,
     sp: u64,
     wanted: u32,
 ) -> usize {
     let wanted = wanted as usize;
+    if base > INTERPRETER_BYTES {
+        return 0;
+    }
     // SAFETY: only the field's address is taken; `scratch` is valid (the
-    // caller's promise).
-    let stack = unsafe { addr_of_mut!((*scratch).stack) } as *mut u8;
+    // caller's promise), and `base` lies within the tail.
+    let stack = unsafe { (addr_of_mut!((*scratch).tail) as *mut u8).add(base) };
     let head = (STACK_READ_BYTES - (sp as usize & (STACK_READ_BYTES - 1))) & (STACK_READ_BYTES - 1);
     let mut copied = 0usize;
     for _ in 0..(MAX_STACK_COPY / STACK_READ_BYTES + 1) {
@@ -373,8 +406,8 @@ unsafe fn copy_user_stack(
         }
         let from = sp + copied as u64;
         // SAFETY: the bound above keeps `copied + size` within
-        // MAX_STACK_COPY, so the destination stays inside the scratch
-        // buffer; the helper checks the user address itself and fails on
+        // MAX_STACK_COPY, and `base` within INTERPRETER_BYTES, so the
+        // destination stays inside the scratch tail; the helper checks the user address itself and fails on
         // an unmapped one instead of faulting.
         let ret = unsafe {
             bpf_probe_read_user(
@@ -431,6 +464,8 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
             error
         );
     }
+    // The new image is not the interpreter the daemon registered, if any.
+    let _ = python::PYTHON_PROCESSES.remove(&tgid);
     if !process_event(RecordKind::Exec) {
         failed!(
             &ctx,
@@ -450,6 +485,7 @@ pub fn process_exit(ctx: RawTracePointContext) -> u32 {
         // Done here rather than by the daemon so that no entry outlives its
         // process even when the exit event is lost.
         let _ = UNWIND_COPY.remove(&tgid);
+        let _ = python::PYTHON_PROCESSES.remove(&tgid);
         if !process_event(RecordKind::Exit) {
             failed!(
                 &ctx,

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use crate::{labels::ProcessMetadata, process::ProcessImage, stats::Stats};
+use crate::{labels::ProcessMetadata, process::ProcessImage, runtimes::UserFrame, stats::Stats};
 
 /// A sample after unwinding: the plain value between the unwinder and the
 /// aggregator.
@@ -23,8 +23,9 @@ pub struct UnwoundSample {
     /// Kernel frames, innermost first.
     pub kernel: Vec<u64>,
     /// User frames, innermost first; the first is the interrupted
-    /// instruction, the rest are return addresses.
-    pub user: Vec<u64>,
+    /// instruction, the rest are return addresses, with interpreted
+    /// frames spliced in where their interpreter ran them.
+    pub user: Vec<UserFrame>,
 }
 
 /// A process image compared by identity: two images of one pid (before and
@@ -72,7 +73,7 @@ pub struct StackKey {
     pub metadata: MetadataRef,
     pub tid: u32,
     pub kernel: Box<[u64]>,
-    pub user: Box<[u64]>,
+    pub user: Box<[UserFrame]>,
 }
 
 /// Everything sampled during one interval.
@@ -191,7 +192,7 @@ mod tests {
             metadata: METADATA.clone(),
             tid: image.tgid,
             kernel: Vec::new(),
-            user: user.to_vec(),
+            user: user.iter().copied().map(UserFrame::Native).collect(),
         }
     }
 

@@ -115,6 +115,11 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "BYTES", default_value = "16KiB", value_parser = parse_stack_copy_bytes)]
     pub stack_copy_bytes: u32,
 
+    /// Walk and name the frames of CPython 3.8-3.13 processes, spliced into
+    /// their native stacks (`--python=false`: native frames only).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub python: bool,
+
     /// Most distinct stacks in one profile; samples beyond are counted as dropped.
     #[arg(long, value_name = "N", default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub max_stacks_per_profile: u64,
@@ -270,6 +275,7 @@ impl SamplingArgs {
             leaf_stack_copy_bytes: self.leaf_stack_copy_bytes,
             unwind: self.unwind.into(),
             stack_copy_bytes: self.stack_copy_bytes,
+            python: self.python,
         }
     }
 
@@ -286,6 +292,10 @@ fn pipeline(sampling: &SamplingArgs, symbols: &SymbolArgs) -> PipelineConfig {
     PipelineConfig {
         debug_files: symbols.debug_files(),
         aggregate: sampling.aggregate(),
+        python: crate::runtimes::PythonConfig {
+            enabled: sampling.python,
+            ..Default::default()
+        },
         ..PipelineConfig::default()
     }
 }

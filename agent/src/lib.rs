@@ -2,7 +2,8 @@
 //!
 //! The stages, in the order data flows through them: [`bpf`] (load and
 //! attach) -> [`sampler`] (ring buffer records) -> [`process`] (maps,
-//! objects, exec/exit) -> [`unwind`] -> [`aggregate`] -> [`symbolize`] ->
+//! objects, exec/exit) -> [`unwind`] (with interpreter frames named and
+//! spliced in by [`runtimes`]) -> [`aggregate`] -> [`symbolize`] ->
 //! [`labels`] -> pprof (the `agent_pprof` crate) -> [`output`]. [`session`]
 //! drives them up to the aggregate, [`output`]'s steps the rest; the
 //! agent's [`http`] endpoint serves [`metrics`] from [`stats`].
@@ -25,6 +26,7 @@ pub mod metrics;
 pub mod output;
 pub mod privileges;
 pub mod process;
+pub mod runtimes;
 pub mod sampler;
 pub mod session;
 pub mod stats;

@@ -5,7 +5,8 @@
 use std::{fmt, io, mem::size_of};
 
 use agent_common::{
-    COMM_LEN, MAX_STACK_DEPTH, ProcessRecord, RecordKind, SampleRecord, UserRegs, sample_flags,
+    COMM_LEN, InterpreterFrame, MAX_INTERPRETER_FRAMES, MAX_STACK_DEPTH, ProcessRecord, RecordKind,
+    SampleRecord, UserRegs, sample_flags,
 };
 use aya::maps::{MapData, RingBuf};
 use tokio::io::{Interest, unix::AsyncFd};
@@ -27,6 +28,8 @@ pub struct SamplingConfig {
     pub unwind: UnwindMode,
     /// User stack bytes copied per sample of a process unwound with DWARF.
     pub stack_copy_bytes: u32,
+    /// Walk the interpreter frames of CPython processes.
+    pub python: bool,
 }
 
 impl Default for SamplingConfig {
@@ -38,6 +41,7 @@ impl Default for SamplingConfig {
             leaf_stack_copy_bytes: 1024,
             unwind: UnwindMode::Auto,
             stack_copy_bytes: 16 * 1024,
+            python: true,
         }
     }
 }
@@ -112,6 +116,11 @@ pub struct RawSample {
     pub user_regs: Option<UserRegs>,
     /// Bytes copied from the user stack, starting at `user_regs.sp`.
     pub stack_copy: Vec<u8>,
+    /// What identifies each interpreter frame the thread was running,
+    /// innermost first (empty outside interpreter processes).
+    pub interpreter: Vec<InterpreterFrame>,
+    /// The interpreter's stack was deeper than the BPF bound.
+    pub interpreter_truncated: bool,
 }
 
 /// A whole process executed a new image or exited.
@@ -139,6 +148,8 @@ pub enum DecodeError {
     TooManyFrames { frames: u32 },
     #[error("record claims a {claimed}-byte stack copy but carries {carried} bytes")]
     StackCopyTruncated { claimed: u32, carried: usize },
+    #[error("record claims {frames} interpreter frames, more than {MAX_INTERPRETER_FRAMES}")]
+    TooManyInterpreterFrames { frames: u32 },
 }
 
 /// Decodes one ring buffer record.
@@ -179,7 +190,24 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample, DecodeError> {
             return Err(DecodeError::TooManyFrames { frames });
         }
     }
-    let copy = &bytes[size_of::<SampleRecord>()..];
+    if record.interpreter_frames as usize > MAX_INTERPRETER_FRAMES {
+        return Err(DecodeError::TooManyInterpreterFrames {
+            frames: record.interpreter_frames,
+        });
+    }
+    let tail = &bytes[size_of::<SampleRecord>()..];
+    let interpreter_bytes = record.interpreter_frames as usize * size_of::<InterpreterFrame>();
+    if tail.len() < interpreter_bytes {
+        return Err(DecodeError::TooShort {
+            len: bytes.len(),
+            needed: size_of::<SampleRecord>() + interpreter_bytes,
+        });
+    }
+    let (frames, copy) = tail.split_at(interpreter_bytes);
+    let interpreter = frames
+        .chunks_exact(size_of::<InterpreterFrame>())
+        .map(read_struct::<InterpreterFrame>)
+        .collect::<Result<Vec<_>, _>>()?;
     let claimed = record.stack_copy_len;
     if copy.len() < claimed as usize {
         return Err(DecodeError::StackCopyTruncated {
@@ -205,6 +233,8 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample, DecodeError> {
         } else {
             Vec::new()
         },
+        interpreter,
+        interpreter_truncated: record.flags & sample_flags::INTERPRETER_TRUNCATED != 0,
     })
 }
 
@@ -280,6 +310,8 @@ mod tests {
             kernel_frames: 2,
             user_frames: 3,
             stack_copy_len: 8,
+            interpreter_frames: 0,
+            reserved: 0,
             user_regs: UserRegs {
                 ip: 0x401000,
                 sp: 0x7ffc_0000,
@@ -288,6 +320,44 @@ mod tests {
             kernel_stack,
             user_stack,
         }
+    }
+
+    #[test]
+    fn interpreter_frames_sit_between_the_record_and_the_stack_copy() {
+        let mut record = sample_record();
+        record.interpreter_frames = 2;
+        record.flags |= sample_flags::INTERPRETER_TRUNCATED;
+        let frames = [
+            InterpreterFrame {
+                code: 0x7f00_0000_1000,
+                stamp: 11,
+                instruction: 0x7f00_0000_1040,
+                flags: 0,
+                reserved: 0,
+            },
+            InterpreterFrame {
+                code: 0x7f00_0000_2000,
+                stamp: 12,
+                instruction: 6,
+                flags: agent_common::interpreter_frame_flags::ENTRY,
+                reserved: 0,
+            },
+        ];
+        let mut bytes = as_bytes(&record);
+        for frame in &frames {
+            bytes.extend_from_slice(&as_bytes(frame));
+        }
+        bytes.extend_from_slice(&0x401234u64.to_ne_bytes());
+        let Ok(Record::Sample(sample)) = decode(&bytes) else {
+            panic!("expected a sample");
+        };
+        assert_eq!(sample.interpreter, frames);
+        assert!(sample.interpreter_truncated);
+        assert_eq!(sample.stack_copy, 0x401234u64.to_ne_bytes());
+
+        // Frames claimed but not carried.
+        bytes.truncate(size_of::<SampleRecord>() + 16);
+        assert!(decode(&bytes).is_err());
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::{
     host::Host,
     labels::{MetadataLimits, MetadataReader},
     process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats},
+    runtimes::{PythonConfig, PythonRuntime, UserFrame, splice},
     sampler::{self, RawSample, Record, RingReader, SamplingConfig, UnwindMode},
     stats::Stats,
     unwind::{UnwindPolicy, Unwinder, UnwinderConfig, UserFrames},
@@ -70,6 +71,7 @@ pub struct PipelineConfig {
     pub debug_files: DebugFileConfig,
     pub unwinder: UnwinderConfig,
     pub aggregate: AggregateConfig,
+    pub python: PythonConfig,
 }
 
 /// The stages after the ring buffer, apart from it so they can be fed
@@ -80,6 +82,8 @@ pub struct Pipeline {
     unwinder: Unwinder,
     policy: UnwindPolicy,
     aggregator: Aggregator,
+    /// CPython processes' frames; `None` when off.
+    python: Option<PythonRuntime>,
     stats: Arc<Stats>,
     last_expire: Instant,
     last_sweep: Instant,
@@ -115,6 +119,7 @@ impl Pipeline {
                 stats.clone(),
             ),
             aggregator: Aggregator::new(&config.aggregate, stats.clone()),
+            python: None,
             stats,
             last_expire: Instant::now(),
             last_sweep: Instant::now(),
@@ -127,11 +132,19 @@ impl Pipeline {
         self
     }
 
-    /// Decides how to unwind each of `tgids` (`--unwind auto`), so that
-    /// processes running before firn get their stack copy from the first
-    /// sample. Stops after `budget`; returns how many it decided.
+    pub fn with_python(mut self, python: PythonRuntime) -> Self {
+        self.python = Some(python);
+        self
+    }
+
+    /// Looks at each of `tgids` ahead of its first sample: decides how to
+    /// unwind it (`--unwind auto`), so that processes running before firn
+    /// get their stack copy from the first sample, and registers the
+    /// interpreters among them with their walkers. Stops after `budget`;
+    /// returns how many it looked at.
     pub fn preclassify(&mut self, tgids: impl IntoIterator<Item = u32>, budget: Duration) -> usize {
-        if self.policy.mode() != UnwindMode::Auto {
+        let auto = self.policy.mode() == UnwindMode::Auto;
+        if !auto && self.python.is_none() {
             return 0;
         }
         let started = Instant::now();
@@ -144,8 +157,13 @@ impl Pipeline {
             if image.gone || image.mappings.is_empty() {
                 continue;
             }
-            self.policy
-                .decide(&image, &mut self.processes, &mut self.unwinder);
+            if auto {
+                self.policy
+                    .decide(&image, &mut self.processes, &mut self.unwinder);
+            }
+            if let Some(python) = &mut self.python {
+                python.observe(&image, &mut self.processes);
+            }
             decided += 1;
         }
         decided
@@ -163,11 +181,17 @@ impl Pipeline {
                 self.processes.on_exec(event.tgid, &event.comm.to_string());
                 self.metadata.forget(event.tgid);
                 self.policy.on_exec(event.tgid);
+                if let Some(python) = &mut self.python {
+                    python.forget(event.tgid);
+                }
                 // Decide now, while the new image is fresh: until then the
                 // BPF program copies its whole stack.
                 if let Some(image) = self.processes.lookup(event.tgid) {
                     self.policy
                         .decide(&image, &mut self.processes, &mut self.unwinder);
+                    if let Some(python) = &mut self.python {
+                        python.observe(&image, &mut self.processes);
+                    }
                 }
             }
             Ok(Record::Exit(event)) => {
@@ -177,6 +201,9 @@ impl Pipeline {
                 // metadata; a process reusing the pid must not inherit it.
                 self.metadata.forget(event.tgid);
                 self.policy.on_exit(event.tgid);
+                if let Some(python) = &mut self.python {
+                    python.forget(event.tgid);
+                }
             }
             Err(error) => {
                 Stats::inc(&self.stats.records_malformed);
@@ -204,15 +231,16 @@ impl Pipeline {
                 self.processes.object(&image, index);
             }
         }
-        let (user, image) = self.unwind(&sample, image);
+        let (native, image) = self.unwind(&sample, image);
         // Open every object (and debug file, and JIT perf map) now, while
         // the process is surely alive; the profile is symbolized later,
         // possibly after it exited.
-        for &address in &user {
+        for &address in &native {
             if let Some(index) = image.mapping_index(address) {
                 self.processes.object(&image, index);
             }
         }
+        let user = self.with_interpreted(&sample, &image, native);
         self.aggregator.add(UnwoundSample {
             image,
             metadata,
@@ -220,6 +248,28 @@ impl Pipeline {
             kernel: sample.kernel_stack,
             user,
         });
+    }
+
+    /// The user stack with the interpreter frames the sample recorded named
+    /// (now, while their code objects are alive) and spliced in.
+    fn with_interpreted(
+        &mut self,
+        sample: &RawSample,
+        image: &Arc<ProcessImage>,
+        native: Vec<u64>,
+    ) -> Vec<UserFrame> {
+        let Some(python) = &mut self.python else {
+            return native.into_iter().map(UserFrame::Native).collect();
+        };
+        // A new image (first sample, or maps re-read) may be a new
+        // interpreter: its later samples get their frames walked.
+        python.observe(image, &mut self.processes);
+        if sample.interpreter.is_empty() {
+            return native.into_iter().map(UserFrame::Native).collect();
+        }
+        let named = python.name(sample.tgid, &sample.interpreter);
+        let eval_loops: Vec<_> = python.eval_loop(sample.tgid).into_iter().collect();
+        splice(&native, &named, &eval_loops)
     }
 
     /// Stacks that filled the BPF stack walk's buffer were most likely cut
@@ -309,8 +359,23 @@ impl Session {
         if sampling.unwind == UnwindMode::Auto {
             policy = policy.with_map(Box::new(bpf.take_copy_size_map()?));
         }
+        let python = if pipeline.python.enabled {
+            bpf.take_python_map()?.map(|map| {
+                PythonRuntime::new(
+                    &pipeline.python,
+                    Box::new(map),
+                    pipeline.processes.max_processes,
+                    stats.clone(),
+                )
+            })
+        } else {
+            None
+        };
         let mut pipeline = Pipeline::new(pipeline, stats).with_unwind(policy);
-        if sampling.unwind == UnwindMode::Auto {
+        if let Some(python) = python {
+            pipeline = pipeline.with_python(python);
+        }
+        if sampling.unwind == UnwindMode::Auto || pipeline.python.is_some() {
             let started = Instant::now();
             let decided = if sampling.pids.is_empty() {
                 pipeline.preclassify(pipeline.host.pids(), PRECLASSIFY_BUDGET)

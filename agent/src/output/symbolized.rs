@@ -16,6 +16,7 @@ use crate::{
     aggregate::{AggregatedProfile, StackKey},
     labels::ProcessMetadata,
     process::{MappingKind, ObjectFile, ProcessImage},
+    runtimes::{InterpretedFrame, Runtime, UserFrame},
     symbolize::{FrameSymbolizer, Line},
 };
 
@@ -70,8 +71,9 @@ pub struct SymbolizedInterval {
 }
 
 /// What makes a frame one pprof location: a kernel address, an address
-/// outside every mapping, or an address in one mapping of one image.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+/// outside every mapping, an address in one mapping of one image, or one
+/// line of interpreted code.
+#[derive(Clone, PartialEq, Eq, Hash)]
 enum FrameKey {
     Kernel(u64),
     Unmapped(u64),
@@ -80,6 +82,7 @@ enum FrameKey {
         index: usize,
         address: u64,
     },
+    Interpreted(Arc<InterpretedFrame>),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,7 +92,13 @@ enum MappingKey {
         image: *const ProcessImage,
         index: usize,
     },
+    Interpreted(Runtime),
 }
+
+/// Where interpreted frames' locations lie: a mapping over the whole user
+/// address space, so any location address (a small serial) fits.
+const INTERPRETED_START: u64 = 1;
+const INTERPRETED_LIMIT: u64 = 0x0000_8000_0000_0000;
 
 struct Step<'a> {
     symbolizer: &'a mut dyn FrameSymbolizer,
@@ -170,7 +179,10 @@ impl Step<'_> {
         let mut wanted: Vec<(Arc<ObjectFile>, u64)> = Vec::new();
         for (key, _) in stacks {
             let image = &key.image.0;
-            for (depth, &address) in key.user.iter().enumerate() {
+            for (depth, address) in key.user.iter().enumerate() {
+                let Some(address) = address.native() else {
+                    continue;
+                };
                 let Some(index) = image.mapping_index(address) else {
                     continue;
                 };
@@ -194,8 +206,11 @@ impl Step<'_> {
     fn stack_frames(&mut self, key: &StackKey) -> Box<[usize]> {
         let kernel = key.kernel.iter().map(|&address| self.kernel_frame(address));
         let mut frames: Vec<usize> = kernel.collect();
-        for (depth, &address) in key.user.iter().enumerate() {
-            frames.push(self.user_frame(&key.image.0, address, depth > 0));
+        for (depth, frame) in key.user.iter().enumerate() {
+            frames.push(match frame {
+                UserFrame::Native(address) => self.user_frame(&key.image.0, *address, depth > 0),
+                UserFrame::Interpreted(frame) => self.interpreted_frame(frame),
+            });
         }
         frames.into_boxed_slice()
     }
@@ -275,6 +290,46 @@ impl Step<'_> {
             lines,
         };
         self.push_frame(key, frame)
+    }
+
+    fn interpreted_frame(&mut self, frame: &Arc<InterpretedFrame>) -> usize {
+        let key = FrameKey::Interpreted(frame.clone());
+        if let Some(&id) = self.frame_ids.get(&key) {
+            return id;
+        }
+        let mapping = self.interpreted_mapping(frame.runtime);
+        let function = frame.function.to_string();
+        let line = agent_pprof::Line {
+            system_name: function.clone(),
+            function,
+            file: (!frame.file.is_empty()).then(|| frame.file.to_string()),
+            line: (frame.line > 0).then_some(frame.line),
+        };
+        let frame = Frame {
+            mapping: Some(mapping),
+            // Interpreted code has no address of its own; a serial keeps
+            // the locations apart for readers that key them by address.
+            address: INTERPRETED_START + self.table.frames.frames.len() as u64,
+            origin: Origin::NoObject,
+            lines: Arc::from([line]),
+        };
+        self.push_frame(key, frame)
+    }
+
+    fn interpreted_mapping(&mut self, runtime: Runtime) -> usize {
+        let key = MappingKey::Interpreted(runtime);
+        if let Some(&id) = self.mapping_ids.get(&key) {
+            return id;
+        }
+        let mapping = Mapping {
+            path: runtime.mapping_name().to_owned(),
+            build_id: String::new(),
+            start: INTERPRETED_START,
+            limit: INTERPRETED_LIMIT,
+            offset: 0,
+            kernel: false,
+        };
+        self.push_mapping(key, mapping, None)
     }
 
     fn push_mapping(

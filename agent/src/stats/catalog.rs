@@ -556,4 +556,101 @@ declare_metrics! {
             kubernetes_pods_skipped {},
         ],
     }
+    python_processes: Counter,
+        "CPython processes found whose frames firn walks, by version."
+    {
+        stats: [
+            /// CPython processes registered with the BPF walker, by version.
+            python_processes_3_8 { version = "3.8" },
+            python_processes_3_9 { version = "3.9" },
+            python_processes_3_10 { version = "3.10" },
+            python_processes_3_11 { version = "3.11" },
+            python_processes_3_12 { version = "3.12" },
+            python_processes_3_13 { version = "3.13" },
+        ],
+    }
+    python_processes_skipped: Counter,
+        "CPython processes whose frames firn does not walk (their native frames are still \
+        profiled), by reason: unsupported_version (outside 3.8-3.13), missing_symbols (a \
+        build without the symbols firn needs, e.g. a static one stripped of _PyRuntime), \
+        musl (no glibc thread-specific data to find the thread state through), \
+        libc_unknown (glibc's thread-specific data layout not recognized, or no libc \
+        found), map_full (the BPF map of interpreter processes was full), \
+        unreadable (the interpreter's object could not be read)."
+    {
+        stats: [
+            /// CPython processes skipped: version outside 3.8-3.13.
+            python_skipped_version { reason = "unsupported_version" },
+            /// CPython processes skipped: symbols missing.
+            python_skipped_symbols { reason = "missing_symbols" },
+            /// CPython processes skipped: musl libc.
+            python_skipped_musl { reason = "musl" },
+            /// CPython processes skipped: libc layout unknown.
+            python_skipped_libc { reason = "libc_unknown" },
+            /// CPython processes skipped: the BPF map was full.
+            python_skipped_map_full { reason = "map_full" },
+            /// CPython processes skipped: the interpreter object was unreadable.
+            python_skipped_unreadable { reason = "unreadable" },
+        ],
+    }
+    python_walks: Counter,
+        "Samples of CPython processes whose thread's interpreter stack the BPF program \
+        walked."
+    {
+        bpf: [
+            InterpreterWalks {},
+        ],
+    }
+    python_threads_without_state: Counter,
+        "Samples of CPython processes whose thread had no interpreter state (a native \
+        thread, or before the interpreter started)."
+    {
+        bpf: [
+            InterpreterNoThreadState {},
+        ],
+    }
+    python_frames: Counter,
+        "Python frames recorded by the BPF program."
+    {
+        bpf: [
+            InterpreterFrames {},
+        ],
+    }
+    python_stacks_truncated: Counter,
+        "Python stacks deeper than the BPF walker's 128 frames (the innermost are kept)."
+    {
+        bpf: [
+            InterpreterTruncated {},
+        ],
+    }
+    python_read_failures: Counter,
+        "Python frames or stacks that could not be read, by stage: bpf (a read of the \
+        thread state or frame chain failed; the frames up to there are kept), name (a code \
+        object could not be read from the process), stale (the code object at a sampled \
+        address had changed by the time firn read it, so the frame is left unnamed rather \
+        than misnamed)."
+    {
+        stats: [
+            /// Python frames whose code object could not be read.
+            python_name_failures { stage = "name" },
+            /// Python frames whose code object changed after the sample.
+            python_name_stale { stage = "stale" },
+        ],
+        bpf: [
+            InterpreterReadFailed { stage = "bpf" },
+        ],
+    }
+    python_code_cache: Counter,
+        "Lookups in firn's cache of Python code objects, by result: hit, miss, and \
+        eviction (entries dropped to stay within the cache's size)."
+    {
+        stats: [
+            /// Code object cache hits.
+            python_code_cache_hits { result = "hit" },
+            /// Code object cache misses (the object was read from the process).
+            python_code_cache_misses { result = "miss" },
+            /// Code object cache entries evicted by the byte bound.
+            python_code_cache_evictions { result = "eviction" },
+        ],
+    }
 }

@@ -67,7 +67,7 @@ fn stacks_of_two_processes() -> (ProcessTable, Vec<(StackKey, u64)>) {
         metadata: MetadataRef(metadata.clone()),
         tid,
         kernel: vec![0xffff_ffff_8100_0000].into(),
-        user: vec![address].into(),
+        user: vec![crate::runtimes::UserFrame::Native(address)].into(),
     };
     let stacks = vec![
         (key(&own, &own_metadata, own.tgid), 3),

@@ -82,7 +82,11 @@ fn every_distinct_frame_is_named_once_and_shared() {
         metadata: metadata.clone(),
         tid,
         kernel: kernel.into(),
-        user: user.into(),
+        user: user
+            .iter()
+            .copied()
+            .map(crate::runtimes::UserFrame::Native)
+            .collect(),
     };
     let aggregated = interval(vec![
         (key(42, &[0xffff_ffff_8100_0010], &[0x401000, 0x601000]), 3),

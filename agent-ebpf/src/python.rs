@@ -1,0 +1,335 @@
+//! The CPython walker: at sample time, the sampled thread's interpreter
+//! frames, innermost first, as what identifies each one (code object,
+//! instruction, a stamp of the code object). Userspace names them later;
+//! the frames themselves live on the heap and change by then.
+//!
+//! The thread state is found the way the interpreter's `PyGILState` API
+//! finds it, through the pthread key in `_PyRuntime.autoTSSkey` and glibc's
+//! thread-specific data, so every thread has its own stack and a thread
+//! that released the GIL (in a C extension, say) still has its Python
+//! frames. Everything version-specific comes from the daemon in a
+//! `PythonProcess`: this code knows no CPython version.
+
+use core::{
+    ffi::c_void,
+    mem::size_of,
+    ptr::{addr_of, addr_of_mut, read_volatile, write_volatile},
+};
+
+use agent_common::{
+    BpfConfig, Counter, INTERPRETER_FRAME_READ, InterpreterFrame, MAX_INTERPRETER_FRAMES,
+    MAX_INTERPRETER_PROCESSES, PYTHON_NO_OFFSET, PYTHON_OWNER_CSTACK, PythonEntry,
+    PythonInstruction, PythonProcess, SampleScratch, interpreter_frame_flags, sample_flags,
+};
+use aya_ebpf::{
+    helpers::{
+        bpf_probe_read_kernel,
+        generated::{bpf_get_current_task, bpf_probe_read_user},
+    },
+    macros::map,
+    maps::HashMap,
+};
+
+use crate::{count, count_by};
+
+/// The walker's layout per tgid, written by the daemon.
+#[map]
+pub static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
+    HashMap::with_max_entries(MAX_INTERPRETER_PROCESSES, 0);
+
+/// Steps allowed per walk: shim frames (3.12+) take a step without being
+/// recorded, one per call of the interpreter loop.
+const MAX_STEPS: u32 = 2 * MAX_INTERPRETER_FRAMES as u32;
+
+/// glibc keeps the first 32 keys' values in the thread descriptor itself.
+const TSD_FIRST_BLOCK_KEYS: u32 = 32;
+const TSD_ENTRY_BYTES: u64 = 16;
+const TSD_DATA_OFFSET: u64 = 8;
+
+/// Every supported layout keeps the fields the walker reads within the
+/// first bytes of a frame; a frame at the very end of a mapping may not
+/// allow the full read, so a failed full read is retried with this many.
+const FRAME_READ_SHORT: u32 = 72;
+
+/// The interpreter frames of the current thread, written at the start of
+/// `scratch.tail`. Returns how many, and adds to `flags` what went wrong.
+///
+/// # Safety
+///
+/// `scratch` is this CPU's scratch slot, owned by the sampling program
+/// until it returns.
+#[inline(always)]
+pub unsafe fn walk(
+    config: &BpfConfig,
+    scratch: *mut SampleScratch,
+    tgid: u32,
+    flags: &mut u32,
+) -> u32 {
+    if config.task_thread_pointer == 0 {
+        return 0;
+    }
+    // SAFETY: copied out at once; the daemon replacing the entry meanwhile
+    // only means this sample walks with the old layout.
+    let Some(layout) = (unsafe { PYTHON_PROCESSES.get(&tgid) }).copied() else {
+        return 0;
+    };
+    count(Counter::InterpreterWalks);
+    let Some(first) = (unsafe { first_frame(config, &layout) }) else {
+        return 0;
+    };
+    // SAFETY: the caller's promise; `walk` is plain data.
+    let walk = unsafe { &mut *addr_of_mut!((*scratch).walk) };
+    walk.layout = layout;
+    walk.frame = first;
+    walk.recorded = 0;
+    walk.flags = 0;
+    for _ in 0..MAX_STEPS {
+        // SAFETY: as above.
+        if !unsafe { step(scratch) } {
+            break;
+        }
+    }
+    // SAFETY: as above; re-read, the steps wrote through the pointer.
+    let walk = unsafe { &mut *addr_of_mut!((*scratch).walk) };
+    let failed = walk.flags & sample_flags::INTERPRETER_READ_FAILED != 0;
+    if walk.frame != 0 && !failed {
+        walk.flags |= sample_flags::INTERPRETER_TRUNCATED;
+        count(Counter::InterpreterTruncated);
+    }
+    if failed {
+        count(Counter::InterpreterReadFailed);
+    }
+    *flags |= walk.flags;
+    let recorded = walk.recorded;
+    count_by(Counter::InterpreterFrames, recorded as u64);
+    if recorded as usize > MAX_INTERPRETER_FRAMES {
+        return MAX_INTERPRETER_FRAMES as u32;
+    }
+    recorded
+}
+
+/// The innermost frame of the current thread, or `None` (counted) when the
+/// thread has no interpreter state or it could not be read.
+///
+/// # Safety
+///
+/// None beyond the helpers' own: every address is checked by the kernel.
+#[inline(always)]
+unsafe fn first_frame(config: &BpfConfig, layout: &PythonProcess) -> Option<u64> {
+    // `Py_tss_t`: `{ int _is_initialized; pthread_key_t _key; }`.
+    let Ok(key) = (unsafe { read_user::<[u32; 2]>(layout.tss_key_address) }) else {
+        count(Counter::InterpreterReadFailed);
+        return None;
+    };
+    if key[0] == 0 || key[1] >= TSD_FIRST_BLOCK_KEYS {
+        count(Counter::InterpreterNoThreadState);
+        return None;
+    }
+    // SAFETY: a helper without arguments; the value is only used as an
+    // address for the checked read below.
+    let task = unsafe { bpf_get_current_task() };
+    // SAFETY: the helper checks the address; a bad one is an error.
+    let Ok(thread_pointer) = (unsafe {
+        bpf_probe_read_kernel((task + config.task_thread_pointer as u64) as *const u64)
+    }) else {
+        count(Counter::InterpreterReadFailed);
+        return None;
+    };
+    let slot = thread_pointer
+        + layout.tsd_first_block as u64
+        + key[1] as u64 * TSD_ENTRY_BYTES
+        + TSD_DATA_OFFSET;
+    let thread_state = match unsafe { read_user::<u64>(slot) } {
+        Ok(0) => {
+            count(Counter::InterpreterNoThreadState);
+            return None;
+        }
+        Ok(state) => state,
+        Err(()) => {
+            count(Counter::InterpreterReadFailed);
+            return None;
+        }
+    };
+    let Ok(mut frame) = (unsafe { read_user::<u64>(thread_state + layout.thread_frame as u64) })
+    else {
+        count(Counter::InterpreterReadFailed);
+        return None;
+    };
+    if layout.cframe_current_frame != PYTHON_NO_OFFSET && frame != 0 {
+        let Ok(current) = (unsafe { read_user::<u64>(frame + layout.cframe_current_frame as u64) })
+        else {
+            count(Counter::InterpreterReadFailed);
+            return None;
+        };
+        frame = current;
+    }
+    Some(frame)
+}
+
+/// One step of the walk: looks at `walk.frame`, records it unless it is a
+/// shim, and moves to its caller. False when the walk is over.
+///
+/// # Safety
+///
+/// As [`walk`].
+#[inline(always)]
+unsafe fn step(scratch: *mut SampleScratch) -> bool {
+    // Everything a step needs is loaded from the map (volatile: not
+    // carried over in registers from the previous step), where the
+    // verifier sees unknown values, and its results go straight back
+    // there; what it computes is branch-free where it can be. The paths
+    // through one step then end alike, and each step is checked once
+    // rather than once per combination of earlier outcomes.
+    // SAFETY: the caller's promise; only field addresses are taken.
+    let walk = unsafe { addr_of_mut!((*scratch).walk) };
+    let layout = unsafe { addr_of!((*walk).layout) };
+    // SAFETY (the volatile loads below): fields of the valid scratch slot.
+    let frame = unsafe { read_volatile(addr_of!((*walk).frame)) };
+    let recorded = unsafe { read_volatile(addr_of!((*walk).recorded)) };
+    if frame == 0 || recorded >= MAX_INTERPRETER_FRAMES as u32 {
+        return false;
+    }
+    // SAFETY: only the field's address is taken.
+    let buffer = unsafe { addr_of_mut!((*scratch).frame) } as *mut u64;
+    if unsafe { read_frame(buffer as *mut u8, frame) }.is_err() {
+        // SAFETY: a field of the valid scratch slot.
+        unsafe { (*walk).flags |= sample_flags::INTERPRETER_READ_FAILED };
+        return false;
+    }
+    let field = |offset: *const u16| {
+        // SAFETY: `offset` is a layout field; `field` bounds the read.
+        unsafe { field(buffer, read_volatile(offset)) }
+    };
+    let marker = field(unsafe { addr_of!((*layout).frame_entry) }) & 0xff;
+    let kind = unsafe { read_volatile(addr_of!((*layout).entry)) } as u64;
+    // 1 when equal, else 0, without a branch (both sides < 2^63).
+    let equal = |a: u64, b: u64| (a ^ b).wrapping_sub(1) >> 63;
+    let previous = field(unsafe { addr_of!((*layout).frame_previous) });
+    // SAFETY: a field of the valid scratch slot.
+    unsafe { write_volatile(addr_of_mut!((*walk).frame), previous) };
+
+    if equal(kind, PythonEntry::Shim as u64) & equal(marker, PYTHON_OWNER_CSTACK as u64) != 0 {
+        // A shim: the frame recorded before it was its loop's entry.
+        if recorded > 0 {
+            // SAFETY: the caller's promise.
+            unsafe { mark_entry(scratch, recorded - 1) };
+        }
+        return true;
+    }
+    let index = recorded as usize & (MAX_INTERPRETER_FRAMES - 1);
+    // SAFETY: `index` < MAX_INTERPRETER_FRAMES keeps the slot inside the
+    // tail's interpreter part.
+    let slot = unsafe {
+        (addr_of_mut!((*scratch).tail) as *mut u8).add(index * size_of::<InterpreterFrame>())
+    } as *mut InterpreterFrame;
+    let code = field(unsafe { addr_of!((*layout).frame_code) });
+    // `Index` keeps the low 32 bits (an int field), `Pointer` all 64.
+    let pointer = unsafe { read_volatile(addr_of!((*layout).instruction)) } as u64 & 1;
+    let instruction = field(unsafe { addr_of!((*layout).frame_instruction) })
+        & (u64::MAX >> (32 * (1 - pointer)));
+    let marker_set = marker.wrapping_neg() >> 63;
+    let entry = equal(kind, PythonEntry::EveryFrame as u64)
+        | (equal(kind, PythonEntry::Flag as u64) & marker_set);
+    let stamp_at = code + unsafe { read_volatile(addr_of!((*layout).code_stamp)) } as u64;
+    // SAFETY: `slot` lies inside the scratch tail (above); the helper
+    // checks the user address and zeroes the destination when it fails,
+    // which leaves a stamp no code object matches... as zero.
+    unsafe {
+        write_volatile(addr_of_mut!((*slot).code), code);
+        write_volatile(addr_of_mut!((*slot).instruction), instruction);
+        write_volatile(
+            addr_of_mut!((*slot).flags),
+            entry as u32 * interpreter_frame_flags::ENTRY,
+        );
+        write_volatile(addr_of_mut!((*slot).reserved), 0);
+        bpf_probe_read_user(
+            addr_of_mut!((*slot).stamp) as *mut c_void,
+            size_of::<u64>() as u32,
+            stamp_at as *const c_void,
+        );
+        write_volatile(addr_of_mut!((*walk).recorded), recorded + 1);
+    }
+    true
+}
+
+/// Reads a frame's first bytes into `buffer`, the whole read window if it
+/// can, else the part every layout's fields fit in.
+///
+/// # Safety
+///
+/// `buffer` is the scratch slot's `frame` field.
+#[inline(always)]
+unsafe fn read_frame(buffer: *mut u8, frame: u64) -> Result<(), ()> {
+    for size in [INTERPRETER_FRAME_READ as u32, FRAME_READ_SHORT] {
+        // SAFETY: `size` is at most the buffer's length; the helper checks
+        // the user address and fails on an unmapped one.
+        if unsafe { bpf_probe_read_user(buffer as *mut c_void, size, frame as *const c_void) } == 0
+        {
+            return Ok(());
+        }
+    }
+    Err(())
+}
+
+/// The bytes of the frame buffer from `offset` on, as a little-endian
+/// u64 (fields are at most 8 bytes; the caller keeps the ones it needs).
+/// Read as one aligned word, shifted: no branch, one load.
+///
+/// # Safety
+///
+/// `buffer` is the scratch slot's `frame` field.
+#[inline(always)]
+unsafe fn field(buffer: *const u64, offset: u16) -> u64 {
+    let word = (offset as usize >> 3) & (INTERPRETER_FRAME_READ / 8 - 1);
+    let shift = (offset as u64 & 7) * 8;
+    // SAFETY: `word` < INTERPRETER_FRAME_READ / 8 keeps the read inside the
+    // buffer, which is 8-aligned in the map value.
+    unsafe { core::ptr::read_volatile(buffer.add(word)) >> shift }
+}
+
+/// # Safety
+///
+/// As [`write_frame`].
+#[inline(always)]
+unsafe fn mark_entry(scratch: *mut SampleScratch, index: u32) {
+    let index = index as usize & (MAX_INTERPRETER_FRAMES * 2 - 1);
+    if index >= MAX_INTERPRETER_FRAMES {
+        return;
+    }
+    const FLAGS: usize = 24;
+    // SAFETY: as in `write_frame`; the flags field lies inside the slot.
+    unsafe {
+        let tail = addr_of_mut!((*scratch).tail) as *mut u8;
+        let flags = tail.add(index * size_of::<InterpreterFrame>() + FLAGS) as *mut u32;
+        write_volatile(flags, read_volatile(flags) | interpreter_frame_flags::ENTRY);
+    }
+}
+
+/// # Safety
+///
+/// None: the helper checks the address.
+#[inline(always)]
+unsafe fn read_user<T: Copy>(address: u64) -> Result<T, ()> {
+    let mut value = core::mem::MaybeUninit::<T>::uninit();
+    // SAFETY: the destination is a local of the right size; the helper
+    // checks the source address.
+    let ret = unsafe {
+        bpf_probe_read_user(
+            value.as_mut_ptr() as *mut c_void,
+            size_of::<T>() as u32,
+            address as *const c_void,
+        )
+    };
+    if ret == 0 {
+        // SAFETY: the helper filled every byte.
+        Ok(unsafe { value.assume_init() })
+    } else {
+        Err(())
+    }
+}
+
+// The branch-free step relies on these values.
+const _: () = assert!(PythonInstruction::Index as u8 == 0 && PythonInstruction::Pointer as u8 == 1);
+const _: () = assert!(MAX_INTERPRETER_FRAMES.is_power_of_two());
+// Keep the flags offset used by `mark_entry` in step with the type.
+const _: () = assert!(core::mem::offset_of!(InterpreterFrame, flags) == 24);

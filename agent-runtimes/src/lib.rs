@@ -1,0 +1,49 @@
+//! Interpreter runtimes: how firn finds and names the frames of programs
+//! run by an interpreter (CPython first), whose native stack shows only
+//! the interpreter's own loop.
+//!
+//! Every runtime has the same shape, split between kernel and userspace:
+//!
+//! - **detection**: from an object mapped by a process (its file name and
+//!   ELF bytes), whether it is that runtime's interpreter, which version,
+//!   and where its state is ([`python::inspect_object`]);
+//! - **a per-process layout** for the BPF walker: where to start (for
+//!   CPython the thread state, through a pthread key, hence
+//!   [`libc::glibc_thread_specific_offset`]) and the offsets of the few
+//!   fields it follows from frame to frame ([`python::walker_layout`],
+//!   an [`agent_common::PythonProcess`]). At sample time the walker only
+//!   records what identifies each frame ([`agent_common::InterpreterFrame`]:
+//!   the code object's address, a stamp of it, the raw instruction field);
+//! - **a namer** in userspace that turns such a record into function, file
+//!   and line later, by reading the process's memory through [`Memory`]
+//!   and caching what it decoded per code object ([`python::PythonNamer`]).
+//!
+//! The crate does no I/O of its own: it takes ELF bytes, and a [`Memory`]
+//! the agent implements over the process (`process_vm_readv`), so its tests
+//! run on checked-in fixtures.
+//!
+//! Not supported: CPython before 3.8 and from 3.14, free-threaded builds
+//! (3.13t: other object and frame layouts), debug builds (`Py_DEBUG`
+//! changes the object header), musl (its thread-specific data is laid out
+//! differently; the agent checks [`libc::libc_kind`]), pthread keys of 32
+//! and more (glibc keeps them in a second-level block), and interpreters
+//! on other architectures than x86-64.
+
+pub mod libc;
+pub mod python;
+
+/// A failed read of another process's memory.
+#[derive(Debug, thiserror::Error)]
+#[error("could not read {length} bytes at {address:#x}")]
+pub struct MemoryError {
+    pub address: u64,
+    pub length: usize,
+    #[source]
+    pub source: Option<std::io::Error>,
+}
+
+/// Another process's memory, read whole: a read fills all of `buf` or
+/// fails.
+pub trait Memory {
+    fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError>;
+}

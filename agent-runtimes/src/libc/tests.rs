@@ -1,0 +1,137 @@
+use super::*;
+
+/// Where the synthetic functions below are assembled.
+const BASE: u64 = 0x1000;
+
+fn offset(code: &[u8]) -> Option<u32> {
+    thread_specific_offset_in_code(code, BASE)
+}
+
+#[test]
+fn debian_glibc_2_36() {
+    // `fixtures/libc/getspecific.so`: the bytes of Debian 12's
+    // pthread_getspecific; gdb shows `add $0x31,%rax; shl $0x4,%rax;
+    // add %fs:0x10,%rax; mov 0x8(%rax),%rdx`.
+    assert_eq!(
+        glibc_thread_specific_offset(agent_fixtures::GLIBC_GETSPECIFIC).expect("found"),
+        0x310
+    );
+}
+
+#[test]
+fn lea_and_a_self_pointer_in_another_register() {
+    // mov eax, edi; shl rax, 4; mov rcx, fs:[0x10];
+    // lea rax, [rcx+rax+0x310]; mov rax, [rax+8]; ret
+    let code = [
+        0x89, 0xf8, 0x48, 0xc1, 0xe0, 0x04, 0x64, 0x48, 0x8b, 0x0c, 0x25, 0x10, 0x00, 0x00, 0x00,
+        0x48, 0x8d, 0x84, 0x01, 0x10, 0x03, 0x00, 0x00, 0x48, 0x8b, 0x40, 0x08, 0xc3,
+    ];
+    assert_eq!(offset(&code), Some(0x310));
+}
+
+#[test]
+fn imul_and_extended_registers() {
+    // mov r8d, edi; imul r8, r8, 16; add r8, 0x500; mov r9, fs:[0x10];
+    // mov rax, [r9+r8+8]; ret
+    let code = [
+        0x41, 0x89, 0xf8, 0x4d, 0x6b, 0xc0, 0x10, 0x49, 0x81, 0xc0, 0x00, 0x05, 0x00, 0x00, 0x64,
+        0x4c, 0x8b, 0x0c, 0x25, 0x10, 0x00, 0x00, 0x00, 0x4b, 0x8b, 0x44, 0x01, 0x08, 0xc3,
+    ];
+    assert_eq!(offset(&code), Some(0x500));
+}
+
+#[test]
+fn fs_relative_load_after_a_bound_check() {
+    // cmp edi, 31; ja 1f; mov esi, edi; shl rsi, 4; mov rax, fs:[rsi+0x318];
+    // ret; 1: xor eax, eax; ret
+    let code = [
+        0x83, 0xff, 0x1f, 0x77, 0x0f, 0x89, 0xfe, 0x48, 0xc1, 0xe6, 0x04, 0x64, 0x48, 0x8b, 0x86,
+        0x18, 0x03, 0x00, 0x00, 0xc3, 0x31, 0xc0, 0xc3,
+    ];
+    assert_eq!(offset(&code), Some(0x310));
+}
+
+#[test]
+fn sign_extension_scaled_index_and_doubling() {
+    // movsxd rdx, edi; lea rdx, [rdx*8+0x62]; add rdx, rdx;
+    // add rdx, fs:[0x10]; mov rax, [rdx+8]; ret
+    let code = [
+        0x48, 0x63, 0xd7, 0x48, 0x8d, 0x14, 0xd5, 0x62, 0x00, 0x00, 0x00, 0x48, 0x01, 0xd2, 0x64,
+        0x48, 0x03, 0x14, 0x25, 0x10, 0x00, 0x00, 0x00, 0x48, 0x8b, 0x42, 0x08, 0xc3,
+    ];
+    assert_eq!(offset(&code), Some(0xc4));
+}
+
+#[test]
+fn jumps_are_followed() {
+    // jmp 1f; ud2; 1: mov eax, edi; sub rax, -0x31; shl rax, 4;
+    // add rax, fs:[0x10]; mov rax, [rax+8]; ret
+    let code = [
+        0xeb, 0x02, 0x0f, 0x0b, 0x89, 0xf8, 0x48, 0x83, 0xe8, 0xcf, 0x48, 0xc1, 0xe0, 0x04, 0x64,
+        0x48, 0x03, 0x04, 0x25, 0x10, 0x00, 0x00, 0x00, 0x48, 0x8b, 0x40, 0x08, 0xc3,
+    ];
+    assert_eq!(offset(&code), Some(0x310));
+}
+
+#[test]
+fn control_flow_protection_and_saved_registers() {
+    // endbr64; push rbx; mov ebx, edi; shl rbx, 4; add rbx, fs:[0x10];
+    // mov rax, [rbx+0x318]; pop rbx; ret
+    let code = [
+        0xf3, 0x0f, 0x1e, 0xfa, 0x53, 0x89, 0xfb, 0x48, 0xc1, 0xe3, 0x04, 0x64, 0x48, 0x03, 0x1c,
+        0x25, 0x10, 0x00, 0x00, 0x00, 0x48, 0x8b, 0x83, 0x18, 0x03, 0x00, 0x00, 0x5b, 0xc3,
+    ];
+    assert_eq!(offset(&code), Some(0x310));
+}
+
+#[test]
+fn a_global_table_is_not_the_thread_block() {
+    // mov eax, edi; shl rax, 4; lea rcx, [rip+0x1000]; mov rax, [rcx+rax+8]; ret
+    let code = [
+        0x89, 0xf8, 0x48, 0xc1, 0xe0, 0x04, 0x48, 0x8d, 0x0d, 0x00, 0x10, 0x00, 0x00, 0x48, 0x8b,
+        0x44, 0x01, 0x08, 0xc3,
+    ];
+    assert_eq!(offset(&code), None);
+}
+
+#[test]
+fn a_call_ends_the_walk() {
+    // mov eax, edi; shl rax, 4; add rax, fs:[0x10]; call 1f;
+    // 1: mov rax, [rax+0x318]; ret
+    let code = [
+        0x89, 0xf8, 0x48, 0xc1, 0xe0, 0x04, 0x64, 0x48, 0x03, 0x04, 0x25, 0x10, 0x00, 0x00, 0x00,
+        0xe8, 0x00, 0x00, 0x00, 0x00, 0x48, 0x8b, 0x80, 0x18, 0x03, 0x00, 0x00, 0xc3,
+    ];
+    assert_eq!(offset(&code), None);
+    assert_eq!(offset(&[]), None);
+    assert_eq!(offset(&[0x0f, 0xff, 0xff]), None, "invalid instruction");
+}
+
+#[test]
+fn objects_without_the_function() {
+    assert!(matches!(
+        glibc_thread_specific_offset(b"not an ELF file"),
+        Err(LibcError::Parse { .. })
+    ));
+    assert!(matches!(
+        glibc_thread_specific_offset(agent_fixtures::CHAIN),
+        Err(LibcError::MissingSymbol)
+    ));
+}
+
+#[test]
+fn libc_kinds_by_file_name() {
+    for (path, kind) in [
+        ("/lib/x86_64-linux-gnu/libc.so.6", Some(LibcKind::Glibc)),
+        ("/lib64/libc-2.17.so", Some(LibcKind::Glibc)),
+        ("libc-2.31.so", Some(LibcKind::Glibc)),
+        ("/lib/ld-musl-x86_64.so.1", Some(LibcKind::Musl)),
+        ("/lib/libc.musl-x86_64.so.1", Some(LibcKind::Musl)),
+        ("/usr/lib/libc.so", None),
+        ("/lib/libc-2.x.so", None),
+        ("/lib/libcrypt.so.1", None),
+        ("/lib/x86_64-linux-gnu/libc.so.6.bak", None),
+    ] {
+        assert_eq!(libc_kind(path), kind, "{path}");
+    }
+}

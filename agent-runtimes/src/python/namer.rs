@@ -1,0 +1,259 @@
+//! Names the interpreter frames the BPF walker recorded: function, file and
+//! line, read from the process's code objects and cached per code object.
+
+use std::{collections::HashMap, sync::Arc};
+
+use agent_cache::ByteBoundedCache;
+use agent_common::InterpreterFrame;
+
+use super::{
+    PythonVersion,
+    layout::{Bytecode, InstructionField, Layout, OBJECT_SIZE, OBJECT_TYPE, TYPE_NAME},
+    lines::LineTable,
+    read::{
+        MAX_LINE_TABLE, field_i32, field_u64, object_size, read, read_bytes, read_string, read_u64,
+    },
+};
+use crate::{Memory, MemoryError};
+
+/// One named interpreter frame.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PythonFrame {
+    /// `co_qualname` from 3.11 (`Class.method`, `outer.<locals>.inner`),
+    /// `co_name` before.
+    pub function: Arc<str>,
+    /// `co_filename`.
+    pub file: Arc<str>,
+    /// The line of the frame's instruction; 0 if the code there has none.
+    pub line: u32,
+    /// `co_firstlineno`: the function's `def` line.
+    pub first_line: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NameError {
+    #[error("CPython {version} is not supported")]
+    UnsupportedVersion { version: PythonVersion },
+    #[error("could not read the process's memory")]
+    Read {
+        #[source]
+        source: MemoryError,
+    },
+    #[error(
+        "the code object at {code:#x} is not the one sampled (stamp {sampled:#x}, now {found:#x})"
+    )]
+    Stale { code: u64, sampled: u64, found: u64 },
+    #[error("the object at {code:#x} is not a code object (its type is at {type_address:#x})")]
+    NotCode { code: u64, type_address: u64 },
+    #[error("the object at {address:#x} is not a compact string (state {state:#x})")]
+    BadString { address: u64, state: u32 },
+    #[error("the object at {address:#x} has {size} bytes, more than {limit}")]
+    TooLarge { address: u64, size: u64, limit: u64 },
+}
+
+/// What the namer did since the counts were last taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NamerCounts {
+    /// Frames named from the cache.
+    pub hits: u64,
+    /// Frames whose code object was read from the process (named or not).
+    pub misses: u64,
+    /// Cached code objects dropped to stay within the byte bound.
+    pub evictions: u64,
+    /// Code objects that were no longer what was sampled: another stamp,
+    /// or no code object at all (freed, its memory reused).
+    pub stale: u64,
+    /// Reads of the process's memory that failed (it exited, or the
+    /// address is unmapped).
+    pub read_failures: u64,
+}
+
+/// A code object as decoded once: what names its frames.
+struct CodeEntry {
+    stamp: u64,
+    function: Arc<str>,
+    file: Arc<str>,
+    first_line: u32,
+    /// Size of the bytecode in bytes.
+    code_bytes: u64,
+    lines: LineTable,
+}
+
+impl CodeEntry {
+    fn bytes(&self) -> usize {
+        std::mem::size_of::<Self>()
+            + self.function.len()
+            + self.file.len()
+            + self.lines.heap_bytes()
+    }
+
+    fn frame(&self, layout: &Layout, code: u64, instruction: u64) -> PythonFrame {
+        let line = match bytecode_offset(layout, code, instruction) {
+            Some(offset) if offset < self.code_bytes => {
+                let offset = u32::try_from(offset).unwrap_or(u32::MAX);
+                self.lines.line(offset).unwrap_or(0)
+            }
+            // Not started yet (`f_lasti` -1, a pointer just before the
+            // code), or garbage: CPython says the first line too.
+            _ => self.first_line,
+        };
+        PythonFrame {
+            function: self.function.clone(),
+            file: self.file.clone(),
+            line,
+            first_line: self.first_line,
+        }
+    }
+}
+
+/// The byte offset in the bytecode the raw instruction field points at,
+/// `None` if before the start.
+fn bytecode_offset(layout: &Layout, code: u64, instruction: u64) -> Option<u64> {
+    // 3.8-3.10 keep an `int`: the low half of what the walker read.
+    let index = i64::from(instruction as u32 as i32);
+    match (layout.instruction, layout.code.bytecode) {
+        (InstructionField::ByteIndex, _) => u64::try_from(index).ok(),
+        (InstructionField::UnitIndex, _) => u64::try_from(index).ok().map(|units| units * 2),
+        (InstructionField::Pointer, Bytecode::Inline { adaptive }) => {
+            instruction.checked_sub(code.checked_add(adaptive)?)
+        }
+        (InstructionField::Pointer, Bytecode::Object { .. }) => None,
+    }
+}
+
+/// Names CPython frames, caching each process's decoded code objects.
+pub struct PythonNamer {
+    /// By (process, code object address).
+    cache: ByteBoundedCache<(u64, u64), CodeEntry>,
+    /// The address of each process's `code` type, once one of its objects
+    /// was checked to be a code object by the type's name: later objects
+    /// only compare their type pointer.
+    code_types: HashMap<u64, u64>,
+    counts: NamerCounts,
+}
+
+impl PythonNamer {
+    /// A namer whose cache keeps at most about `cache_bytes` of decoded
+    /// code objects.
+    pub fn new(cache_bytes: usize) -> Self {
+        Self {
+            cache: ByteBoundedCache::new(cache_bytes),
+            code_types: HashMap::new(),
+            counts: NamerCounts::default(),
+        }
+    }
+
+    /// Names `frame`, sampled in the process `process` (a key unique for
+    /// the process's lifetime) running CPython `version`, reading what the
+    /// cache does not hold from `memory`.
+    ///
+    /// A cached code object is used only while its stamp is the frame's;
+    /// one read from memory only if its stamp still is the frame's
+    /// ([`NameError::Stale`] otherwise: it was freed after the sample).
+    pub fn name(
+        &mut self,
+        process: u64,
+        version: PythonVersion,
+        memory: &mut dyn Memory,
+        frame: &InterpreterFrame,
+    ) -> Result<PythonFrame, NameError> {
+        let layout = Layout::of(version).map_err(|_| NameError::UnsupportedVersion { version })?;
+        let key = (process, frame.code);
+        if let Some(entry) = self.cache.get(&key)
+            && entry.stamp == frame.stamp
+        {
+            self.counts.hits += 1;
+            return Ok(entry.frame(layout, frame.code, frame.instruction));
+        }
+        self.counts.misses += 1;
+        let entry = match self.read_code(process, layout, memory, frame) {
+            Ok(entry) => entry,
+            Err(error) => {
+                match error {
+                    NameError::Read { .. } => self.counts.read_failures += 1,
+                    NameError::Stale { .. } | NameError::NotCode { .. } => self.counts.stale += 1,
+                    _ => {}
+                }
+                return Err(error);
+            }
+        };
+        let named = entry.frame(layout, frame.code, frame.instruction);
+        let bytes = entry.bytes();
+        self.counts.evictions += self.cache.insert(key, entry, bytes) as u64;
+        Ok(named)
+    }
+
+    /// Forgets what is known of `process` (it exited). Its cached code
+    /// objects are not looked for: no frame of it will ask for them again,
+    /// so they are the least recently used and leave the cache first.
+    pub fn forget(&mut self, process: u64) {
+        self.code_types.remove(&process);
+    }
+
+    /// The counts since the last call.
+    pub fn take_counts(&mut self) -> NamerCounts {
+        std::mem::take(&mut self.counts)
+    }
+
+    fn read_code(
+        &mut self,
+        process: u64,
+        layout: &Layout,
+        memory: &mut dyn Memory,
+        frame: &InterpreterFrame,
+    ) -> Result<CodeEntry, NameError> {
+        let code = &layout.code;
+        let mut header = vec![0; code.header];
+        read(memory, frame.code, &mut header)?;
+        let stamp = field_u64(&header, code.stamp);
+        if stamp != frame.stamp {
+            return Err(NameError::Stale {
+                code: frame.code,
+                sampled: frame.stamp,
+                found: stamp,
+            });
+        }
+        self.check_code_type(process, memory, frame.code, field_u64(&header, OBJECT_TYPE))?;
+        let file = read_string(memory, &layout.unicode, field_u64(&header, code.file))?;
+        let function = read_string(memory, &layout.unicode, field_u64(&header, code.function))?;
+        let first_line = u32::try_from(field_i32(&header, code.first_line)).unwrap_or(0);
+        let table = read_bytes(memory, field_u64(&header, code.line_table), MAX_LINE_TABLE)?;
+        let code_bytes = match code.bytecode {
+            Bytecode::Object { code } => object_size(memory, field_u64(&header, code))?,
+            // `ob_size` counts 2-byte code units.
+            Bytecode::Inline { .. } => field_u64(&header, OBJECT_SIZE).saturating_mul(2),
+        };
+        Ok(CodeEntry {
+            stamp,
+            function,
+            file,
+            first_line,
+            code_bytes,
+            lines: LineTable::decode(code.line_format, &table, first_line),
+        })
+    }
+
+    /// Whether `type_address` is the type `code`: known for the process,
+    /// or named so (`tp_name`).
+    fn check_code_type(
+        &mut self,
+        process: u64,
+        memory: &mut dyn Memory,
+        code: u64,
+        type_address: u64,
+    ) -> Result<(), NameError> {
+        if self.code_types.get(&process) == Some(&type_address) {
+            return Ok(());
+        }
+        // An unreadable type is no type: the object is not a code object.
+        let mut name = [0; 5];
+        let named_code = read_u64(memory, type_address.wrapping_add(TYPE_NAME))
+            .and_then(|name_address| read(memory, name_address, &mut name))
+            .is_ok_and(|()| &name == b"code\0");
+        if !named_code {
+            return Err(NameError::NotCode { code, type_address });
+        }
+        self.code_types.insert(process, type_address);
+        Ok(())
+    }
+}

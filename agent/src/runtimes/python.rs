@@ -1,0 +1,480 @@
+//! CPython: finds interpreter processes in their images, hands the BPF
+//! walker each one's layout (`PYTHON_PROCESSES`), and names the frames it
+//! recorded from the process's memory, through `agent_runtimes::python`.
+
+use std::{collections::HashMap, ops::Range, path::Path, sync::Arc};
+
+use agent_common::{InterpreterFrame, PythonProcess, interpreter_frame_flags};
+use agent_elf::ContentKey;
+use agent_runtimes::{
+    libc::{LibcKind, glibc_thread_specific_offset, libc_kind},
+    python::{NameError, PythonNamer, PythonObject, PythonVersion, inspect_object, walker_layout},
+};
+use tracing::{debug, info};
+
+use super::{InterpretedFrame, NamedFrame, ProcessMemory, Runtime};
+use crate::{
+    process::{MappingKind, ProcessImage, ProcessTable},
+    stats::Stats,
+};
+
+/// What the Python support does.
+#[derive(Clone, Debug)]
+pub struct PythonConfig {
+    /// Walk and name Python frames (`--python`).
+    pub enabled: bool,
+    /// Bytes of decoded code objects kept (names, files, line tables).
+    pub code_cache_bytes: usize,
+}
+
+impl Default for PythonConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            code_cache_bytes: 16 << 20,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("could not set the Python layout of tgid {tgid} in the BPF map")]
+pub struct PythonMapError {
+    pub tgid: u32,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// The BPF map of interpreter processes (a trait so the stage runs without
+/// BPF in tests).
+pub trait PythonProcessMap: Send {
+    fn set(&mut self, tgid: u32, layout: PythonProcess) -> Result<(), PythonMapError>;
+    fn remove(&mut self, tgid: u32);
+}
+
+/// Why a Python process's frames are not walked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SkipReason {
+    UnsupportedVersion,
+    MissingSymbols,
+    Musl,
+    LibcUnknown,
+    MapFull,
+    Unreadable,
+}
+
+/// A process as the runtime last saw it.
+enum ProcessState {
+    NotPython,
+    Python(Registered),
+    Skipped,
+}
+
+struct Registered {
+    version: PythonVersion,
+    /// Runtime addresses of the native interpreter loop.
+    eval_loop: Range<u64>,
+    /// Unique per registration: keys the namer's cache, so a reused pid
+    /// never hits the previous process's code objects.
+    key: u64,
+}
+
+struct Entry {
+    /// The image looked at (by identity): a new image (after an exec, or
+    /// maps re-read after a library was loaded) is looked at again.
+    image: *const ProcessImage,
+    state: ProcessState,
+}
+
+/// Most objects whose inspection is remembered (interpreters and libcs are
+/// shared by many processes; the rest are remembered as "not one").
+const MAX_REMEMBERED_OBJECTS: usize = 4096;
+
+pub struct PythonRuntime {
+    map: Box<dyn PythonProcessMap>,
+    processes: HashMap<u32, Entry>,
+    max_processes: usize,
+    interpreters: HashMap<ContentKey, Result<Option<PythonObject>, SkipReason>>,
+    libcs: HashMap<ContentKey, Result<u32, SkipReason>>,
+    namer: PythonNamer,
+    next_key: u64,
+    stats: Arc<Stats>,
+}
+
+impl PythonRuntime {
+    pub fn new(
+        config: &PythonConfig,
+        map: Box<dyn PythonProcessMap>,
+        max_processes: usize,
+        stats: Arc<Stats>,
+    ) -> Self {
+        Self {
+            map,
+            processes: HashMap::new(),
+            max_processes,
+            interpreters: HashMap::new(),
+            libcs: HashMap::new(),
+            namer: PythonNamer::new(config.code_cache_bytes),
+            next_key: 1,
+            stats,
+        }
+    }
+
+    /// Looks at a process image once: registers it with the walker if it
+    /// runs a supported CPython.
+    pub fn observe(&mut self, image: &Arc<ProcessImage>, processes: &mut ProcessTable) {
+        if image.gone || image.mappings.is_empty() {
+            return;
+        }
+        let tgid = image.tgid;
+        if let Some(entry) = self.processes.get(&tgid)
+            && std::ptr::eq(entry.image, Arc::as_ptr(image))
+        {
+            return;
+        }
+        if !self.processes.contains_key(&tgid) && self.processes.len() >= self.max_processes {
+            // Keep the interpreters; forget the rest, they are cheap to redo.
+            self.processes
+                .retain(|_, entry| matches!(entry.state, ProcessState::Python(_)));
+            if self.processes.len() >= self.max_processes {
+                return;
+            }
+        }
+        let state = self.inspect(image, processes);
+        let previous = self.processes.insert(
+            tgid,
+            Entry {
+                image: Arc::as_ptr(image),
+                state,
+            },
+        );
+        if let Some(Entry {
+            state: ProcessState::Python(old),
+            ..
+        }) = previous
+            && !matches!(
+                self.processes.get(&tgid).map(|e| &e.state),
+                Some(ProcessState::Python(_))
+            )
+        {
+            self.namer.forget(old.key);
+            self.map.remove(tgid);
+        }
+    }
+
+    fn inspect(&mut self, image: &ProcessImage, processes: &mut ProcessTable) -> ProcessState {
+        let Some((index, object)) = self.find_interpreter(image, processes) else {
+            return ProcessState::NotPython;
+        };
+        let object = match object {
+            Ok(object) => object,
+            Err(reason) => return self.skip(image, reason, None),
+        };
+        let tsd_first_block = match self.find_libc(image, processes) {
+            Ok(offset) => offset,
+            Err(reason) => return self.skip(image, reason, Some(object.version)),
+        };
+        let Some(bias) = load_bias(image, index) else {
+            return self.skip(image, SkipReason::Unreadable, Some(object.version));
+        };
+        let layout = match walker_layout(
+            object.version,
+            object.runtime.wrapping_add(bias),
+            tsd_first_block,
+        ) {
+            Ok(layout) => layout,
+            Err(_) => {
+                return self.skip(image, SkipReason::UnsupportedVersion, Some(object.version));
+            }
+        };
+        if let Err(error) = self.map.set(image.tgid, layout) {
+            debug!(error = %crate::logging::error_chain(&error), "Python process not registered");
+            return self.skip(image, SkipReason::MapFull, Some(object.version));
+        }
+        self.count_version(object.version);
+        debug!(
+            tgid = image.tgid,
+            comm = image.comm,
+            version = %object.version,
+            "walking the Python frames of a process"
+        );
+        let key = self.next_key;
+        self.next_key += 1;
+        ProcessState::Python(Registered {
+            version: object.version,
+            eval_loop: object.eval_loop.start.wrapping_add(bias)
+                ..object.eval_loop.end.wrapping_add(bias),
+            key,
+        })
+    }
+
+    /// The mapping of the image's CPython interpreter (the executable or a
+    /// `libpython`), and what it is.
+    #[allow(clippy::type_complexity)]
+    fn find_interpreter(
+        &mut self,
+        image: &ProcessImage,
+        processes: &mut ProcessTable,
+    ) -> Option<(usize, Result<PythonObject, SkipReason>)> {
+        let executable = image.executable();
+        for (index, mapping) in image.mappings.iter().enumerate() {
+            let spec = &mapping.spec;
+            if spec.kind != MappingKind::File {
+                continue;
+            }
+            let name = file_name(&spec.path);
+            let candidate = Some(spec.path.as_str()) == executable || name.contains("python");
+            // One look per object: its first mapping.
+            if !candidate
+                || image.mappings[..index]
+                    .iter()
+                    .any(|earlier| earlier.spec.path == spec.path)
+            {
+                continue;
+            }
+            let Some(object) = processes.object(image, index) else {
+                continue;
+            };
+            let key = object.content_key();
+            let found = match self.interpreters.get(&key) {
+                Some(found) => found.clone(),
+                None => {
+                    let found = match object.data() {
+                        Ok(data) => inspect_object(name, &data).map_err(|error| {
+                            debug!(path = spec.path, %error, "not a CPython firn can walk");
+                            skip_reason(&error)
+                        }),
+                        Err(error) => {
+                            debug!(path = spec.path, %error, "could not read object");
+                            Err(SkipReason::Unreadable)
+                        }
+                    };
+                    remember(&mut self.interpreters, key, found.clone());
+                    found
+                }
+            };
+            match found {
+                Ok(None) => continue,
+                Ok(Some(object)) => return Some((index, Ok(object))),
+                Err(reason) => return Some((index, Err(reason))),
+            }
+        }
+        None
+    }
+
+    /// glibc's thread-specific data offset, read off `pthread_getspecific`:
+    /// in `libpthread.so.0` before glibc 2.34, in `libc.so.6` since (where
+    /// libpthread is an empty stub), in the executable of a static build.
+    fn find_libc(
+        &mut self,
+        image: &ProcessImage,
+        processes: &mut ProcessTable,
+    ) -> Result<u32, SkipReason> {
+        let mut libc = None;
+        let mut libpthread = None;
+        for (index, mapping) in image.mappings.iter().enumerate() {
+            if mapping.spec.kind != MappingKind::File {
+                continue;
+            }
+            let name = file_name(&mapping.spec.path);
+            match libc_kind(name) {
+                Some(LibcKind::Musl) => return Err(SkipReason::Musl),
+                Some(LibcKind::Glibc) if libc.is_none() => libc = Some(index),
+                _ if name.starts_with("libpthread") && libpthread.is_none() => {
+                    libpthread = Some(index);
+                }
+                _ => {}
+            }
+        }
+        let executable = image
+            .mappings
+            .iter()
+            .position(|m| Some(m.spec.path.as_str()) == image.executable());
+        let candidates = match libc {
+            Some(libc) => [libpthread, Some(libc)],
+            None => [libpthread, executable],
+        };
+        let mut outcome = Err(SkipReason::LibcUnknown);
+        for index in candidates.into_iter().flatten() {
+            outcome = self.thread_specific_offset(image, index, processes);
+            if outcome.is_ok() {
+                break;
+            }
+        }
+        outcome
+    }
+
+    fn thread_specific_offset(
+        &mut self,
+        image: &ProcessImage,
+        index: usize,
+        processes: &mut ProcessTable,
+    ) -> Result<u32, SkipReason> {
+        let object = processes
+            .object(image, index)
+            .ok_or(SkipReason::Unreadable)?;
+        let key = object.content_key();
+        if let Some(found) = self.libcs.get(&key) {
+            return *found;
+        }
+        let found = match object.data() {
+            Ok(data) => glibc_thread_specific_offset(&data).map_err(|error| {
+                debug!(path = object.path, %error, "no pthread_getspecific firn can read");
+                SkipReason::LibcUnknown
+            }),
+            Err(_) => Err(SkipReason::Unreadable),
+        };
+        remember(&mut self.libcs, key, found);
+        found
+    }
+
+    fn skip(
+        &mut self,
+        image: &ProcessImage,
+        reason: SkipReason,
+        version: Option<PythonVersion>,
+    ) -> ProcessState {
+        let stats = &self.stats;
+        Stats::inc(match reason {
+            SkipReason::UnsupportedVersion => &stats.python_skipped_version,
+            SkipReason::MissingSymbols => &stats.python_skipped_symbols,
+            SkipReason::Musl => &stats.python_skipped_musl,
+            SkipReason::LibcUnknown => &stats.python_skipped_libc,
+            SkipReason::MapFull => &stats.python_skipped_map_full,
+            SkipReason::Unreadable => &stats.python_skipped_unreadable,
+        });
+        info!(
+            tgid = image.tgid,
+            comm = image.comm,
+            version = version.map(|v| v.to_string()).unwrap_or_default(),
+            reason = ?reason,
+            "Python frames of this process are not walked; its native frames are"
+        );
+        ProcessState::Skipped
+    }
+
+    fn count_version(&self, version: PythonVersion) {
+        let stats = &self.stats;
+        let counter = match version.minor {
+            8 => &stats.python_processes_3_8,
+            9 => &stats.python_processes_3_9,
+            10 => &stats.python_processes_3_10,
+            11 => &stats.python_processes_3_11,
+            12 => &stats.python_processes_3_12,
+            _ => &stats.python_processes_3_13,
+        };
+        Stats::inc(counter);
+    }
+
+    /// The recorded frames of a sample of `tgid`, named now, while the
+    /// process is alive; empty if it is not a registered interpreter.
+    pub fn name(&mut self, tgid: u32, frames: &[InterpreterFrame]) -> Vec<NamedFrame> {
+        let Some(Entry {
+            state: ProcessState::Python(registered),
+            ..
+        }) = self.processes.get(&tgid)
+        else {
+            return Vec::new();
+        };
+        let mut memory = ProcessMemory::new(tgid);
+        let named = frames
+            .iter()
+            .map(|frame| {
+                let named =
+                    match self
+                        .namer
+                        .name(registered.key, registered.version, &mut memory, frame)
+                    {
+                        Ok(python) => InterpretedFrame {
+                            runtime: Runtime::Python,
+                            function: python.function,
+                            file: python.file,
+                            line: python.line,
+                        },
+                        Err(error) => {
+                            debug!(tgid, %error, "Python frame not named");
+                            if matches!(error, NameError::Stale { .. } | NameError::NotCode { .. })
+                            {
+                                Stats::inc(&self.stats.python_name_stale);
+                            } else {
+                                Stats::inc(&self.stats.python_name_failures);
+                            }
+                            unknown_frame()
+                        }
+                    };
+                NamedFrame {
+                    frame: Arc::new(named),
+                    entry: frame.flags & interpreter_frame_flags::ENTRY != 0,
+                }
+            })
+            .collect();
+        let counts = self.namer.take_counts();
+        Stats::add(&self.stats.python_code_cache_hits, counts.hits);
+        Stats::add(&self.stats.python_code_cache_misses, counts.misses);
+        Stats::add(&self.stats.python_code_cache_evictions, counts.evictions);
+        named
+    }
+
+    /// Runtime addresses of the native interpreter loop of `tgid`.
+    pub fn eval_loop(&self, tgid: u32) -> Option<Range<u64>> {
+        match &self.processes.get(&tgid)?.state {
+            ProcessState::Python(registered) => Some(registered.eval_loop.clone()),
+            _ => None,
+        }
+    }
+
+    /// The process executed a new image (the BPF program dropped its entry
+    /// already) or exited.
+    pub fn forget(&mut self, tgid: u32) {
+        if let Some(Entry {
+            state: ProcessState::Python(registered),
+            ..
+        }) = self.processes.remove(&tgid)
+        {
+            self.namer.forget(registered.key);
+        }
+    }
+}
+
+/// A frame whose code object could not be read, or had changed.
+fn unknown_frame() -> InterpretedFrame {
+    InterpretedFrame {
+        runtime: Runtime::Python,
+        function: "<unknown>".into(),
+        file: "".into(),
+        line: 0,
+    }
+}
+
+fn skip_reason(error: &agent_runtimes::python::PythonError) -> SkipReason {
+    use agent_runtimes::python::PythonError;
+    match error {
+        PythonError::UnsupportedVersion { .. }
+        | PythonError::UnknownVersion
+        | PythonError::UnsupportedBuild { .. } => SkipReason::UnsupportedVersion,
+        PythonError::MissingSymbol { .. } => SkipReason::MissingSymbols,
+        _ => SkipReason::Unreadable,
+    }
+}
+
+fn remember<V>(cache: &mut HashMap<ContentKey, V>, key: ContentKey, value: V) {
+    if cache.len() >= MAX_REMEMBERED_OBJECTS {
+        cache.clear();
+    }
+    cache.insert(key, value);
+}
+
+fn file_name(path: &str) -> &str {
+    Path::new(path)
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or(path)
+}
+
+/// What to add to the object's link-time addresses to get the process's:
+/// one value for the whole object, read off the mapping at `index`.
+fn load_bias(image: &ProcessImage, index: usize) -> Option<u64> {
+    let mapping = image.mappings.get(index)?;
+    let object = mapping.object()?;
+    let vaddr = object.layout.vaddr_for_file_offset(mapping.spec.offset)?;
+    Some(mapping.spec.start.wrapping_sub(vaddr))
+}
