@@ -1,7 +1,7 @@
 //! Checks that report rather than stop: each says how one process fared,
 //! so that one run shows every interpreter's figures or failure.
 
-use super::frames::{Sample, describe_samples, share};
+use super::frames::{Sample, count, describe_samples, share};
 
 /// Fewer samples than this of a workload say too little to judge it.
 pub const MIN_SAMPLES: i64 = 30;
@@ -23,14 +23,17 @@ pub fn assert_all(what: &str, checks: Vec<Check>) {
     assert!(failures.is_empty(), "{what}:\n\n{}", failures.join("\n\n"));
 }
 
-/// `hits` of `total` reach `wanted`, with enough samples to say so.
+/// `good` holds for a share of `samples` (weighted by count) of at least
+/// `wanted`, with enough samples to say so. A failure shows the samples
+/// for which it does not.
 pub fn expect_share(
     who: &str,
     what: &str,
-    (hits, total): (i64, i64),
-    wanted: f64,
     samples: &[&Sample],
+    wanted: f64,
+    good: impl Fn(&Sample) -> bool,
 ) -> Check {
+    let (hits, total) = count(samples.iter().copied(), &good);
     let figures = format!(
         "{who}: {what} in {hits} of {total} ({:.1}%)",
         share((hits, total)) * 100.0
@@ -43,9 +46,9 @@ pub fn expect_share(
     }
     if share((hits, total)) < wanted {
         return Err(format!(
-            "{figures}, wanted {:.0}%:\n{}",
+            "{figures}, wanted {:.0}%; the others:\n{}",
             wanted * 100.0,
-            describe_samples(samples.iter().copied())
+            describe_samples(samples.iter().copied().filter(|sample| !good(sample)))
         ));
     }
     Ok(figures)
