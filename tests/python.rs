@@ -394,13 +394,15 @@ fn check_generators(profile: &Profile, process: &PythonProcess) -> Check {
     let samples = samples_of(profile, process.pid());
     let mut wrong: std::collections::BTreeMap<String, Vec<&Sample>> = Default::default();
     for sample in &samples {
-        for frame in sample.python() {
-            if let Some(why) = unreal(frame) {
-                wrong
-                    .entry(format!("{frame:?}: {why}"))
-                    .or_default()
-                    .push(sample);
-            }
+        let mut reports: Vec<String> = sample
+            .python()
+            .into_iter()
+            .filter_map(|frame| Some(format!("{frame:?}: {}", unreal(frame)?)))
+            .collect();
+        reports.sort();
+        reports.dedup();
+        for report in reports {
+            wrong.entry(report).or_default().push(sample);
         }
     }
     if !wrong.is_empty() {
