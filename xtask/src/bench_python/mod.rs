@@ -37,6 +37,15 @@ enum Profiler {
 const PROFILERS: [Profiler; 3] = [Profiler::Firn, Profiler::FirnNoPython, Profiler::PySpy];
 
 impl Profiler {
+    /// Its log's name in the bench's directory.
+    fn log_name(self) -> &'static str {
+        match self {
+            Self::Firn => "python-firn.log",
+            Self::FirnNoPython => "python-firn-no-python.log",
+            Self::PySpy => "python-py-spy.log",
+        }
+    }
+
     fn title(self) -> &'static str {
         match self {
             Self::Firn => "firn",
@@ -51,7 +60,7 @@ impl Profiler {
 struct Run {
     /// The workload's iterations per second over the measured window.
     rate: f64,
-    /// The profiler's CPU seconds over the window (/proc/PID/stat).
+    /// The profiler's CPU seconds over the window (its threads' schedstat).
     window_cpu: f64,
     /// The profiler's CPU seconds from start to exit, start-up and output
     /// included.
@@ -60,6 +69,10 @@ struct Run {
     complete: (u64, u64),
     /// firn only: BPF run time over the window per sample of the workload.
     bpf_ns_per_sample: Option<f64>,
+    /// firn only: BPF run time over the window per run of the program, on
+    /// every tick of every CPU (most of them for other processes, which it
+    /// leaves at once).
+    bpf_ns_per_run: Option<f64>,
     /// Throughput lost against the runs alone just before and after, in
     /// percent.
     slowdown: f64,
@@ -205,12 +218,9 @@ impl Column {
         median(self.0.iter().map(value))
     }
 
-    fn bpf_ns(&self) -> Option<f64> {
-        let values: Vec<f64> = self
-            .0
-            .iter()
-            .filter_map(|run| run.bpf_ns_per_sample)
-            .collect();
+    /// The median of a BPF figure, over the runs that have it (firn's).
+    fn bpf_ns(&self, value: impl Fn(&Run) -> Option<f64>) -> Option<f64> {
+        let values: Vec<f64> = self.0.iter().filter_map(value).collect();
         (!values.is_empty()).then(|| median(values.into_iter()))
     }
 
@@ -263,10 +273,16 @@ fn print_table(runs: &[(Profiler, Run)], baseline: f64) {
         format!("{:.3}", c.median(|run| run.total_cpu))
     });
     row("whole Python chain (all rounds)", &Column::complete);
-    row("BPF ns per workload sample (median)", &|c| {
-        c.bpf_ns().map_or("n/a".into(), |ns| format!("{ns:.0}"))
+    let per_sample = |run: &Run| run.bpf_ns_per_sample;
+    row("BPF ns per run, every tick (median)", &|c| {
+        c.bpf_ns(|run| run.bpf_ns_per_run)
+            .map_or("n/a".into(), |ns| format!("{ns:.0}"))
     });
-    if let (Some(on), Some(off)) = (columns[0].bpf_ns(), columns[1].bpf_ns()) {
+    row("BPF ns per workload sample (median)", &|c| {
+        c.bpf_ns(per_sample)
+            .map_or("n/a".into(), |ns| format!("{ns:.0}"))
+    });
+    if let (Some(on), Some(off)) = (columns[0].bpf_ns(per_sample), columns[1].bpf_ns(per_sample)) {
         println!("{:<38}{:>14.0}", "  of which the Python walker", on - off);
     }
     let window = |column: &Column| column.median(|run| run.window_cpu);
@@ -314,9 +330,12 @@ fn measure(
         window_cpu: end.profiler_cpu - start.profiler_cpu,
         ..Run::default()
     };
-    if let (Some(start_ns), Some(end_ns)) = (start.bpf_run_time_ns, end.bpf_run_time_ns) {
+    if let (Some((start_ns, start_runs)), Some((end_ns, end_runs))) = (start.bpf, end.bpf) {
+        // The workload is one busy thread: its samples follow from its CPU.
         let samples = (end.workload_cpu - start.workload_cpu) * args.frequency as f64;
-        run.bpf_ns_per_sample = Some((end_ns - start_ns) as f64 / samples.max(1.0));
+        let nanoseconds = end_ns.saturating_sub(start_ns) as f64;
+        run.bpf_ns_per_sample = Some(nanoseconds / samples.max(1.0));
+        run.bpf_ns_per_run = Some(nanoseconds / end_runs.saturating_sub(start_runs).max(1) as f64);
     }
     if let (Some(child), Some(profiler)) = (child.as_mut(), profiler) {
         let (status, (cpu, _)) = wait_with_usage(child)?;
@@ -345,7 +364,7 @@ fn py_spy_output(tools: &Tools) -> PathBuf {
 /// Starts `profiler` on `pid` and waits until it samples.
 fn start_profiler(tools: &Tools, profiler: Profiler, pid: u32, args: &BenchArgs) -> Result<Child> {
     let duration = args.seconds + SETTLE.as_secs() + MARGIN_SECONDS;
-    let log = tools.work.join(format!("python-{}.log", profiler.title()));
+    let log = tools.work.join(profiler.log_name());
     let (mut command, ready) = match profiler {
         Profiler::Firn | Profiler::FirnNoPython => {
             let mut command = Command::new(&tools.firn);
@@ -371,9 +390,11 @@ fn start_profiler(tools: &Tools, profiler: Profiler, pid: u32, args: &BenchArgs)
             (command, "Sampling process")
         }
     };
+    // firn logs to stderr, py-spy talks on stdout: one log for both.
+    let output = File::create(&log)?;
     let child = command
-        .stdout(File::create(tools.work.join("python-profiler.out"))?)
-        .stderr(File::create(&log)?)
+        .stdout(output.try_clone()?)
+        .stderr(output)
         .spawn()
         .with_context(|| format!("could not start {}", profiler.title()))?;
     // firn verifies its BPF program first: tens of seconds on a busy machine.

@@ -1,6 +1,7 @@
 //! What the Python bench reads at each edge of its window: the workload's
-//! progress (it reports on SIGUSR1), CPU time from /proc/PID/stat, and
-//! the run time of firn's BPF sampling program from bpftool.
+//! progress (it reports on SIGUSR1), CPU time from the threads'
+//! schedstat, and the run time and count of firn's BPF sampling program
+//! from bpftool.
 
 use std::{
     collections::BTreeMap,
@@ -21,7 +22,8 @@ pub struct Snapshot {
     pub seconds: f64,
     pub profiler_cpu: f64,
     pub workload_cpu: f64,
-    pub bpf_run_time_ns: Option<u64>,
+    /// The sampling program's run time (ns) and runs so far.
+    pub bpf: Option<(u64, u64)>,
 }
 
 impl Snapshot {
@@ -33,39 +35,44 @@ impl Snapshot {
         program: Option<u64>,
     ) -> Result<Self> {
         let (iterations, seconds) = workload.progress()?;
-        let bpf_run_time_ns = program.and_then(|id| sampling_programs().get(&id).copied());
+        let bpf = program.and_then(|id| sampling_programs().get(&id).copied());
         Ok(Self {
             iterations,
             seconds,
             profiler_cpu: profiler_pid.map_or(Ok(0.0), cpu_seconds)?,
             workload_cpu: cpu_seconds(workload.pid())?,
-            bpf_run_time_ns,
+            bpf,
         })
     }
 }
 
-/// User and system CPU seconds of `pid` so far, from /proc/PID/stat.
+/// CPU seconds of `pid`'s threads so far, from each one's
+/// /proc/PID/task/TID/schedstat (nanoseconds on a CPU): /proc/PID/stat
+/// counts in clock ticks, too coarse for what a profiler spends in a few
+/// seconds. Threads that have exited are not counted; the profilers keep
+/// theirs while they sample.
 fn cpu_seconds(pid: u32) -> Result<f64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name, which may hold spaces: utime and
-    // stime are the 14th and 15th of the line.
-    let after_comm = stat.rsplit_once(')').context("a stat line")?.1;
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    let ticks = |index: usize| -> Result<f64> {
-        Ok(fields
-            .get(index)
-            .context("a short stat line")?
-            .parse::<f64>()?)
-    };
-    // SAFETY: sysconf has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok((ticks(11)? + ticks(12)?) / per_second)
+    let mut nanoseconds = 0u64;
+    let tasks = format!("/proc/{pid}/task");
+    for task in fs::read_dir(&tasks).with_context(|| format!("could not list {tasks}"))? {
+        let path = task?.path().join("schedstat");
+        // A thread may exit between the listing and the read.
+        let Ok(text) = fs::read_to_string(&path) else {
+            continue;
+        };
+        let on_cpu = text
+            .split_whitespace()
+            .next()
+            .context("an empty schedstat")?;
+        nanoseconds += on_cpu.parse::<u64>()?;
+    }
+    Ok(nanoseconds as f64 / 1e9)
 }
 
 /// The run time so far (ns) of each of firn's sampling programs loaded,
 /// by program id, from bpftool: 0 unless a firn is running (it turns the
 /// kernel's statistics on while it runs).
-pub fn sampling_programs() -> BTreeMap<u64, u64> {
+pub fn sampling_programs() -> BTreeMap<u64, (u64, u64)> {
     let programs: Option<serde_json::Value> = Command::new("bpftool")
         .args(["prog", "show", "--json"])
         .output()
@@ -79,7 +86,8 @@ pub fn sampling_programs() -> BTreeMap<u64, u64> {
         .filter(|program| program["name"] == "sample_cpu")
         .filter_map(|program| {
             let id = program["id"].as_u64()?;
-            Some((id, program["run_time_ns"].as_u64().unwrap_or(0)))
+            let runs = program["run_cnt"].as_u64().unwrap_or(0);
+            Some((id, (program["run_time_ns"].as_u64().unwrap_or(0), runs)))
         })
         .collect()
 }
