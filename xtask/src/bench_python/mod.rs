@@ -250,7 +250,7 @@ fn print_table(runs: &[(Profiler, Run)], baseline: f64) {
     let row = |title: &str, cell: &dyn Fn(&Column) -> String| {
         let cells: Vec<String> = columns.iter().map(cell).collect();
         println!(
-            "{title:<38}{:>14}{:>16}{:>14}",
+            "{title:<38}{:>16}{:>17}{:>16}",
             cells[0], cells[1], cells[2]
         );
     };
@@ -259,7 +259,7 @@ fn print_table(runs: &[(Profiler, Run)], baseline: f64) {
         let at = columns.iter().position(|c| std::ptr::eq(c, column));
         at.map_or("", |at| PROFILERS[at].title()).to_owned()
     });
-    println!("{:<38}{baseline:>14.1}", "iterations/s alone (median)");
+    println!("{:<38}{baseline:>16.1}", "iterations/s alone (median)");
     row("iterations/s profiled (median)", &|c| {
         format!("{:.1}", c.median(|run| run.rate))
     });
@@ -283,11 +283,11 @@ fn print_table(runs: &[(Profiler, Run)], baseline: f64) {
             .map_or("n/a".into(), |ns| format!("{ns:.0}"))
     });
     if let (Some(on), Some(off)) = (columns[0].bpf_ns(per_sample), columns[1].bpf_ns(per_sample)) {
-        println!("{:<38}{:>14.0}", "  of which the Python walker", on - off);
+        println!("{:<38}{:>16.0}", "  of which the Python walker", on - off);
     }
     let window = |column: &Column| column.median(|run| run.window_cpu);
     println!(
-        "{:<38}{:>14.2}",
+        "{:<38}{:>16.2}",
         "CPU ratio firn / py-spy (window)",
         window(&columns[0]) / window(&columns[2]).max(f64::EPSILON)
     );
