@@ -100,11 +100,14 @@ pub fn glibc_thread_specific_offset(elf: &[u8]) -> Result<u32, LibcError> {
         symbol: name.clone(),
         address,
     };
+    // Section fields come from the file: an end past the address space
+    // must not wrap.
+    let end = |section: &object::Section<'_, '_>| section.address().saturating_add(section.size());
     let section = file
         .sections()
-        .find(|section| (section.address()..section.address() + section.size()).contains(&address))
+        .find(|section| (section.address()..end(section)).contains(&address))
         .ok_or_else(missing)?;
-    let available = section.address() + section.size() - address;
+    let available = end(&section) - address;
     let length = match symbol.size() {
         0 => available.min(CODE_BYTES),
         size => size.min(available).min(CODE_BYTES),
@@ -200,7 +203,7 @@ fn thread_specific_offset_in_code(code: &[u8], address: u64) -> Option<u32> {
     let mut registers = Registers([None; 16]);
     registers.set(Register::RDI, Some(Value::KEY));
     let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
-    let end = address + code.len() as u64;
+    let end = address.saturating_add(code.len() as u64);
     for _ in 0..MAX_INSTRUCTIONS {
         if !decoder.can_decode() {
             return None;

@@ -75,7 +75,7 @@ pub fn inspect_object(file_name: &str, elf: &[u8]) -> Result<Option<PythonObject
     Ok(Some(PythonObject {
         version,
         runtime: runtime.address(),
-        eval_loop: eval_loop.address()..eval_loop.address() + eval_loop.size(),
+        eval_loop: eval_loop.address()..eval_loop.address().saturating_add(eval_loop.size()),
     }))
 }
 
