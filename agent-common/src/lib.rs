@@ -31,6 +31,7 @@ pub const MAX_STACK_COPY: usize = (PERCPU_VALUE_LIMIT
     - core::mem::size_of::<SampleRecord>()
     - INTERPRETER_BYTES
     - INTERPRETER_FRAME_READ
+    - INTERPRETER_CODE_READ
     - core::mem::size_of::<InterpreterWalk>())
     / STACK_COPY_CHUNK
     * STACK_COPY_CHUNK;
@@ -51,6 +52,10 @@ pub const MAX_INTERPRETER_PROCESSES: u32 = 4096;
 /// Bytes of an interpreter frame the walker reads in one go: every field it
 /// needs lies within them, for every supported layout.
 pub const INTERPRETER_FRAME_READ: usize = 128;
+
+/// Bytes of a code object the walker reads in one go: its type and the
+/// stamp lie within them, for every supported layout.
+pub const INTERPRETER_CODE_READ: usize = 128;
 
 /// The log target of what the BPF programs say through `aya-log`: the
 /// daemon shows those records when this target's debug level is on (e.g.
@@ -219,6 +224,13 @@ pub struct PythonProcess {
     /// Address of the interpreter's `Py_tss_t autoTSSkey` in the process
     /// (`{ int _is_initialized; pthread_key_t _key; }`).
     pub tss_key_address: u64,
+    /// Address of `PyCode_Type` in the process: a frame whose code object
+    /// has another type is not a frame (the chain was read while the
+    /// interpreter was changing it), and the walk stops there.
+    pub code_type: u64,
+    /// Offset of the user thread pointer (`thread.fsbase` on x86-64) in
+    /// the kernel's `task_struct`, from the kernel's BTF.
+    pub task_thread_pointer: u32,
     /// Offset from the thread pointer of glibc's first-level thread
     /// specific data array (`struct pthread::specific_1stblock`); entry
     /// `key` holds its value at `+ key * 16 + 8`.
@@ -246,7 +258,7 @@ pub struct PythonProcess {
     pub instruction: u8,
     /// [`PythonEntry`] as u8.
     pub entry: u8,
-    pub reserved: [u8; 2],
+    pub reserved: [u8; 6],
 }
 
 /// A process event (exec or exit of a whole process).
@@ -271,6 +283,9 @@ pub struct SampleScratch {
     /// Where the walker reads one interpreter frame before picking its
     /// fields.
     pub frame: [u64; INTERPRETER_FRAME_READ / 8],
+    /// Where the walker reads the start of a frame's code object (its
+    /// type and stamp).
+    pub code: [u64; INTERPRETER_CODE_READ / 8],
     /// The interpreter walk's progress. Kept in the map, not on the BPF
     /// stack: the verifier tracks no map contents, so each step of the
     /// unrolled walk is checked once, not once per count of frames so far.
@@ -376,10 +391,7 @@ pub struct BpfConfig {
     /// Non-zero: a process that executes a new image gets this copy size in
     /// `UNWIND_COPY` until the daemon has looked at the image and decided.
     pub exec_copy_bytes: u32,
-    /// Offset of the user thread pointer (`thread.fsbase` on x86-64) in
-    /// the kernel's `task_struct`, from the kernel's BTF; zero when
-    /// unknown, which turns the interpreter walkers off.
-    pub task_thread_pointer: u32,
+    pub reserved: u32,
     /// Wake the reader once this many bytes are waiting in the ring buffer;
     /// below that the daemon drains on its own timer.
     pub wakeup_bytes: u64,
@@ -390,7 +402,7 @@ impl BpfConfig {
         filter_pids: 0,
         stack_copy_bytes: 0,
         exec_copy_bytes: 0,
-        task_thread_pointer: 0,
+        reserved: 0,
         wakeup_bytes: 0,
     };
 }
@@ -407,9 +419,11 @@ mod user {
 const _: () = assert!(core::mem::size_of::<UserRegs>() == 24);
 const _: () = assert!(core::mem::size_of::<SampleRecord>() == 96 + 2 * 8 * MAX_STACK_DEPTH);
 const _: () = assert!(core::mem::size_of::<InterpreterFrame>() == 32);
-const _: () = assert!(core::mem::size_of::<PythonProcess>() == 32);
+const _: () = assert!(core::mem::size_of::<PythonProcess>() == 48);
 const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 32);
 const _: () = assert!(core::mem::size_of::<BpfConfig>() == 24);
 const _: () = assert!(MAX_STACK_COPY.is_multiple_of(STACK_COPY_CHUNK));
 const _: () = assert!(core::mem::size_of::<SampleScratch>() <= PERCPU_VALUE_LIMIT);
 const _: () = assert!(MAX_STACK_COPY >= 16 * 1024 + STACK_READ_BYTES);
+// `--stack-copy-bytes`'s help and the README give this bound (25.5 KiB).
+const _: () = assert!(MAX_STACK_COPY == 26_112);

@@ -238,7 +238,7 @@ unsafe fn record_sample(
     }
 
     // SAFETY: `scratch` is ours alone (the caller's promise).
-    let interpreted = unsafe { python::walk(config, scratch, tgid, &mut record.flags) };
+    let interpreted = unsafe { python::walk(scratch, tgid, &mut record.flags) };
     record.interpreter_frames = interpreted;
     // Read back from the map: the verifier tracks no map contents, so the
     // walk's many outcomes continue as one state instead of one each.

@@ -17,9 +17,10 @@ use core::{
 };
 
 use agent_common::{
-    BpfConfig, Counter, INTERPRETER_FRAME_READ, InterpreterFrame, MAX_INTERPRETER_FRAMES,
-    MAX_INTERPRETER_PROCESSES, PYTHON_NO_OFFSET, PYTHON_OWNER_CSTACK, PythonEntry,
-    PythonInstruction, PythonProcess, SampleScratch, interpreter_frame_flags, sample_flags,
+    Counter, INTERPRETER_CODE_READ, INTERPRETER_FRAME_READ, InterpreterFrame,
+    MAX_INTERPRETER_FRAMES, MAX_INTERPRETER_PROCESSES, PYTHON_NO_OFFSET, PYTHON_OWNER_CSTACK,
+    PythonEntry, PythonInstruction, PythonProcess, SampleScratch, interpreter_frame_flags,
+    sample_flags,
 };
 use aya_ebpf::{
     helpers::{
@@ -59,22 +60,14 @@ const FRAME_READ_SHORT: u32 = 72;
 /// `scratch` is this CPU's scratch slot, owned by the sampling program
 /// until it returns.
 #[inline(always)]
-pub unsafe fn walk(
-    config: &BpfConfig,
-    scratch: *mut SampleScratch,
-    tgid: u32,
-    flags: &mut u32,
-) -> u32 {
-    if config.task_thread_pointer == 0 {
-        return 0;
-    }
+pub unsafe fn walk(scratch: *mut SampleScratch, tgid: u32, flags: &mut u32) -> u32 {
     // SAFETY: copied out at once; the daemon replacing the entry meanwhile
     // only means this sample walks with the old layout.
     let Some(layout) = (unsafe { PYTHON_PROCESSES.get(&tgid) }).copied() else {
         return 0;
     };
     count(Counter::InterpreterWalks);
-    let Some(first) = (unsafe { first_frame(config, &layout) }) else {
+    let Some(first) = (unsafe { first_frame(&layout) }) else {
         return 0;
     };
     // SAFETY: the caller's promise; `walk` is plain data.
@@ -115,7 +108,7 @@ pub unsafe fn walk(
 ///
 /// None beyond the helpers' own: every address is checked by the kernel.
 #[inline(always)]
-unsafe fn first_frame(config: &BpfConfig, layout: &PythonProcess) -> Option<u64> {
+unsafe fn first_frame(layout: &PythonProcess) -> Option<u64> {
     // `Py_tss_t`: `{ int _is_initialized; pthread_key_t _key; }`.
     let Ok(key) = (unsafe { read_user::<[u32; 2]>(layout.tss_key_address) }) else {
         count(Counter::InterpreterReadFailed);
@@ -130,7 +123,7 @@ unsafe fn first_frame(config: &BpfConfig, layout: &PythonProcess) -> Option<u64>
     let task = unsafe { bpf_get_current_task() };
     // SAFETY: the helper checks the address; a bad one is an error.
     let Ok(thread_pointer) = (unsafe {
-        bpf_probe_read_kernel((task + config.task_thread_pointer as u64) as *const u64)
+        bpf_probe_read_kernel((task + layout.task_thread_pointer as u64) as *const u64)
     }) else {
         count(Counter::InterpreterReadFailed);
         return None;
@@ -196,17 +189,20 @@ unsafe fn step(scratch: *mut SampleScratch) -> bool {
         unsafe { (*walk).flags |= sample_flags::INTERPRETER_READ_FAILED };
         return false;
     }
-    let field = |offset: *const u16| {
+    let frame_field = |offset: *const u16| {
         // SAFETY: `offset` is a layout field; `field` bounds the read.
         unsafe { field(buffer, read_volatile(offset)) }
     };
-    let marker = field(unsafe { addr_of!((*layout).frame_entry) }) & 0xff;
+    let marker = frame_field(unsafe { addr_of!((*layout).frame_entry) }) & 0xff;
     let kind = unsafe { read_volatile(addr_of!((*layout).entry)) } as u64;
     // 1 when equal, else 0, without a branch (both sides < 2^63).
     let equal = |a: u64, b: u64| (a ^ b).wrapping_sub(1) >> 63;
-    let previous = field(unsafe { addr_of!((*layout).frame_previous) });
+    let previous = frame_field(unsafe { addr_of!((*layout).frame_previous) });
+    // A frame that is its own caller ends the walk (a chain read while the
+    // interpreter changed it); nothing else could stop it before the bound.
+    let next = if previous == frame { 0 } else { previous };
     // SAFETY: a field of the valid scratch slot.
-    unsafe { write_volatile(addr_of_mut!((*walk).frame), previous) };
+    unsafe { write_volatile(addr_of_mut!((*walk).frame), next) };
 
     if equal(kind, PythonEntry::Shim as u64) & equal(marker, PYTHON_OWNER_CSTACK as u64) != 0 {
         // A shim: the frame recorded before it was its loop's entry.
@@ -222,18 +218,41 @@ unsafe fn step(scratch: *mut SampleScratch) -> bool {
     let slot = unsafe {
         (addr_of_mut!((*scratch).tail) as *mut u8).add(index * size_of::<InterpreterFrame>())
     } as *mut InterpreterFrame;
-    let code = field(unsafe { addr_of!((*layout).frame_code) });
+    let code = frame_field(unsafe { addr_of!((*layout).frame_code) });
+    // Only a code object makes a frame: a read that raced the interpreter
+    // pushing or popping a frame (or a stale pointer) yields something
+    // else, and the walk stops rather than record garbage.
+    // SAFETY: only the field's address is taken.
+    let window = unsafe { addr_of_mut!((*scratch).code) } as *mut u64;
+    // SAFETY: the buffer holds INTERPRETER_CODE_READ bytes; the helper
+    // checks the user address.
+    let read = unsafe {
+        bpf_probe_read_user(
+            window as *mut c_void,
+            INTERPRETER_CODE_READ as u32,
+            code as *const c_void,
+        )
+    };
+    // SAFETY: word 1 (`ob_type`) lies inside the buffer.
+    let code_type = unsafe { read_volatile(window.add(1)) };
+    if read != 0 || code_type != unsafe { read_volatile(addr_of!((*layout).code_type)) } {
+        // SAFETY: fields of the valid scratch slot.
+        unsafe {
+            (*walk).flags |= sample_flags::INTERPRETER_READ_FAILED;
+            write_volatile(addr_of_mut!((*walk).frame), 0);
+        }
+        return false;
+    }
     // `Index` keeps the low 32 bits (an int field), `Pointer` all 64.
     let pointer = unsafe { read_volatile(addr_of!((*layout).instruction)) } as u64 & 1;
-    let instruction = field(unsafe { addr_of!((*layout).frame_instruction) })
+    let instruction = frame_field(unsafe { addr_of!((*layout).frame_instruction) })
         & (u64::MAX >> (32 * (1 - pointer)));
     let marker_set = marker.wrapping_neg() >> 63;
     let entry = equal(kind, PythonEntry::EveryFrame as u64)
         | (equal(kind, PythonEntry::Flag as u64) & marker_set);
-    let stamp_at = code + unsafe { read_volatile(addr_of!((*layout).code_stamp)) } as u64;
-    // SAFETY: `slot` lies inside the scratch tail (above); the helper
-    // checks the user address and zeroes the destination when it fails,
-    // which leaves a stamp no code object matches... as zero.
+    // SAFETY: `field` bounds the read to the window.
+    let stamp = unsafe { field(window, read_volatile(addr_of!((*layout).code_stamp))) };
+    // SAFETY: `slot` lies inside the scratch tail (above).
     unsafe {
         write_volatile(addr_of_mut!((*slot).code), code);
         write_volatile(addr_of_mut!((*slot).instruction), instruction);
@@ -242,11 +261,7 @@ unsafe fn step(scratch: *mut SampleScratch) -> bool {
             entry as u32 * interpreter_frame_flags::ENTRY,
         );
         write_volatile(addr_of_mut!((*slot).reserved), 0);
-        bpf_probe_read_user(
-            addr_of_mut!((*slot).stamp) as *mut c_void,
-            size_of::<u64>() as u32,
-            stamp_at as *const c_void,
-        );
+        write_volatile(addr_of_mut!((*slot).stamp), stamp);
         write_volatile(addr_of_mut!((*walk).recorded), recorded + 1);
     }
     true
@@ -271,20 +286,30 @@ unsafe fn read_frame(buffer: *mut u8, frame: u64) -> Result<(), ()> {
     Err(())
 }
 
-/// The bytes of the frame buffer from `offset` on, as a little-endian
-/// u64 (fields are at most 8 bytes; the caller keeps the ones it needs).
-/// Read as one aligned word, shifted: no branch, one load.
+/// The eight bytes of a read window (a frame's or a code object's) from
+/// `offset` on, as a little-endian u64; callers keep the part they need.
+/// Two aligned loads and shifts, no branch: a field may straddle two
+/// words (the code stamp does).
 ///
 /// # Safety
 ///
-/// `buffer` is the scratch slot's `frame` field.
+/// `buffer` is one of the scratch slot's 8-aligned read windows, of
+/// `INTERPRETER_FRAME_READ` bytes.
 #[inline(always)]
 unsafe fn field(buffer: *const u64, offset: u16) -> u64 {
-    let word = (offset as usize >> 3) & (INTERPRETER_FRAME_READ / 8 - 1);
+    const WORDS: usize = INTERPRETER_FRAME_READ / 8;
+    let word = (offset as usize >> 3) & (WORDS - 1);
+    let next = (word + 1) & (WORDS - 1);
     let shift = (offset as u64 & 7) * 8;
-    // SAFETY: `word` < INTERPRETER_FRAME_READ / 8 keeps the read inside the
-    // buffer, which is 8-aligned in the map value.
-    unsafe { core::ptr::read_volatile(buffer.add(word)) >> shift }
+    // SAFETY: both indexes are below WORDS, inside the buffer.
+    let (low, high) = unsafe {
+        (
+            read_volatile(buffer.add(word)),
+            read_volatile(buffer.add(next)),
+        )
+    };
+    // `high << (64 - shift)`, written so that a zero shift gives zero.
+    (low >> shift) | ((high << 1) << (63 - shift))
 }
 
 /// # Safety
@@ -329,6 +354,7 @@ unsafe fn read_user<T: Copy>(address: u64) -> Result<T, ()> {
 }
 
 // The branch-free step relies on these values.
+const _: () = assert!(INTERPRETER_CODE_READ == INTERPRETER_FRAME_READ);
 const _: () = assert!(PythonInstruction::Index as u8 == 0 && PythonInstruction::Pointer as u8 == 1);
 const _: () = assert!(MAX_INTERPRETER_FRAMES.is_power_of_two());
 // Keep the flags offset used by `mark_entry` in step with the type.

@@ -1,7 +1,7 @@
 //! Loading and attaching firn's BPF programs, and reading their counters
 //! and (when asked for) their log.
 
-mod btf;
+pub(crate) mod btf;
 mod program_log;
 
 use std::{
@@ -100,9 +100,6 @@ pub struct BpfSampler {
     counters: PerCpuArray<MapData, u64>,
     cpus: Vec<u32>,
     ring_buffer_bytes: u32,
-    /// `task_struct`'s thread pointer offset given to the programs; 0 when
-    /// the interpreter walkers are off.
-    thread_pointer: u32,
     /// Keeps the kernel's BPF run-time statistics on while held.
     stats: Option<OwnedFd>,
     /// Forwards the programs' log records, while `firn::bpf` debug is on.
@@ -158,12 +155,7 @@ impl BpfSampler {
         let ring_buffer_bytes = config
             .ring_buffer_bytes
             .unwrap_or_else(|| default_ring_buffer_bytes(cpus.len()));
-        let thread_pointer = if config.python {
-            thread_pointer_offset()
-        } else {
-            0
-        };
-        let bpf_config = bpf_config(config, ring_buffer_bytes, thread_pointer);
+        let bpf_config = bpf_config(config, ring_buffer_bytes);
         let log_level = program_log::level();
         let mut ebpf = load_object(&bpf_config, ring_buffer_bytes, log_level)?;
 
@@ -215,7 +207,6 @@ impl BpfSampler {
             counters,
             cpus,
             ring_buffer_bytes,
-            thread_pointer,
             stats,
             _program_log: program_log,
         };
@@ -323,18 +314,15 @@ impl BpfSampler {
     }
 
     /// Takes the map of interpreter processes out, for the Python runtime
-    /// to own; `None` when the walkers are off (no thread pointer offset).
-    pub fn take_python_map(&mut self) -> Result<Option<BpfPythonMap>, BpfError> {
-        if self.thread_pointer == 0 {
-            return Ok(None);
-        }
+    /// to own.
+    pub fn take_python_map(&mut self) -> Result<BpfPythonMap, BpfError> {
         let name = names::PYTHON_PROCESSES;
         let map = self
             .ebpf
             .take_map(name)
             .ok_or(BpfError::Missing { kind: "map", name })?;
         let map = BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name, source })?;
-        Ok(Some(BpfPythonMap { map }))
+        Ok(BpfPythonMap { map })
     }
 
     pub fn cpus(&self) -> &[u32] {
@@ -514,7 +502,7 @@ where
 }
 
 /// What the BPF program is told before it is loaded.
-fn bpf_config(config: &SamplingConfig, ring_buffer_bytes: u32, thread_pointer: u32) -> BpfConfig {
+fn bpf_config(config: &SamplingConfig, ring_buffer_bytes: u32) -> BpfConfig {
     let (stack_copy_bytes, exec_copy_bytes) = match config.unwind {
         UnwindMode::FramePointers => (config.leaf_stack_copy_bytes, 0),
         UnwindMode::Dwarf => (config.stack_copy_bytes, 0),
@@ -524,24 +512,9 @@ fn bpf_config(config: &SamplingConfig, ring_buffer_bytes: u32, thread_pointer: u
         filter_pids: u32::from(!config.pids.is_empty()),
         stack_copy_bytes,
         exec_copy_bytes,
-        task_thread_pointer: thread_pointer,
+        reserved: 0,
         // Wake the reader at an eighth full; it drains on a timer too.
         wakeup_bytes: u64::from(ring_buffer_bytes / 8),
-    }
-}
-
-/// Where a task's user thread pointer is, for the interpreter walkers; 0
-/// (walkers off, said once) when the kernel's BTF does not tell.
-fn thread_pointer_offset() -> u32 {
-    match btf::task_thread_pointer_offset(std::path::Path::new(btf::VMLINUX_BTF)) {
-        Ok(offset) => offset,
-        Err(error) => {
-            tracing::warn!(
-                error = %crate::logging::error_chain(&error),
-                "interpreter frames (Python) are off: the thread pointer's place in the kernel's task_struct is unknown"
-            );
-            0
-        }
     }
 }
 

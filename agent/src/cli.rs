@@ -111,7 +111,7 @@ pub struct SamplingArgs {
     pub unwind: UnwindArg,
 
     /// Bytes of user stack copied per sample of a process unwound with
-    /// DWARF (e.g. 16KiB; a multiple of 512, at most 29.5 KiB).
+    /// DWARF (e.g. 16KiB; a multiple of 512, at most 25.5 KiB).
     #[arg(long, value_name = "BYTES", default_value = "16KiB", value_parser = parse_stack_copy_bytes)]
     pub stack_copy_bytes: u32,
 
@@ -275,7 +275,6 @@ impl SamplingArgs {
             leaf_stack_copy_bytes: self.leaf_stack_copy_bytes,
             unwind: self.unwind.into(),
             stack_copy_bytes: self.stack_copy_bytes,
-            python: self.python,
         }
     }
 

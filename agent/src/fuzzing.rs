@@ -270,7 +270,7 @@ pub fn python_object(data: &[u8]) {
     let _ = glibc_thread_specific_offset(data);
     for name in ["libpython3.11.so.1.0", "python3.8", "python"] {
         if let Ok(Some(object)) = python::inspect_object(name, data) {
-            let _ = python::walker_layout(object.version, object.runtime, 0x310);
+            let _ = python::walker_layout(object.version, object.runtime, object.code_type, 0x310);
         }
     }
 }
@@ -316,7 +316,7 @@ pub fn python_frame(data: &[u8]) {
     let code = PYTHON_MEMORY_BASE + (word(0) >> 8) % 4096;
     // The stamp as the BPF walker would have read it, so that inputs get
     // past the staleness check to the decoding behind it.
-    let stamp_at = python::walker_layout(version, 0, 0)
+    let stamp_at = python::walker_layout(version, 0, 0, 0)
         .map(|layout| code + u64::from(layout.code_stamp))
         .unwrap_or(code);
     let mut stamp = [0u8; 8];

@@ -28,8 +28,6 @@ pub struct SamplingConfig {
     pub unwind: UnwindMode,
     /// User stack bytes copied per sample of a process unwound with DWARF.
     pub stack_copy_bytes: u32,
-    /// Walk the interpreter frames of CPython processes.
-    pub python: bool,
 }
 
 impl Default for SamplingConfig {
@@ -41,7 +39,6 @@ impl Default for SamplingConfig {
             leaf_stack_copy_bytes: 1024,
             unwind: UnwindMode::Auto,
             stack_copy_bytes: 16 * 1024,
-            python: true,
         }
     }
 }

@@ -17,7 +17,7 @@ use crate::{
     host::Host,
     labels::{MetadataLimits, MetadataReader},
     process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats},
-    runtimes::{PythonConfig, PythonRuntime, UserFrame, splice},
+    runtimes::{PythonConfig, PythonRuntime, ThreadPointerLookup, UserFrame, splice},
     sampler::{self, RawSample, Record, RingReader, SamplingConfig, UnwindMode},
     stats::Stats,
     unwind::{UnwindPolicy, Unwinder, UnwinderConfig, UserFrames},
@@ -41,6 +41,9 @@ const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 /// Longest `--unwind auto` spends at start deciding for the processes
 /// already running; the rest are decided on their first sample.
 const PRECLASSIFY_BUDGET: Duration = Duration::from_secs(2);
+/// Longest the start waits, after loading the BPF programs, for the
+/// thread pointer's offset the Python walker needs.
+const THREAD_POINTER_WAIT: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -269,6 +272,7 @@ impl Pipeline {
         }
         let named = python.name(sample.tgid, &sample.interpreter);
         let eval_loops: Vec<_> = python.eval_loop(sample.tgid).into_iter().collect();
+
         splice(&native, &named, &eval_loops)
     }
 
@@ -347,6 +351,8 @@ impl Session {
         stats: Arc<Stats>,
     ) -> Result<Self, SessionError> {
         raise_open_file_limit();
+        // Beside the BPF verification, which takes about as long.
+        let thread_pointer = pipeline.python.enabled.then(ThreadPointerLookup::start);
         let mut bpf = BpfSampler::load(sampling)?;
         let ring = bpf.take_ring_buffer()?;
         let reader = RingReader::new(ring).map_err(|source| SessionError::Ring { source })?;
@@ -359,17 +365,24 @@ impl Session {
         if sampling.unwind == UnwindMode::Auto {
             policy = policy.with_map(Box::new(bpf.take_copy_size_map()?));
         }
-        let python = if pipeline.python.enabled {
-            bpf.take_python_map()?.map(|map| {
-                PythonRuntime::new(
+        let python = match thread_pointer {
+            Some(thread_pointer) => {
+                // Running interpreters are registered before the first
+                // sample only once the lookup is done.
+                if !thread_pointer.wait(THREAD_POINTER_WAIT) {
+                    info!(
+                        "the kernel's BTF is still being read; Python processes are registered on their first samples after"
+                    );
+                }
+                Some(PythonRuntime::new(
                     &pipeline.python,
-                    Box::new(map),
+                    thread_pointer,
+                    Box::new(bpf.take_python_map()?),
                     pipeline.processes.max_processes,
                     stats.clone(),
-                )
-            })
-        } else {
-            None
+                ))
+            }
+            None => None,
         };
         let mut pipeline = Pipeline::new(pipeline, stats).with_unwind(policy);
         if let Some(python) = python {

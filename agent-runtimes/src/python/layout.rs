@@ -267,12 +267,15 @@ const _: () = {
 };
 
 /// What the BPF walker needs for a process running CPython `version`,
-/// whose `_PyRuntime` is at `runtime_address` (in the process) and whose
-/// glibc keeps pthread keys at `tsd_first_block` from the thread pointer
-/// ([`crate::libc::glibc_thread_specific_offset`]).
+/// whose `_PyRuntime` and `PyCode_Type` are at `runtime_address` and
+/// `code_type_address` (in the process) and whose glibc keeps pthread keys
+/// at `tsd_first_block` from the thread pointer
+/// ([`crate::libc::glibc_thread_specific_offset`]). The kernel's
+/// `task_thread_pointer` is the caller's to fill in.
 pub fn walker_layout(
     version: PythonVersion,
     runtime_address: u64,
+    code_type_address: u64,
     tsd_first_block: u32,
 ) -> Result<PythonProcess, PythonError> {
     let layout = Layout::of(version)?;
@@ -281,7 +284,9 @@ pub fn walker_layout(
         InstructionField::Pointer => PythonInstruction::Pointer,
     };
     Ok(PythonProcess {
-        tss_key_address: runtime_address + layout.runtime_tss_key,
+        tss_key_address: runtime_address.wrapping_add(layout.runtime_tss_key),
+        code_type: code_type_address,
+        task_thread_pointer: 0,
         tsd_first_block,
         version: u16::from(version.major) << 8 | u16::from(version.minor),
         thread_frame: layout.thread_frame,
@@ -294,6 +299,6 @@ pub fn walker_layout(
         code_stamp: layout.code.stamp as u16,
         instruction: instruction as u8,
         entry: layout.entry as u8,
-        reserved: [0; 2],
+        reserved: [0; 6],
     })
 }

@@ -20,10 +20,14 @@ pub struct PythonObject {
     /// Link-time addresses of `_PyEval_EvalFrameDefault`, the interpreter
     /// loop whose native frames the interpreter frames stand for.
     pub eval_loop: Range<u64>,
+    /// Link-time address of `PyCode_Type`: the walker takes only objects
+    /// of this type for code objects.
+    pub code_type: u64,
 }
 
 const RUNTIME: &str = "_PyRuntime";
 const EVAL_LOOP: &str = "_PyEval_EvalFrameDefault";
+const CODE_TYPE: &str = "PyCode_Type";
 /// `const unsigned long Py_Version = PY_VERSION_HEX` (3.11+).
 const VERSION: &str = "Py_Version";
 
@@ -72,8 +76,11 @@ pub fn inspect_object(file_name: &str, elf: &[u8]) -> Result<Option<PythonObject
     Layout::of(version)?;
     let eval_loop =
         find_symbol(&file, EVAL_LOOP).ok_or(PythonError::MissingSymbol { name: EVAL_LOOP })?;
+    let code_type =
+        find_symbol(&file, CODE_TYPE).ok_or(PythonError::MissingSymbol { name: CODE_TYPE })?;
     Ok(Some(PythonObject {
         version,
+        code_type: code_type.address(),
         runtime: runtime.address(),
         eval_loop: eval_loop.address()..eval_loop.address().saturating_add(eval_loop.size()),
     }))
@@ -224,7 +231,8 @@ mod tests {
         .expect("an interpreter")
         .expect("walkable");
         assert_eq!(found.version.to_string(), "3.12.1");
-        assert_eq!(found.runtime, 0x2000);
+        assert_eq!(found.runtime, 0x21a0);
+        assert_eq!(found.code_type, 0x2000);
         assert_eq!(found.eval_loop.end - found.eval_loop.start, 10);
         // The symbol, not the name, is the interpreter's word.
         let renamed = inspect_object("some-embedder", object("libpython3.12.so.1.0"))

@@ -31,7 +31,7 @@ fn copy_sizes_follow_the_unwind_mode() {
         ..SamplingConfig::default()
     };
     let sizes = |config: &SamplingConfig| {
-        let bpf = bpf_config(config, 1 << 22, 0);
+        let bpf = bpf_config(config, 1 << 22);
         (bpf.stack_copy_bytes, bpf.exec_copy_bytes)
     };
     assert_eq!(sizes(&config), (1024, 16384));

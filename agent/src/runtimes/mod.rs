@@ -12,7 +12,9 @@ mod splice;
 use std::sync::Arc;
 
 pub use memory::ProcessMemory;
-pub use python::{PythonConfig, PythonMapError, PythonProcessMap, PythonRuntime};
+pub use python::{
+    PythonConfig, PythonMapError, PythonProcessMap, PythonRuntime, ThreadPointerLookup,
+};
 pub use splice::{NamedFrame, splice};
 
 /// Which interpreter a frame belongs to.

@@ -2,7 +2,13 @@
 //! walker each one's layout (`PYTHON_PROCESSES`), and names the frames it
 //! recorded from the process's memory, through `agent_runtimes::python`.
 
-use std::{collections::HashMap, ops::Range, path::Path, sync::Arc};
+use std::{
+    collections::HashMap,
+    ops::Range,
+    path::Path,
+    sync::{Arc, OnceLock},
+    time::{Duration, Instant},
+};
 
 use agent_common::{InterpreterFrame, PythonProcess, interpreter_frame_flags};
 use agent_elf::ContentKey;
@@ -10,10 +16,11 @@ use agent_runtimes::{
     libc::{LibcKind, glibc_thread_specific_offset, libc_kind},
     python::{NameError, PythonNamer, PythonObject, PythonVersion, inspect_object, walker_layout},
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{InterpretedFrame, NamedFrame, ProcessMemory, Runtime};
 use crate::{
+    bpf::btf,
     process::{MappingKind, ProcessImage, ProcessTable},
     stats::Stats,
 };
@@ -60,6 +67,7 @@ enum SkipReason {
     LibcUnknown,
     MapFull,
     Unreadable,
+    NoThreadPointer,
 }
 
 /// A process as the runtime last saw it.
@@ -91,6 +99,11 @@ const MAX_REMEMBERED_OBJECTS: usize = 4096;
 
 pub struct PythonRuntime {
     map: Box<dyn PythonProcessMap>,
+    /// `task_struct`'s thread pointer offset, read from the kernel's BTF
+    /// on a thread of its own (parsing it takes a good part of a second of
+    /// CPU, which neither start-up nor the drain should wait for); `None`
+    /// inside once the BTF did not tell.
+    thread_pointer: ThreadPointerLookup,
     processes: HashMap<u32, Entry>,
     max_processes: usize,
     interpreters: HashMap<ContentKey, Result<Option<PythonObject>, SkipReason>>,
@@ -103,12 +116,14 @@ pub struct PythonRuntime {
 impl PythonRuntime {
     pub fn new(
         config: &PythonConfig,
+        thread_pointer: ThreadPointerLookup,
         map: Box<dyn PythonProcessMap>,
         max_processes: usize,
         stats: Arc<Stats>,
     ) -> Self {
         Self {
             map,
+            thread_pointer,
             processes: HashMap::new(),
             max_processes,
             interpreters: HashMap::new(),
@@ -125,6 +140,11 @@ impl PythonRuntime {
         if image.gone || image.mappings.is_empty() {
             return;
         }
+        // Until the thread pointer's offset is known nothing can be
+        // registered; the process is looked at again on its next sample.
+        let Some(thread_pointer) = self.thread_pointer.get() else {
+            return;
+        };
         let tgid = image.tgid;
         if let Some(entry) = self.processes.get(&tgid)
             && std::ptr::eq(entry.image, Arc::as_ptr(image))
@@ -139,7 +159,7 @@ impl PythonRuntime {
                 return;
             }
         }
-        let state = self.inspect(image, processes);
+        let state = self.inspect(image, processes, thread_pointer);
         let previous = self.processes.insert(
             tgid,
             Entry {
@@ -161,13 +181,21 @@ impl PythonRuntime {
         }
     }
 
-    fn inspect(&mut self, image: &ProcessImage, processes: &mut ProcessTable) -> ProcessState {
+    fn inspect(
+        &mut self,
+        image: &ProcessImage,
+        processes: &mut ProcessTable,
+        thread_pointer: Option<u32>,
+    ) -> ProcessState {
         let Some((index, object)) = self.find_interpreter(image, processes) else {
             return ProcessState::NotPython;
         };
         let object = match object {
             Ok(object) => object,
             Err(reason) => return self.skip(image, reason, None),
+        };
+        let Some(thread_pointer) = thread_pointer else {
+            return self.skip(image, SkipReason::NoThreadPointer, Some(object.version));
         };
         let tsd_first_block = match self.find_libc(image, processes) {
             Ok(offset) => offset,
@@ -179,9 +207,13 @@ impl PythonRuntime {
         let layout = match walker_layout(
             object.version,
             object.runtime.wrapping_add(bias),
+            object.code_type.wrapping_add(bias),
             tsd_first_block,
         ) {
-            Ok(layout) => layout,
+            Ok(layout) => PythonProcess {
+                task_thread_pointer: thread_pointer,
+                ..layout
+            },
             Err(_) => {
                 return self.skip(image, SkipReason::UnsupportedVersion, Some(object.version));
             }
@@ -341,6 +373,7 @@ impl PythonRuntime {
             SkipReason::LibcUnknown => &stats.python_skipped_libc,
             SkipReason::MapFull => &stats.python_skipped_map_full,
             SkipReason::Unreadable => &stats.python_skipped_unreadable,
+            SkipReason::NoThreadPointer => &stats.python_skipped_thread_pointer,
         });
         info!(
             tgid = image.tgid,
@@ -432,6 +465,58 @@ impl PythonRuntime {
         {
             self.namer.forget(registered.key);
         }
+    }
+}
+
+/// `task_struct`'s thread pointer offset, read from the kernel's BTF on a
+/// thread of its own: parsing the BTF takes a good part of a second of CPU,
+/// which runs beside the BPF program's verification instead of after it.
+#[derive(Clone)]
+pub struct ThreadPointerLookup(Arc<OnceLock<Option<u32>>>);
+
+impl ThreadPointerLookup {
+    /// Starts the lookup (here if no thread can be started).
+    pub fn start() -> Self {
+        let cell = Arc::new(OnceLock::new());
+        let filler = cell.clone();
+        let look_up = move || {
+            let offset = match btf::task_thread_pointer_offset(Path::new(btf::VMLINUX_BTF)) {
+                Ok(offset) => Some(offset),
+                Err(error) => {
+                    warn!(
+                        error = %crate::logging::error_chain(&error),
+                        "Python frames are off: where a task's thread pointer is in the kernel's task_struct is unknown"
+                    );
+                    None
+                }
+            };
+            let _ = filler.set(offset);
+        };
+        if let Err(error) = std::thread::Builder::new()
+            .name("firn-btf".into())
+            .spawn(look_up.clone())
+        {
+            debug!(%error, "no thread for the BTF lookup; done here");
+            look_up();
+        }
+        Self(cell)
+    }
+
+    /// The offset once looked up: `Some(None)` if the BTF did not tell.
+    pub fn get(&self) -> Option<Option<u32>> {
+        self.0.get().copied()
+    }
+
+    /// Waits for the lookup, at most `timeout`; true when it is done.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while self.0.get().is_none() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
     }
 }
 

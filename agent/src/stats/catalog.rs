@@ -575,7 +575,8 @@ declare_metrics! {
         build without the symbols firn needs, e.g. a static one stripped of _PyRuntime), \
         musl (no glibc thread-specific data to find the thread state through), \
         libc_unknown (glibc's thread-specific data layout not recognized, or no libc \
-        found), map_full (the BPF map of interpreter processes was full), \
+        found), no_thread_pointer (the kernel's BTF did not say where a task's thread \
+        pointer is), map_full (the BPF map of interpreter processes was full), \
         unreadable (the interpreter's object could not be read)."
     {
         stats: [
@@ -587,6 +588,8 @@ declare_metrics! {
             python_skipped_musl { reason = "musl" },
             /// CPython processes skipped: libc layout unknown.
             python_skipped_libc { reason = "libc_unknown" },
+            /// CPython processes skipped: no thread pointer offset.
+            python_skipped_thread_pointer { reason = "no_thread_pointer" },
             /// CPython processes skipped: the BPF map was full.
             python_skipped_map_full { reason = "map_full" },
             /// CPython processes skipped: the interpreter object was unreadable.

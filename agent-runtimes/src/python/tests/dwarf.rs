@@ -238,7 +238,8 @@ fn code_object_offsets() {
 fn walker_layouts() {
     for (version, _) in interpreters() {
         let layout = Layout::of(version).expect("supported");
-        let process = walker_layout(version, 0x7f00_0000_0000, 0x310).expect("supported");
+        let process =
+            walker_layout(version, 0x7f00_0000_0000, 0x7f00_0010_0000, 0x310).expect("supported");
         assert_eq!(
             process.tss_key_address,
             0x7f00_0000_0000 + layout.runtime_tss_key
@@ -267,6 +268,6 @@ fn walker_layouts() {
             minor,
             patch: 0,
         };
-        assert!(walker_layout(version, 0, 0x310).is_err());
+        assert!(walker_layout(version, 0, 0, 0x310).is_err());
     }
 }
