@@ -271,9 +271,8 @@ impl Pipeline {
             return native.into_iter().map(UserFrame::Native).collect();
         }
         let named = python.name(sample.tgid, &sample.interpreter);
-        let eval_loops: Vec<_> = python.eval_loop(sample.tgid).into_iter().collect();
-
-        splice(&native, &named, &eval_loops)
+        let eval_loop = python.eval_loop(sample.tgid);
+        splice(&native, &named, eval_loop.as_slice())
     }
 
     /// Stacks that filled the BPF stack walk's buffer were most likely cut

@@ -8,7 +8,10 @@
 //! (btf-rs) took 0.15 s of CPU at every start, the scan takes a few
 //! milliseconds.
 
-use std::{io, path::Path};
+use std::{
+    io::{self, Read},
+    path::Path,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BtfError {
@@ -24,6 +27,9 @@ pub enum BtfError {
     Missing { what: &'static str },
 }
 
+/// The kernel's own BTF is a few MB; more is not BTF firn should trust.
+const MAX_BTF_BYTES: u64 = 64 << 20;
+
 /// Where the kernel's BTF describes the running kernel.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -31,10 +37,19 @@ pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// (`thread.fsbase` on x86-64), through which a thread's TLS (and so an
 /// interpreter's thread state) is found.
 pub fn task_thread_pointer_offset(vmlinux: &Path) -> Result<u32, BtfError> {
-    let data = std::fs::read(vmlinux).map_err(|source| BtfError::Read {
+    let read_error = |source| BtfError::Read {
         path: vmlinux.display().to_string(),
         source,
-    })?;
+    };
+    let mut data = Vec::new();
+    std::fs::File::open(vmlinux)
+        .and_then(|file| file.take(MAX_BTF_BYTES).read_to_end(&mut data))
+        .map_err(read_error)?;
+    if data.len() as u64 >= MAX_BTF_BYTES {
+        return Err(BtfError::Malformed {
+            what: "larger than 64 MiB",
+        });
+    }
     thread_pointer_offset_in(&data)
 }
 

@@ -152,33 +152,32 @@ impl PythonRuntime {
             return;
         }
         if !self.processes.contains_key(&tgid) && self.processes.len() >= self.max_processes {
-            // Keep the interpreters; forget the rest, they are cheap to redo.
+            // Keep the interpreters (at most the BPF map's size, far below
+            // the table's); forget the rest, they are cheap to look at again.
             self.processes
                 .retain(|_, entry| matches!(entry.state, ProcessState::Python(_)));
-            if self.processes.len() >= self.max_processes {
-                return;
-            }
+        }
+        // The image before this one was registered under its own key: its
+        // cached code objects are of no use to the new one.
+        if let Some(Entry {
+            state: ProcessState::Python(old),
+            ..
+        }) = self.processes.remove(&tgid)
+        {
+            self.namer.forget(old.key);
         }
         let state = self.inspect(image, processes, thread_pointer);
-        let previous = self.processes.insert(
+        if !matches!(state, ProcessState::Python(_)) {
+            // An entry of an earlier image must not walk this one.
+            self.map.remove(tgid);
+        }
+        self.processes.insert(
             tgid,
             Entry {
                 image: Arc::as_ptr(image),
                 state,
             },
         );
-        if let Some(Entry {
-            state: ProcessState::Python(old),
-            ..
-        }) = previous
-            && !matches!(
-                self.processes.get(&tgid).map(|e| &e.state),
-                Some(ProcessState::Python(_))
-            )
-        {
-            self.namer.forget(old.key);
-            self.map.remove(tgid);
-        }
     }
 
     fn inspect(
