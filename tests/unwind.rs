@@ -230,7 +230,12 @@ fn deep_stacks_grow_their_copy_and_are_complete() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let binary = build_c(dir.path(), "deep_recursion.c", "deep_recursion", &NO_FP_FLAGS);
+    let binary = build_c(
+        dir.path(),
+        "deep_recursion.c",
+        "deep_recursion",
+        &NO_FP_FLAGS,
+    );
     let depth = 100;
     let workload = TestProcess::spawn(Command::new(&binary).arg(depth.to_string()));
     wait_a_moment();
