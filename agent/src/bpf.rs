@@ -520,7 +520,9 @@ fn bpf_config(config: &SamplingConfig, ring_buffer_bytes: u32) -> BpfConfig {
     let (stack_copy_bytes, exec_copy_bytes) = match config.unwind {
         UnwindMode::FramePointers => (config.leaf_stack_copy_bytes, 0),
         UnwindMode::Dwarf => (config.stack_copy_bytes, 0),
-        UnwindMode::Auto => (config.leaf_stack_copy_bytes, config.stack_copy_bytes),
+        // Undecided processes get the full copy; the daemon writes the
+        // decided ones' sizes into UNWIND_COPY.
+        UnwindMode::Auto => (config.stack_copy_bytes, config.stack_copy_bytes),
     };
     BpfConfig {
         filter_pids: u32::from(!config.pids.is_empty()),

@@ -539,7 +539,7 @@ mod tests {
         for args in [
             vec!["firn", "--unwind", "lbr"],
             vec!["firn", "--stack-copy-bytes", "1000"],
-            vec!["firn", "--stack-copy-bytes", "64KiB"],
+            vec!["firn", "--stack-copy-bytes", "65KiB"],
         ] {
             assert!(Cli::try_parse_from(&args).is_err(), "{args:?}");
         }
