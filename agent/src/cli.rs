@@ -7,11 +7,13 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod bounds;
 mod file;
+mod inspect;
 mod labels;
 mod remote;
 
 use bounds::{parse_duration, parse_log_level, parse_period, parse_store_bytes};
 pub use file::{ArgsError, parse_args};
+pub use inspect::{ReportArgs, ReportFormatArg, TopArgs};
 pub use labels::KubernetesArgs;
 pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
 
@@ -37,7 +39,9 @@ use crate::{
         profile per process per --profiling-duration to the Parca server at \
         --remote-store-address, or without one writes one gzipped pprof per interval \
         into --local-store-directory.\n\
-        `firn record` makes a single recording, like `perf record`.",
+        `firn record` makes a single recording, like `perf record` (`firn record -- CMD` \
+        profiles a command and what it starts); `firn report` summarizes a profile and \
+        `firn top` shows the hottest functions live.",
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
@@ -74,8 +78,14 @@ impl From<LogFormatArg> for crate::logging::LogFormat {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Record for a while and write one profile (and optionally a flame graph).
+    /// Record for a while, or while a command runs, and write one profile
+    /// (and optionally a flame graph).
     Record(RecordArgs),
+    /// Summarize a pprof profile: hottest functions, folded stacks or a
+    /// flame graph.
+    Report(ReportArgs),
+    /// Show the hottest functions of the host (or --pid) live, like `perf top`.
+    Top(TopArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -243,9 +253,10 @@ pub struct RecordArgs {
     #[command(flatten)]
     pub symbols: SymbolArgs,
 
-    /// How long to record.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
-    pub duration: Duration,
+    /// How long to record (default 10s); with a command, at most this
+    /// long (default: until the command exits).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
 
     /// The gzipped pprof profile to write.
     #[arg(long, short, value_name = "FILE", default_value = "profile.pb.gz")]
@@ -264,6 +275,20 @@ pub struct RecordArgs {
     /// The config file's `relabel_configs`, checked (see `AgentArgs`).
     #[arg(skip)]
     pub relabel_rules: Vec<Rule>,
+
+    /// Show a live status line and a summary on a terminal (`false`: only
+    /// the log lines).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub summary: bool,
+
+    /// The command to start and profile with everything it starts, until it
+    /// exits (`firn record -- CMD ARGS...`); firn exits with its status.
+    #[arg(
+        value_name = "COMMAND",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 impl SamplingArgs {
@@ -337,6 +362,8 @@ impl TryFrom<&RecordArgs> for RecordConfig {
             duration: args.duration,
             output: args.output.clone(),
             flamegraph: args.flamegraph.clone(),
+            command: args.command.clone(),
+            summary: args.summary,
         })
     }
 }
@@ -473,7 +500,8 @@ mod tests {
             panic!("expected the record subcommand");
         };
         let config = RecordConfig::try_from(&args).expect("a usable config");
-        assert_eq!(config.duration, Duration::from_secs(3));
+        assert_eq!(config.duration, Some(Duration::from_secs(3)));
+        assert!(config.command.is_empty());
         assert_eq!(config.sampling.pids, vec![42, 43]);
         assert_eq!(config.sampling.frequency_hz, 99);
         assert_eq!(config.output, PathBuf::from("out.pb.gz"));
@@ -485,6 +513,25 @@ mod tests {
             [PathBuf::from("/usr/lib/debug")]
         );
         assert_eq!(config.symbols.debuginfo_cache_bytes, 16 << 20);
+    }
+
+    #[test]
+    fn record_takes_a_command_after_its_flags() {
+        for args in [
+            &[
+                "firn", "record", "-o", "p.pb.gz", "--", "./prog", "--flag", "x",
+            ][..],
+            &["firn", "record", "-o", "p.pb.gz", "./prog", "--flag", "x"][..],
+        ] {
+            let cli = Cli::try_parse_from(args).expect("valid flags");
+            let Some(Command::Record(args)) = cli.command else {
+                panic!("expected the record subcommand");
+            };
+            let config = RecordConfig::try_from(&args).expect("a usable config");
+            assert_eq!(config.command, ["./prog", "--flag", "x"]);
+            assert_eq!(config.output, PathBuf::from("p.pb.gz"));
+            assert_eq!(config.duration, None);
+        }
     }
 
     #[test]
