@@ -240,6 +240,12 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub debuginfo: DebuginfoArgs,
 
+    /// Label every sample with its thread's id and name (`thread_id`,
+    /// `thread_name`); off, only threads other than a process's main one
+    /// carry `thread_id`. One series per thread is more data to store.
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub thread_labels: bool,
+
     /// Where /metrics (Prometheus), /healthy and /ready are served.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7071")]
     pub http_address: SocketAddr,
@@ -275,6 +281,11 @@ pub struct RecordArgs {
     /// The config file's `relabel_configs`, checked (see `AgentArgs`).
     #[arg(skip)]
     pub relabel_rules: Vec<Rule>,
+
+    /// Label every sample with its thread's id and name (`thread_id`,
+    /// `thread_name`).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub thread_labels: bool,
 
     /// Show a live status line and a summary on a terminal (`false`: only
     /// the log lines).
@@ -351,7 +362,10 @@ impl TryFrom<&RecordArgs> for RecordConfig {
     fn try_from(args: &RecordArgs) -> Result<Self, ConfigError> {
         Ok(Self {
             sampling: args.sampling.sampling(),
-            pipeline: pipeline(&args.sampling, &args.symbols),
+            pipeline: PipelineConfig {
+                thread_labels: args.thread_labels,
+                ..pipeline(&args.sampling, &args.symbols)
+            },
             symbols: args.symbols.symbols(),
             metadata: MetadataConfig {
                 node: remote::host_name().unwrap_or_else(|_| "localhost".into()),
@@ -376,7 +390,10 @@ impl TryFrom<&AgentArgs> for AgentConfig {
     fn try_from(args: &AgentArgs) -> Result<Self, ConfigError> {
         Ok(Self {
             sampling: args.sampling.sampling(),
-            pipeline: pipeline(&args.sampling, &args.symbols),
+            pipeline: PipelineConfig {
+                thread_labels: args.thread_labels,
+                ..pipeline(&args.sampling, &args.symbols)
+            },
             symbols: args.symbols.symbols(),
             profiling_duration: args.profiling_duration,
             local_store: LocalStoreConfig {
@@ -513,6 +530,16 @@ mod tests {
             [PathBuf::from("/usr/lib/debug")]
         );
         assert_eq!(config.symbols.debuginfo_cache_bytes, 16 << 20);
+        assert!(
+            config.pipeline.thread_labels,
+            "on by default in a recording"
+        );
+        let agent = Cli::try_parse_from(["firn"]).expect("no flags");
+        let agent = AgentConfig::try_from(&agent.agent).expect("a usable config");
+        assert!(!agent.pipeline.thread_labels, "off by default in the agent");
+        let agent = Cli::try_parse_from(["firn", "--thread-labels=true"]).expect("valid flags");
+        let agent = AgentConfig::try_from(&agent.agent).expect("a usable config");
+        assert!(agent.pipeline.thread_labels);
     }
 
     #[test]
