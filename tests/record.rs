@@ -131,6 +131,70 @@ fn a_command_and_what_it_starts_are_profiled_from_their_first_samples() {
     assert_plain("stderr", &stderr);
 }
 
+#[test]
+fn every_sample_of_a_recording_names_its_thread() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let program = build_c(
+        dir.path(),
+        "named_threads.c",
+        "named_threads",
+        &["-O1", "-fno-omit-frame-pointer", "-pthread"],
+    );
+    let (output, profile) = record_command(
+        dir.path(),
+        &["--frequency", FREQUENCY],
+        &[&program, Path::new(SPIN_MS)],
+    );
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut seen = BTreeMap::new();
+    for sample in Reader::new(&profile).samples() {
+        let names = sample.function_names();
+        let Some(spin) = names.iter().find(|name| name.ends_with("_spin")) else {
+            continue;
+        };
+        let pid = sample.label("pid").expect("pid");
+        let tid = sample
+            .label("thread_id")
+            .expect("every sample has thread_id");
+        let thread = sample
+            .label("thread_name")
+            .expect("every sample has thread_name");
+        let expected = match spin.as_str() {
+            "alpha_spin" => "alpha",
+            "beta_spin" => "beta",
+            _ => "named_threads",
+        };
+        assert_eq!(
+            thread, expected,
+            "{spin} ran on thread {tid} named {thread}"
+        );
+        assert_eq!(
+            tid == pid,
+            expected == "named_threads",
+            "{spin}: tid {tid}, pid {pid}"
+        );
+        *seen.entry(spin.clone()).or_insert(0) += sample.count();
+    }
+    assert_eq!(seen.len(), 3, "all three threads sampled: {seen:?}");
+
+    // --thread-labels=false: the agent's default, only other threads' ids.
+    let (_, profile) = record_command(
+        dir.path(),
+        &["--frequency", FREQUENCY, "--thread-labels=false"],
+        &[&program, Path::new(SPIN_MS)],
+    );
+    for sample in Reader::new(&profile).samples() {
+        assert_eq!(sample.label("thread_name"), None);
+        assert_ne!(sample.label("thread_id"), sample.label("pid"));
+    }
+}
+
 /// The summary's rows: `(total %, self %, function)`.
 fn summary_rows(text: &str) -> Vec<(f64, f64, String)> {
     text.lines()
