@@ -452,6 +452,49 @@ impl Drop for Tmux {
 }
 
 #[test]
+fn a_terminal_shows_a_status_line_while_recording_then_the_summary() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let release = dir.path().join("release");
+    // The command runs until the test has seen the status line; the pane
+    // stays open after firn so the end can be read.
+    let command = format!(
+        "{} record --output {} -- sh -c 'while [ ! -e {} ]; do sleep 0.05; done'; echo firn-exited-$?; sleep 600",
+        env!("CARGO_BIN_EXE_firn"),
+        dir.path().join("profile.pb.gz").display(),
+        release.display()
+    );
+    let tmux = Tmux::start(dir.path(), &command);
+    wait_for(
+        "the status line",
+        Duration::from_secs(120),
+        || {
+            let screen = tmux.screen();
+            screen.contains("firn: recording ")
+                && screen.contains(" samples ")
+                && screen.contains(" lost")
+        },
+        || tmux.screen(),
+    );
+    std::fs::write(&release, b"").expect("release the command");
+    wait_for(
+        "firn to exit",
+        Duration::from_secs(60),
+        || tmux.screen().contains("firn-exited-0"),
+        || tmux.screen(),
+    );
+    let screen = tmux.screen();
+    assert!(
+        !screen.contains("firn: recording "),
+        "the status line is gone:\n{screen}"
+    );
+    assert!(
+        screen.contains("# profile: "),
+        "the summary follows:\n{screen}"
+    );
+}
+
+#[test]
 fn top_shows_the_busy_function_first_and_quits_on_q() {
     require_root();
     let _serial = serial();

@@ -141,7 +141,7 @@ async fn record(
         frequency_hz = config.sampling.frequency_hz,
         duration = %limit.map_or_else(|| "until the command exits".to_owned(), |limit| humantime::format_duration(limit).to_string()),
         pids = ?config.sampling.pids,
-        command = command.map(|command| command.pid),
+        command_pid = command.map(|command| command.pid),
         "recording"
     );
     let mut status = if config.summary {

@@ -16,6 +16,21 @@ use firn::{
 const MAX_PROFILE_BYTES: u64 = 1 << 30;
 
 pub fn run(config: &ReportConfig) -> Result<()> {
+    match write_report(config) {
+        // `firn report ... | head`: the reader had enough.
+        Err(error)
+            if error
+                .chain()
+                .filter_map(|cause| cause.downcast_ref::<std::io::Error>())
+                .any(|io| io.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+fn write_report(config: &ReportConfig) -> Result<()> {
     let path = &config.profile;
     let size = std::fs::metadata(path)
         .with_context(|| format!("could not read {}", path.display()))?
@@ -44,11 +59,12 @@ pub fn run(config: &ReportConfig) -> Result<()> {
                 .flatten()
                 .map(|(columns, _)| usize::from(columns));
             let summary = Summary::of(&profile, &config.filter);
-            out.write_all(render_summary(&summary, config.top, width).as_bytes())?;
+            out.write_all(render_summary(&summary, config.top, width).as_bytes())
+                .context("could not write the report")?;
         }
         ReportFormat::Folded => {
             for line in folded_stacks(&profile, &config.filter) {
-                writeln!(out, "{line}")?;
+                writeln!(out, "{line}").context("could not write the report")?;
             }
         }
         ReportFormat::Flamegraph => {
