@@ -180,13 +180,12 @@ fn child_hold(
                 _ => return Err(io::Error::last_os_error()),
             }
         }
-        if let Some(user) = user {
-            if libc::setgroups(user.groups.len(), user.groups.as_ptr()) != 0
+        if let Some(user) = user
+            && (libc::setgroups(user.groups.len(), user.groups.as_ptr()) != 0
                 || libc::setgid(user.gid) != 0
-                || libc::setuid(user.uid) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
+                || libc::setuid(user.uid) != 0)
+        {
+            return Err(io::Error::last_os_error());
         }
     }
     Ok(())

@@ -92,11 +92,15 @@ format:
     fn the_known_layout_passes_and_a_moved_field_does_not() {
         assert_eq!(check_format(FORMAT), Ok(()));
         let moved = FORMAT.replace("clone_flags;\toffset:32", "clone_flags;\toffset:40");
-        assert!(check_format(&moved).unwrap_err().contains("offset 40"));
+        assert!(
+            check_format(&moved)
+                .expect_err("refused")
+                .contains("offset 40")
+        );
         let missing = FORMAT.replace("pid_t pid;", "pid_t child;");
         assert!(
             check_format(&missing)
-                .unwrap_err()
+                .expect_err("refused")
                 .contains("no field `pid`")
         );
     }
