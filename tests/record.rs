@@ -389,6 +389,48 @@ fn signals_to_firn_reach_the_command_and_its_status_is_firns() {
     );
 }
 
+#[test]
+fn under_sudo_the_command_runs_as_the_invoking_user() {
+    require_root();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = firn()
+        .arg("record")
+        .arg("--output")
+        .arg(dir.path().join("profile.pb.gz"))
+        .args(["--summary=false", "--", "id"])
+        .env("SUDO_UID", "65534")
+        .env("SUDO_GID", "65534")
+        .env("SUDO_USER", "nobody")
+        .stdin(Stdio::null())
+        .output()
+        .expect("firn runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.starts_with("uid=65534(") && stdout.contains(" gid=65534("),
+        "the command ran as nobody: {stdout}"
+    );
+    let missing = firn()
+        .arg("record")
+        .arg("--output")
+        .arg(dir.path().join("never.pb.gz"))
+        .args(["--", "no-such-command-anywhere"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("firn runs");
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(!dir.path().join("never.pb.gz").exists());
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("`no-such-command-anywhere`: command not found"),
+        "{stderr}"
+    );
+}
+
 /// Kills the pid (ours) when the test ends early.
 struct KillOnDrop(Option<u32>);
 
