@@ -102,7 +102,8 @@ pub struct SamplingArgs {
     )]
     pub frequency: u64,
 
-    /// Profile only this process (repeatable); filtered in the kernel.
+    /// Profile only this process and those it starts (repeatable);
+    /// filtered in the kernel.
     #[arg(long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
 
