@@ -262,3 +262,54 @@ impl Drop for Screen {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use firn::report::FunctionShare;
+
+    use super::*;
+
+    fn summary(shares: &[(&str, i64, i64)]) -> Summary {
+        Summary {
+            total: shares.iter().map(|(_, own, _)| own).sum(),
+            unit: "samples".into(),
+            processes: 1,
+            functions: shares
+                .iter()
+                .map(|&(name, self_count, total_count)| FunctionShare {
+                    function: FunctionKey {
+                        name: name.into(),
+                        object: "app".into(),
+                        kernel: false,
+                    },
+                    self_count,
+                    total_count,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn earlier_refreshes_fade_and_the_hottest_comes_first() {
+        let mut table = Table::default();
+        table.add(&summary(&[("old", 100, 100)]));
+        assert_eq!(table.lines(5, 80), ["  100.00%  100.00%  old  (app)"]);
+        table.add(&summary(&[("new", 100, 100)]));
+        let lines = table.lines(5, 80);
+        assert!(lines[0].ends_with("new  (app)"), "{lines:?}");
+        assert!(lines[1].ends_with("old  (app)"), "{lines:?}");
+        // 87.5 of 187.5 decayed samples.
+        assert!(lines[1].starts_with("   46.67%"), "{lines:?}");
+        for _ in 0..80 {
+            table.add(&summary(&[("new", 1, 1)]));
+        }
+        assert_eq!(
+            table.lines(5, 80).len(),
+            1,
+            "a function long gone is forgotten"
+        );
+        let line = &table.lines(1, 12)[0];
+        assert_eq!(line.chars().count(), 12, "cut to the width: {line:?}");
+        assert!(line.starts_with("   99.9"), "{line:?}");
+    }
+}
