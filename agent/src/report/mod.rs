@@ -181,10 +181,11 @@ impl Summary {
 }
 
 /// A frame as folded stacks name it (the flame graph's convention): `;`
-/// would split it, kernel functions are marked `_[k]` as perf's scripts do.
+/// would split it, kernel functions are marked `_[k]` as perf's scripts do;
+/// control characters are replaced, as in the text summary.
 pub fn folded_name(frame: &FrameView<'_>) -> String {
     let key = FunctionKey::of(frame);
-    let mut name = key.name.replace(';', ":");
+    let mut name = strip_control(&key.name).replace(';', ":");
     if key.kernel {
         name.push_str("_[k]");
     }
@@ -203,10 +204,7 @@ pub fn folded_stacks(profile: &proto::Profile, filter: &SampleFilter) -> Vec<Str
         if count <= 0 {
             continue;
         }
-        let comm = sample
-            .label("comm")
-            .unwrap_or("[unknown]")
-            .replace(';', ":");
+        let comm = strip_control(sample.label("comm").unwrap_or("[unknown]")).replace(';', ":");
         // Root first: the frames come leaf first.
         let stack = std::iter::once(comm)
             .chain(sample.frames().iter().rev().map(folded_name))

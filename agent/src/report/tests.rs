@@ -180,4 +180,6 @@ fn the_text_summary_lists_shares_and_stays_plain() {
     assert!(lines[4].contains("walk?[2J"), "{text}");
     assert_eq!(lines.len(), 5);
     assert!(!text.chars().any(|c| c.is_control() && c != '\n'));
+    let folded = folded_stacks(&profile, &SampleFilter::default());
+    assert_eq!(folded[2], "db;walk?[2J;walk?[2J;walk?[2J 2");
 }
