@@ -134,7 +134,13 @@ async fn record(
         &stats.stage_stalled_drain
     });
     session.watch_drain(drain_stage.clone());
-    watchdog::spawn(vec![drain_stage], None, stats.clone(), FORCED_EXIT_AFTER)
+    // With a command, signals are the command's to act on: firn ends when
+    // it does, however long that takes.
+    let forced_exit_after = match command {
+        Some(_) => Duration::MAX,
+        None => FORCED_EXIT_AFTER,
+    };
+    watchdog::spawn(vec![drain_stage], None, stats.clone(), forced_exit_after)
         .context("could not start the watchdog")?;
     info!(
         cpus = session.cpus(),
