@@ -183,3 +183,31 @@ fn the_text_summary_lists_shares_and_stays_plain() {
     let folded = folded_stacks(&profile, &SampleFilter::default());
     assert_eq!(folded[2], "db;walk?[2J;walk?[2J;walk?[2J 2");
 }
+
+#[test]
+fn a_numeric_pid_label_filters_too() {
+    let mut profile = profile();
+    let pid_key = profile
+        .string_table
+        .iter()
+        .position(|s| s == "pid")
+        .expect("interned") as i64;
+    for sample in &mut profile.sample {
+        let value: i64 = if sample.value[0] == 2 && sample.location_id[0] == 4 {
+            20
+        } else {
+            10
+        };
+        sample.label.retain(|label| label.key != pid_key);
+        sample.label.push(proto::Label {
+            key: pid_key,
+            num: value,
+            ..Default::default()
+        });
+    }
+    let by_pid = SampleFilter {
+        pids: vec![20],
+        comms: Vec::new(),
+    };
+    assert_eq!(Summary::of(&profile, &by_pid).total, 2);
+}
