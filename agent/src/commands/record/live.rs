@@ -179,7 +179,9 @@ impl StatusLine {
         let mut stderr = std::io::stderr().lock();
         let _ = write!(stderr, "\r");
         let _ = stderr.queue(Clear(ClearType::UntilNewLine));
-        let _ = write!(stderr, "{text}");
+        // Back to the line's start: a log line written before the next
+        // redraw covers the status instead of following it.
+        let _ = write!(stderr, "{text}\r");
         let _ = stderr.flush();
         self.drawn = true;
     }
