@@ -2,6 +2,7 @@
 //! and (when asked for) their log.
 
 pub(crate) mod btf;
+mod follow;
 mod program_log;
 
 use std::{
@@ -217,6 +218,9 @@ impl BpfSampler {
         // Process events first, so no exec is missed between the first
         // sample and the hooks being in place.
         sampler.attach_process_events()?;
+        if !config.pids.is_empty() {
+            follow::attach(&mut sampler.ebpf);
+        }
         Ok(sampler)
     }
 

@@ -69,6 +69,9 @@ pub struct PipelineConfig {
     pub unwinder: UnwinderConfig,
     pub aggregate: AggregateConfig,
     pub python: PythonConfig,
+    /// Label every sample with its thread's id and name (`thread_id`,
+    /// `thread_name`), not only other threads' ids.
+    pub thread_labels: bool,
 }
 
 /// The stages after the ring buffer, apart from it so they can be fed
@@ -85,6 +88,7 @@ pub struct Pipeline {
     last_expire: Instant,
     last_sweep: Instant,
     host: Host,
+    thread_labels: bool,
 }
 
 impl Pipeline {
@@ -121,6 +125,7 @@ impl Pipeline {
             last_expire: Instant::now(),
             last_sweep: Instant::now(),
             host: config.host.clone(),
+            thread_labels: config.thread_labels,
         }
     }
 
@@ -210,6 +215,7 @@ impl Pipeline {
             image,
             metadata,
             tid: sample.tid,
+            thread_name: self.thread_labels.then_some(sample.comm),
             kernel: sample.kernel_stack,
             user,
         });

@@ -22,7 +22,7 @@ pub const PARCA_VERSION: &str = "v0.28.0";
 /// inspect programs, systemd for `systemd-analyze` (verifies the unit),
 /// Debian's own CPython for the Python tests and benchmark (beside the
 /// pyenv builds the machine image ships), with `venv` for the tools'
-/// virtualenv.
+/// virtualenv, tmux to drive `firn top` in a terminal.
 const DEBIAN_PACKAGES: &[&str] = &[
     "gcc",
     "libc6-dev",
@@ -33,6 +33,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "systemd",
     "python3.11",
     "python3-venv",
+    "tmux",
 ];
 
 /// Python tools the tests and benchmarks use, pinned: the Prometheus

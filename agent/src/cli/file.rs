@@ -95,6 +95,7 @@ where
     let mut cli = Cli::from_arg_matches(&matches)?;
     match &mut cli.command {
         Some(Subcommand::Record(args)) => args.relabel_rules = relabel_rules,
+        Some(Subcommand::Report(_) | Subcommand::Top(_)) => {}
         None => cli.agent.relabel_rules = relabel_rules,
     }
     Ok(cli)
