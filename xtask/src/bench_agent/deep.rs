@@ -264,3 +264,79 @@ fn print(binary: &Binary, outcome: &Outcome) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use agent_pprof::proto;
+
+    use super::*;
+
+    /// A profile of one comm whose samples hold these stacks (leaf first)
+    /// with these counts.
+    fn profile(comm: &str, stacks: &[(Vec<&str>, i64)]) -> proto::Profile {
+        let mut strings = vec![String::new(), "comm".to_owned(), comm.to_owned()];
+        let mut intern = |text: &str| -> i64 {
+            let index = strings.iter().position(|s| s == text).unwrap_or_else(|| {
+                strings.push(text.to_owned());
+                strings.len() - 1
+            });
+            i64::try_from(index).unwrap_or_default()
+        };
+        let mut profile = proto::Profile::default();
+        for (stack, count) in stacks {
+            let mut location_ids = Vec::new();
+            for name in stack {
+                let id = profile.location.len() as u64 + 1;
+                profile.function.push(proto::Function {
+                    id,
+                    name: intern(name),
+                    ..Default::default()
+                });
+                profile.location.push(proto::Location {
+                    id,
+                    line: vec![proto::Line {
+                        function_id: id,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                });
+                location_ids.push(id);
+            }
+            profile.sample.push(proto::Sample {
+                location_id: location_ids,
+                value: vec![*count],
+                label: vec![proto::Label {
+                    key: 1,
+                    str: 2,
+                    ..Default::default()
+                }],
+            });
+        }
+        profile.string_table = strings;
+        profile
+    }
+
+    #[test]
+    fn samples_are_complete_cut_at_the_limit_or_cut_below() {
+        let complete = ["burn", "descend", "descend", "main", "__libc_start_main"];
+        let at_limit = vec!["descend"; FRAME_LIMIT];
+        let below = ["burn", "descend", "descend"];
+        let profile = profile(
+            "deep_9",
+            &[(complete.to_vec(), 5), (at_limit, 2), (below.to_vec(), 1)],
+        );
+        let mut shares = Shares::default();
+        count(&Reader::new(&profile), "deep_9", &mut shares);
+        count(&Reader::new(&profile), "other", &mut shares);
+        assert_eq!(
+            shares,
+            Shares {
+                total: 8,
+                complete: 5,
+                at_limit: 2,
+                below_limit: 1,
+                deepest: FRAME_LIMIT,
+            }
+        );
+    }
+}
