@@ -258,7 +258,8 @@ fn print(binary: &Binary, outcome: &Outcome) {
     }
     for (labels, value) in &outcome.truncated {
         println!(
-            "  {{{labels}}}{:>12.0} ({:.2}%)",
+            "  {:<46}{:>8.0} ({:.2}%)",
+            format!("{{{labels}}}"),
             value,
             value * 100.0 / outcome.samples.max(1.0)
         );

@@ -13,7 +13,7 @@ const FIRST_MINUTE_US: f64 = 15.0;
 const READY_SECONDS: f64 = 0.5;
 const PEAK_RSS_MB: f64 = 64.0;
 
-const LABEL_WIDTH: usize = 44;
+const LABEL_WIDTH: usize = 48;
 const COLUMN_WIDTH: usize = 16;
 
 fn row(label: &str, values: impl IntoIterator<Item = String>) {
