@@ -18,19 +18,20 @@ mod workloads;
 use std::{
     fs,
     path::{Path, PathBuf},
-    time::Duration,
+    thread,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result, bail};
 
 pub use self::workloads::AgentWorkload;
-use self::{
-    measure::Measurement,
-    workloads::{Prepared, Running},
-};
+use self::{measure::Measurement, workloads::Prepared};
 use crate::{
     bench::BenchArgs,
-    soak::fixtures::{Firn, Parca, free_port},
+    soak::{
+        fixtures::{Firn, Parca, free_port},
+        monitor::Monitor,
+    },
     util::{self, cargo, is_root},
 };
 
@@ -160,7 +161,7 @@ fn measure_one(
     let mut parca = Parca::new(&scratch.dir.join("parca"), free_port()?)?;
     parca.start()?;
     // Longer than the run: the guard kills it when the run is over.
-    let running: Running = prepared.start(cell.workload, cell.seconds + 120)?;
+    let running = prepared.start(cell.workload, cell.seconds + 120)?;
     let args = vec![
         "--remote-store-address".to_owned(),
         parca.address(),
@@ -168,18 +169,17 @@ fn measure_one(
         "--frequency".to_owned(),
         cell.frequency.to_string(),
     ];
-    let firn = Firn::start(&binary.path, &scratch.dir.join("firn"), &args)?;
-    let monitor = crate::soak::monitor::Monitor::start(firn.pid(), firn.metrics);
+    let mut firn = Firn::start(&binary.path, &scratch.dir.join("firn"), &args)?;
+    let monitor = Monitor::start(firn.pid(), firn.metrics);
     let deadline = monitor.started + Duration::from_secs(cell.seconds);
-    let mut firn = firn;
-    while std::time::Instant::now() < deadline {
+    while Instant::now() < deadline {
         if firn.exited() {
             bail!(
                 "firn exited during the run:\n{}",
                 fs::read_to_string(&firn.log).unwrap_or_default()
             );
         }
-        std::thread::sleep(Duration::from_millis(200));
+        thread::sleep(Duration::from_millis(200));
     }
     let series = monitor.finish();
     let ready_seconds = firn.ready_seconds;
