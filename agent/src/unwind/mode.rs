@@ -137,8 +137,15 @@ pub struct UnwindPolicy {
     leaf_copy_bytes: u32,
     map: Option<Box<dyn CopySizeMap>>,
     decisions: LruCache<u32, Decision>,
+    /// The copy size each executable's processes were fitted or grown
+    /// to: its next processes (a compiler run again and again) start
+    /// there instead of cutting stacks until they have learned it anew.
+    learned: LruCache<String, u32>,
     stats: Arc<Stats>,
 }
+
+/// Executables whose copy size is remembered.
+const LEARNED_EXECUTABLES: NonZeroUsize = NonZeroUsize::new(1024).unwrap();
 
 impl UnwindPolicy {
     /// `capacity`: processes remembered (the process table's size).
@@ -149,6 +156,7 @@ impl UnwindPolicy {
             leaf_copy_bytes: 0,
             map: None,
             decisions: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
+            learned: LruCache::new(LEARNED_EXECUTABLES),
             stats,
         }
     }
@@ -201,8 +209,12 @@ impl UnwindPolicy {
                 }
             }
             (_, previous) => {
+                let learned = image
+                    .executable()
+                    .and_then(|executable| self.learned.get(executable).copied())
+                    .filter(|_| unwinding == ProcessUnwinding::Dwarf);
                 let wanted = match unwinding {
-                    ProcessUnwinding::Dwarf => self.copy_bytes,
+                    ProcessUnwinding::Dwarf => learned.unwrap_or(self.copy_bytes),
                     ProcessUnwinding::FramePointers => self.leaf_copy_bytes,
                 };
                 let held = previous.map(|d| d.copy);
@@ -216,7 +228,11 @@ impl UnwindPolicy {
                     unwinding,
                     in_map: copy.is_some(),
                     copy: copy.unwrap_or(0),
-                    sizing: Sizing::default(),
+                    // A learned size is fitted already.
+                    sizing: Sizing {
+                        fitted: learned.is_some(),
+                        ..Sizing::default()
+                    },
                 }
             }
         };
@@ -325,6 +341,9 @@ impl UnwindPolicy {
                 );
                 decision.copy = size;
                 Stats::inc(counter);
+                if let Some(executable) = image.executable() {
+                    self.learned.put(executable.to_owned(), size);
+                }
             }
             Err(error) => {
                 Stats::inc(&self.stats.unwind_copy_map_failures);
@@ -493,7 +512,7 @@ mod tests {
 
     /// A fixture binary running as a child (killed on drop), and the
     /// directory its file lives in.
-    struct Child(std::process::Child, #[allow(dead_code)] tempfile::TempDir);
+    struct Child(std::process::Child, tempfile::TempDir);
 
     impl Child {
         fn spawn(bytes: &[u8]) -> Self {
@@ -613,6 +632,42 @@ mod tests {
         assert_eq!(
             (snapshot.unwind_copy_shrunk, snapshot.unwind_copy_grown),
             (1, 1)
+        );
+    }
+
+    #[test]
+    fn the_next_process_of_an_executable_starts_with_the_copy_it_needed() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let entries = Arc::new(Mutex::new(Vec::new()));
+        let map = FakeMap {
+            entries: entries.clone(),
+            full: false,
+        };
+        let mut policy =
+            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats).with_map(Box::new(map), LEAF);
+        let first = Child::spawn(agent_fixtures::CHAIN_INLINE);
+        let image = processes.image(first.0.id(), "chain_inline");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        policy.observe_stack(&image, StackNeed::MoreThanCopied, 8192);
+        // The same file run again.
+        let path = first.1.path().join("workload");
+        let mut second = std::process::Command::new(&path)
+            .arg("1000")
+            .spawn()
+            .expect("runs again");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let image = processes.image(second.id(), "chain_inline");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        let _ = second.kill();
+        let _ = second.wait();
+        let max = MAX_STACK_COPY as u32;
+        assert_eq!(
+            *entries.lock().expect("lock"),
+            [
+                (first.0.id(), 8192),
+                (first.0.id(), max),
+                (second.id(), max)
+            ]
         );
     }
 
