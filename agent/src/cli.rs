@@ -8,18 +8,20 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 mod bounds;
 mod file;
 mod labels;
+mod pyroscope;
 mod remote;
 
 use bounds::{parse_duration, parse_log_level, parse_period, parse_store_bytes};
 pub use file::{ArgsError, parse_args};
 pub use labels::KubernetesArgs;
+pub use pyroscope::PyroscopeArgs;
 pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
 
 use agent_symbolize::{DemangleMode, SymbolConfig};
 
 use crate::{
     aggregate::AggregateConfig,
-    config::{AgentConfig, RecordConfig},
+    config::{AgentConfig, DestinationConfig, RecordConfig},
     labels::{MetadataConfig, Rule},
     output::LocalStoreConfig,
     process::DebugFileConfig,
@@ -210,6 +212,9 @@ pub struct AgentArgs {
     pub remote_store: RemoteStoreArgs,
 
     #[command(flatten)]
+    pub pyroscope: PyroscopeArgs,
+
+    #[command(flatten)]
     pub metadata: MetadataArgs,
 
     #[command(flatten)]
@@ -356,7 +361,7 @@ impl TryFrom<&AgentArgs> for AgentConfig {
                 directory: args.local_store_directory.clone(),
                 max_bytes: args.local_store_max_bytes,
             },
-            remote_store: args.remote_store.config()?,
+            destinations: destinations(args)?,
             metadata: {
                 let mut metadata = args.metadata.config()?;
                 metadata.relabel_rules = args.relabel_rules.clone();
@@ -367,6 +372,18 @@ impl TryFrom<&AgentArgs> for AgentConfig {
             http_address: args.http_address,
         })
     }
+}
+
+/// The servers the flags name: a Parca server, a Pyroscope server, or both.
+fn destinations(args: &AgentArgs) -> Result<Vec<DestinationConfig>, ConfigError> {
+    let mut destinations = Vec::new();
+    if let Some(parca) = args.remote_store.config()? {
+        destinations.push(DestinationConfig::Parca(parca));
+    }
+    if let Some(pyroscope) = args.pyroscope.config("pyroscope")? {
+        destinations.push(DestinationConfig::Pyroscope(pyroscope));
+    }
+    Ok(destinations)
 }
 
 /// `4096`, `64KiB`, `8MiB`, `1GiB` (also `KB`/`MB`/`GB` as powers of 1024).
@@ -557,7 +574,7 @@ mod tests {
         let config = AgentConfig::try_from(&cli.agent).expect("a usable config");
         assert_eq!(config.sampling.frequency_hz, 19);
         assert_eq!(config.profiling_duration, Duration::from_secs(5));
-        assert!(config.remote_store.is_none(), "local store by default");
+        assert!(config.destinations.is_empty(), "local store by default");
         assert!(
             !config.metadata.node.is_empty(),
             "node defaults to the host name"

@@ -103,6 +103,13 @@ pub enum ConfigError {
     DuplicateKey { flag: &'static str, key: String },
     #[error("--{flag} only applies with --remote-store-address")]
     NeedsRemoteStore { flag: &'static str },
+    #[error("--{flag} only applies with --pyroscope-url")]
+    NeedsPyroscope { flag: &'static str },
+    #[error("--{given} needs --{missing}")]
+    Incomplete {
+        given: &'static str,
+        missing: &'static str,
+    },
     #[error("could not tell the host name for the `node` label; set --node")]
     NoHostName {
         #[source]
@@ -221,7 +228,7 @@ impl DebuginfoArgs {
     }
 }
 
-fn read_token(path: &std::path::Path) -> Result<Secret, ConfigError> {
+pub(super) fn read_token(path: &std::path::Path) -> Result<Secret, ConfigError> {
     let text = crate::untrusted::read_host_text(path).map_err(|source| ConfigError::TokenFile {
         path: path.display().to_string(),
         source,
@@ -235,7 +242,7 @@ fn read_token(path: &std::path::Path) -> Result<Secret, ConfigError> {
     Ok(Secret::new(token.to_owned()))
 }
 
-fn read_certificates(path: &std::path::Path) -> Result<Vec<Vec<u8>>, ConfigError> {
+pub(super) fn read_certificates(path: &std::path::Path) -> Result<Vec<Vec<u8>>, ConfigError> {
     use rustls::pki_types::{CertificateDer, pem::PemObject};
     let pem = crate::untrusted::read_host_file(path).map_err(|source| ConfigError::CaFile {
         path: path.display().to_string(),
@@ -253,7 +260,7 @@ fn read_certificates(path: &std::path::Path) -> Result<Vec<Vec<u8>>, ConfigError
     Ok(certificates)
 }
 
-fn flatten_unique(
+pub(super) fn flatten_unique(
     flag: &'static str,
     values: &[KeyValues],
 ) -> Result<Vec<(String, String)>, ConfigError> {
@@ -345,7 +352,7 @@ fn parse_labels(text: &str) -> Result<KeyValues, String> {
 }
 
 /// gRPC metadata: ASCII header names and values.
-fn parse_headers(text: &str) -> Result<KeyValues, String> {
+pub(super) fn parse_headers(text: &str) -> Result<KeyValues, String> {
     let pairs = parse_pairs(text)?;
     for (key, value) in &pairs {
         let valid_key = !key.is_empty()

@@ -657,3 +657,45 @@ declare_metrics! {
         ],
     }
 }
+
+/// The same per destination (a Parca or Pyroscope server), with a
+/// `destination` label, in the order `DestinationStats::values` gives; the
+/// families above are the totals over all destinations.
+pub const DESTINATION_FAMILIES: &[Family] = &[
+    Family {
+        name: "destination_profiles_sent",
+        kind: Kind::Counter,
+        help: "Profiles (one per series) this destination accepted.",
+    },
+    Family {
+        name: "destination_profiles_dropped",
+        kind: Kind::Counter,
+        help: "Profiles dropped unsent for this destination: its queue was full, or the \
+               shutdown deadline came.",
+    },
+    Family {
+        name: "destination_profiles_rejected",
+        kind: Kind::Counter,
+        help: "Profiles this destination refused for good (bad request, credentials, tenant).",
+    },
+    Family {
+        name: "destination_push_failures",
+        kind: Kind::Counter,
+        help: "Pushes to this destination that failed, every attempt counted.",
+    },
+    Family {
+        name: "destination_push_retries",
+        kind: Kind::Counter,
+        help: "Pushes to this destination that were retries of a failed one.",
+    },
+    Family {
+        name: "destination_queue_bytes",
+        kind: Kind::Gauge,
+        help: "Bytes of profiles waiting to be sent to this destination.",
+    },
+    Family {
+        name: "destination_queue_profiles",
+        kind: Kind::Gauge,
+        help: "Profiles (series) waiting to be sent to this destination, or being sent.",
+    },
+];

@@ -11,11 +11,11 @@
 
 mod budget;
 mod config;
-mod connect;
+pub(super) mod connect;
 mod debugfile;
 mod debuginfo;
-mod delivery;
-mod queue;
+pub(super) mod delivery;
+pub(super) mod queue;
 
 use std::{
     sync::{Arc, mpsc as std_mpsc},
@@ -36,7 +36,9 @@ use self::{
     profilestore::{Label, LabelSet, RawProfileSeries, RawSample, WriteRawRequest},
     queue::{Pending, SharedQueue},
 };
-use super::{ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, SeriesProfile};
+use super::{
+    ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, SeriesProfile, destination::Tally,
+};
 use crate::{process::ObjectFile, stats::Stats};
 
 /// Code generated from `proto/parca/`, nested as the packages are so the
@@ -106,12 +108,12 @@ pub enum ParcaError {
 pub struct ParcaExporter {
     address: String,
     series_labels: Vec<Label>,
-    queue: Arc<SharedQueue>,
+    queue: Arc<SharedQueue<WriteRawRequest>>,
     uploads: Option<mpsc::Sender<Arc<ObjectFile>>>,
     shutdown: watch::Sender<Option<Instant>>,
     done: std_mpsc::Receiver<()>,
     thread: thread::JoinHandle<()>,
-    stats: Arc<Stats>,
+    tally: Tally,
 }
 
 impl ParcaExporter {
@@ -121,14 +123,14 @@ impl ParcaExporter {
     pub fn start(
         remote: &RemoteStoreConfig,
         debuginfo: &DebuginfoConfig,
-        stats: Arc<Stats>,
+        tally: Tally,
         push_duration: Histogram,
     ) -> Result<Self, ParcaError> {
         let request_metadata = RequestMetadata::new(remote)?;
         let target = connect::target(remote)?;
         let queue = Arc::new(SharedQueue::new(
             usize::try_from(remote.queue_bytes).unwrap_or(usize::MAX),
-            stats.clone(),
+            tally.clone(),
         ));
         let (shutdown, shutdown_receiver) = watch::channel(None);
         let (upload_sender, upload_receiver) = mpsc::channel(UPLOAD_BACKLOG);
@@ -137,7 +139,7 @@ impl ParcaExporter {
             let remote = remote.clone();
             let debuginfo = debuginfo.clone();
             let queue = queue.clone();
-            let stats = stats.clone();
+            let tally = tally.clone();
             thread::Builder::new()
                 .name("firn-parca".into())
                 .spawn(move || {
@@ -149,7 +151,7 @@ impl ParcaExporter {
                         queue,
                         shutdown_receiver,
                         upload_receiver,
-                        stats,
+                        tally,
                         push_duration,
                     );
                     let _ = done_sender.send(());
@@ -164,7 +166,7 @@ impl ParcaExporter {
             shutdown,
             done,
             thread,
-            stats,
+            tally,
         })
     }
 }
@@ -175,7 +177,7 @@ fn requests(
     series_labels: &[Label],
     profiles: Vec<SeriesProfile>,
     max_bytes: usize,
-) -> Vec<Pending> {
+) -> Vec<Pending<WriteRawRequest>> {
     let empty = || Pending {
         request: WriteRawRequest::default(),
         bytes: 0,
@@ -240,13 +242,14 @@ impl Exporter for ParcaExporter {
             bytes: 0,
         };
         // Counted per series, the unit of sent, dropped and queued.
-        Stats::add(&self.stats.profiles_written, batch.profiles.len() as u64);
+        self.tally.written(batch.profiles.len() as u64);
         for request in requests(&self.series_labels, batch.profiles, MAX_REQUEST_BYTES) {
             receipt.bytes += request.bytes;
             let dropped = self.queue.push_back(request);
             if dropped.profiles > 0 {
-                Stats::add(&self.stats.remote_profiles_dropped, dropped.profiles as u64);
+                self.tally.dropped(dropped.profiles as u64);
                 warn!(
+                    destination = self.tally.name(),
                     profiles = dropped.profiles,
                     server = self.address,
                     "profiles dropped: the queue of unsent profiles is full (--remote-store-queue-bytes)"
@@ -256,7 +259,7 @@ impl Exporter for ParcaExporter {
         if let Some(uploads) = &self.uploads {
             for object in batch.debuginfo_candidates {
                 if uploads.try_send(object).is_err() {
-                    Stats::inc(&self.stats.debuginfo_uploads_skipped);
+                    Stats::inc(&self.tally.total().debuginfo_uploads_skipped);
                     debug!("debuginfo candidate skipped: the upload backlog is full");
                 }
             }
@@ -283,10 +286,10 @@ fn network_thread(
     debuginfo: &DebuginfoConfig,
     target: connect::Target,
     request_metadata: RequestMetadata,
-    queue: Arc<SharedQueue>,
+    queue: Arc<SharedQueue<WriteRawRequest>>,
     shutdown: watch::Receiver<Option<Instant>>,
     uploads: mpsc::Receiver<Arc<ObjectFile>>,
-    stats: Arc<Stats>,
+    tally: Tally,
     push_duration: Histogram,
 ) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -307,7 +310,7 @@ fn network_thread(
                     channel.clone(),
                     request_metadata.clone(),
                 );
-            tokio::spawn(Uploader::new(client, debuginfo, stats.clone()).run(uploads))
+            tokio::spawn(Uploader::new(client, debuginfo, tally.total().clone()).run(uploads))
         });
         let client =
             profilestore::profile_store_service_client::ProfileStoreServiceClient::with_interceptor(
@@ -320,7 +323,7 @@ fn network_thread(
             shutdown,
             request_timeout: remote.request_timeout,
             address: remote.address.clone(),
-            stats,
+            tally,
             push_duration,
         }
         .run()
