@@ -187,7 +187,7 @@ impl PyroscopeArgs {
 
 /// An `http(s)://` URL with a host; `https://` when no scheme is written.
 fn parse_url(text: &str) -> Result<String, String> {
-    let trimmed = text.trim().trim_end_matches('/');
+    let trimmed = text.trim();
     let url = if trimmed.contains("://") {
         trimmed.to_owned()
     } else {
@@ -206,7 +206,7 @@ fn parse_url(text: &str) -> Result<String, String> {
     if uri.query().is_some() {
         return Err(format!("`{text}`: a query string is not allowed"));
     }
-    Ok(url)
+    Ok(url.trim_end_matches('/').to_owned())
 }
 
 #[cfg(test)]

@@ -407,7 +407,7 @@ mod tests {
         ])
         .expect("valid flags");
         let config = AgentConfig::try_from(&cli.agent).expect("a usable config");
-        let remote = config.remote_store.expect("remote store");
+        let remote = config.remote_store().expect("remote store");
         assert_eq!(remote.address, "parca.example:7070");
         assert_eq!(
             remote.bearer_token.as_ref().map(Secret::expose),

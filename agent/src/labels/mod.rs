@@ -15,7 +15,7 @@ use std::{path::PathBuf, sync::Arc};
 
 use self::providers::{
     CgroupLabels, CommonLabels, Discovered, KubernetesLabels, MetadataProvider, ProcessLabels,
-    ProcessView,
+    ProcessView, ServiceName,
 };
 pub use self::{
     cgroup::{CgroupInfo, Container, ContainerRuntime},
@@ -68,6 +68,7 @@ impl Labeler {
         if let Some(pods) = pods {
             providers.push(Box::new(KubernetesLabels::new(pods)));
         }
+        providers.push(Box::new(ServiceName));
         Self {
             providers,
             rules: metadata.relabel_rules.clone(),
@@ -195,6 +196,7 @@ mod tests {
             ("namespace", "shop"),
             ("pod", "checkout-abc"),
             ("container", "server"),
+            ("service_name", "shop/server"),
         ] {
             assert_eq!(get(&labels, name), Some(value), "{name}");
         }
@@ -212,6 +214,46 @@ mod tests {
             .expect("kept");
         assert_eq!(get(&labels, "pod"), None);
         assert_eq!(get(&labels, "container_id"), Some(ID));
+        assert_eq!(
+            get(&labels, "service_name"),
+            Some("server"),
+            "outside Kubernetes a container scope is no service: the executable's name"
+        );
+    }
+
+    #[test]
+    fn service_names_follow_the_annotation_then_the_unit() {
+        let (image, mut process) = process();
+        let annotated = pods();
+        let mut pod = annotated
+            .lookup(Some(UID), Some(ID))
+            .expect("pod")
+            .pod
+            .as_ref()
+            .clone();
+        pod.annotations
+            .insert("pyroscope.io/service_name".into(), "checkout-api".into());
+        annotated.apply(pod);
+        let labels = Labeler::new(&metadata(&[]), &Host::system(), Some(annotated))
+            .labels(&image, &process)
+            .expect("kept");
+        assert_eq!(get(&labels, "service_name"), Some("checkout-api"));
+
+        process.cgroup = Arc::new(CgroupInfo::parse("0::/system.slice/nginx.service\n"));
+        let labeler = Labeler::new(&metadata(&[]), &Host::system(), None);
+        let labels = labeler.labels(&image, &process).expect("kept");
+        assert_eq!(get(&labels, "service_name"), Some("nginx"));
+
+        let rename = RuleSpec {
+            action: Some("replace".into()),
+            source_labels: vec!["comm".into()],
+            target_label: Some("service_name".into()),
+            ..RuleSpec::default()
+        };
+        let labels = Labeler::new(&metadata(&[rename]), &Host::system(), None)
+            .labels(&image, &process)
+            .expect("kept");
+        assert_eq!(get(&labels, "service_name"), Some("server"), "relabeling wins");
     }
 
     #[test]

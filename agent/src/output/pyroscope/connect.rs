@@ -57,8 +57,9 @@ impl Target {
                 .with_no_client_auth(),
             ),
         };
+        // The connector sets ALPN itself (HTTP/1.1) and refuses a preset.
         let mut tls = (*tls).clone();
-        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        tls.alpn_protocols.clear();
         Ok(Self {
             endpoint,
             headers: Arc::new(headers(config)?),
