@@ -122,6 +122,16 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub python: bool,
 
+    /// Walk kernel stacks (off: the BPF program skips the walk, and samples
+    /// of kernel threads are not taken).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub collect_kernel_profile: bool,
+
+    /// Walk, copy and unwind user stacks (off: kernel frames only, at the
+    /// least cost).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub collect_user_profile: bool,
+
     /// Most distinct stacks in one profile; samples beyond are counted as dropped.
     #[arg(long, value_name = "N", default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub max_stacks_per_profile: u64,
@@ -134,6 +144,8 @@ pub enum DemangleArg {
     None,
     /// Rust without hashes, C++ without parameters and template arguments.
     Simplified,
+    /// As simplified, but C++ keeps its template arguments.
+    Templates,
     /// Everything the demangler produces.
     Full,
 }
@@ -272,6 +284,15 @@ pub struct RecordArgs {
 }
 
 impl SamplingArgs {
+    /// With both stacks off there would be nothing to sample.
+    fn check_stacks(&self) -> Result<(), ConfigError> {
+        if self.collect_kernel_profile || self.collect_user_profile {
+            Ok(())
+        } else {
+            Err(ConfigError::NoStacks)
+        }
+    }
+
     fn sampling(&self) -> SamplingConfig {
         SamplingConfig {
             frequency_hz: self.frequency,
@@ -280,6 +301,8 @@ impl SamplingArgs {
             leaf_stack_copy_bytes: self.leaf_stack_copy_bytes,
             unwind: self.unwind.into(),
             stack_copy_bytes: self.stack_copy_bytes,
+            kernel_stacks: self.collect_kernel_profile,
+            user_stacks: self.collect_user_profile,
         }
     }
 
@@ -310,6 +333,7 @@ impl SymbolArgs {
             demangle: match self.demangle {
                 DemangleArg::None => DemangleMode::None,
                 DemangleArg::Simplified => DemangleMode::Simplified,
+                DemangleArg::Templates => DemangleMode::Templates,
                 DemangleArg::Full => DemangleMode::Full,
             },
             symbol_cache_bytes: self.symbol_cache_size,
@@ -329,6 +353,7 @@ impl TryFrom<&RecordArgs> for RecordConfig {
     type Error = ConfigError;
 
     fn try_from(args: &RecordArgs) -> Result<Self, ConfigError> {
+        args.sampling.check_stacks()?;
         Ok(Self {
             sampling: args.sampling.sampling(),
             pipeline: pipeline(&args.sampling, &args.symbols),
@@ -352,6 +377,7 @@ impl TryFrom<&AgentArgs> for AgentConfig {
     /// Reads the files the flags name (token, CA), so that a bad one stops
     /// firn at start rather than failing every push.
     fn try_from(args: &AgentArgs) -> Result<Self, ConfigError> {
+        args.sampling.check_stacks()?;
         Ok(Self {
             sampling: args.sampling.sampling(),
             pipeline: pipeline(&args.sampling, &args.symbols),

@@ -105,6 +105,10 @@ pub enum ConfigError {
     NeedsRemoteStore { flag: &'static str },
     #[error("--{flag} only applies with --pyroscope-url")]
     NeedsPyroscope { flag: &'static str },
+    #[error(
+        "--collect-kernel-profile=false and --collect-user-profile=false leave nothing to sample"
+    )]
+    NoStacks,
     #[error("--{given} needs --{missing}")]
     Incomplete {
         given: &'static str,

@@ -53,11 +53,14 @@ declare_metrics! {
     }
     bpf_samples_skipped: Counter,
         "Ticks the BPF program skipped on purpose, by reason: idle (the idle task), \
-        pid_filter (a process outside --pid)."
+        pid_filter (a process outside --pid), no_stack_left (with user or kernel stacks \
+        switched off, the other stack was empty: a kernel thread without kernel stacks, \
+        user code without user stacks)."
     {
         bpf: [
             IdleSkipped { reason = "idle" },
             Filtered { reason = "pid_filter" },
+            NoStackLeft { reason = "no_stack_left" },
         ],
     }
     bpf_stack_copies_short: Counter,
