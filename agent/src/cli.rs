@@ -363,6 +363,10 @@ impl TryFrom<&RecordArgs> for RecordConfig {
                 external_labels: Vec::new(),
                 relabel_rules: args.relabel_rules.clone(),
                 kubernetes: None,
+                runtime_sockets: crate::labels::runtime::DEFAULT_SOCKETS
+                    .iter()
+                    .map(PathBuf::from)
+                    .collect(),
             },
             duration: args.duration,
             output: args.output.clone(),

@@ -130,6 +130,17 @@ pub struct MetadataArgs {
     /// Labels added to every profile: `key=value;key2=value2` (repeatable).
     #[arg(long, value_name = "LABELS", value_parser = parse_labels)]
     pub metadata_external_labels: Vec<KeyValues>,
+
+    /// Docker or Podman API sockets asked for container names and labels
+    /// (`__meta_docker_*`); those that do not exist are skipped. Empty
+    /// (`--container-runtime-sockets=`): none asked.
+    #[arg(
+        long,
+        value_name = "SOCKET",
+        value_delimiter = ',',
+        default_values_t = crate::labels::runtime::DEFAULT_SOCKETS.map(String::from)
+    )]
+    pub container_runtime_sockets: Vec<String>,
 }
 
 impl RemoteStoreArgs {
@@ -216,6 +227,12 @@ impl MetadataArgs {
             )?,
             relabel_rules: Vec::new(),
             kubernetes: None,
+            runtime_sockets: self
+                .container_runtime_sockets
+                .iter()
+                .filter(|socket| !socket.is_empty())
+                .map(PathBuf::from)
+                .collect(),
         })
     }
 }

@@ -10,12 +10,13 @@ pub mod kubernetes;
 pub mod process;
 mod providers;
 pub mod relabel;
+pub mod runtime;
 
 use std::{path::PathBuf, sync::Arc};
 
 use self::providers::{
     CgroupLabels, CommonLabels, Discovered, KubernetesLabels, MetadataProvider, ProcessLabels,
-    ProcessView, ServiceName,
+    ProcessView, RuntimeLabels, ServiceName,
 };
 pub use self::{
     cgroup::{CgroupInfo, Container, ContainerRuntime},
@@ -36,6 +37,9 @@ pub struct MetadataConfig {
     pub relabel_rules: Vec<Rule>,
     /// Pod labels from the API server; `None` outside Kubernetes.
     pub kubernetes: Option<KubernetesConfig>,
+    /// Docker and Podman API sockets asked for container names and labels
+    /// (those that exist); empty: none asked.
+    pub runtime_sockets: Vec<PathBuf>,
 }
 
 /// The Kubernetes API server the pods of this node are watched through.
@@ -65,6 +69,11 @@ impl Labeler {
             Box::new(ProcessLabels),
             Box::new(CgroupLabels),
         ];
+        if !metadata.runtime_sockets.is_empty() {
+            providers.push(Box::new(RuntimeLabels::new(runtime::RuntimeClient::new(
+                metadata.runtime_sockets.clone(),
+            ))));
+        }
         if let Some(pods) = pods {
             providers.push(Box::new(KubernetesLabels::new(pods)));
         }
@@ -119,6 +128,7 @@ mod tests {
                 .map(|spec| Rule::new(spec).expect("valid"))
                 .collect(),
             kubernetes: None,
+            runtime_sockets: Vec::new(),
         }
     }
 

@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use super::{MetadataConfig, PodIndex, ProcessMetadata, relabel::LabelSet, relabel::sanitize_name};
+use super::{
+    MetadataConfig, PodIndex, ProcessMetadata, relabel::LabelSet, relabel::sanitize_name,
+    runtime::RuntimeClient,
+};
 use crate::{host::Host, process::ProcessImage};
 
 /// What the providers are told about one process.
@@ -115,6 +118,31 @@ impl MetadataProvider for CgroupLabels {
         }
         if let Some(uid) = &cgroup.pod_uid {
             labels.set("__meta_kubernetes_pod_uid", uid);
+        }
+    }
+}
+
+/// A Docker or Podman container's name and labels, from the runtime's
+/// API socket.
+pub struct RuntimeLabels(RuntimeClient);
+
+impl RuntimeLabels {
+    pub fn new(client: RuntimeClient) -> Self {
+        Self(client)
+    }
+}
+
+impl MetadataProvider for RuntimeLabels {
+    fn discover(&self, process: &ProcessView<'_>, labels: &mut Discovered) {
+        let Some(container) = &process.metadata.cgroup.container else {
+            return;
+        };
+        let Some(found) = self.0.lookup(&container.id, container.runtime) else {
+            return;
+        };
+        labels.set("container", found.name.trim_start_matches('/'));
+        for (name, value) in found.meta_labels(&container.id) {
+            labels.set(&name, &value);
         }
     }
 }

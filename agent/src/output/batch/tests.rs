@@ -111,6 +111,7 @@ fn labeler(rules: &[RuleSpec]) -> Labeler {
                 .map(|spec| Rule::new(spec).expect("valid"))
                 .collect(),
             kubernetes: None,
+            runtime_sockets: Vec::new(),
         },
         &crate::host::Host::system(),
         None,
