@@ -6,6 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod bounds;
+mod destinations;
 mod file;
 mod labels;
 mod pyroscope;
@@ -244,6 +245,10 @@ pub struct AgentArgs {
     #[arg(skip)]
     pub relabel_rules: Vec<Rule>,
 
+    /// The config file's `destinations`, each read by the flags' parsers.
+    #[arg(skip)]
+    pub destinations: Vec<destinations::DestinationArgs>,
+
     #[command(flatten)]
     pub debuginfo: DebuginfoArgs,
 
@@ -407,11 +412,17 @@ impl TryFrom<&AgentArgs> for AgentConfig {
 /// The servers the flags name: a Parca server, a Pyroscope server, or both.
 fn destinations(args: &AgentArgs) -> Result<Vec<DestinationConfig>, ConfigError> {
     let mut destinations = Vec::new();
-    if let Some(parca) = args.remote_store.config()? {
-        destinations.push(DestinationConfig::Parca(parca));
+    if let Some(store) = args.remote_store.config()? {
+        destinations.push(DestinationConfig::Parca {
+            store,
+            name: "parca".into(),
+        });
     }
     if let Some(pyroscope) = args.pyroscope.config("pyroscope")? {
         destinations.push(DestinationConfig::Pyroscope(pyroscope));
+    }
+    for (index, entry) in args.destinations.iter().enumerate() {
+        destinations.push(entry.config(index)?);
     }
     Ok(destinations)
 }

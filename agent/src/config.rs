@@ -55,7 +55,11 @@ pub struct AgentConfig {
 /// One server profiles are pushed to.
 #[derive(Clone, Debug)]
 pub enum DestinationConfig {
-    Parca(RemoteStoreConfig),
+    Parca {
+        store: RemoteStoreConfig,
+        /// The `destination` label of its metrics.
+        name: String,
+    },
     Pyroscope(PyroscopeConfig),
 }
 
@@ -63,7 +67,7 @@ impl AgentConfig {
     /// The first Parca server, if any.
     pub fn remote_store(&self) -> Option<&RemoteStoreConfig> {
         self.destinations.iter().find_map(|d| match d {
-            DestinationConfig::Parca(parca) => Some(parca),
+            DestinationConfig::Parca { store, .. } => Some(store),
             DestinationConfig::Pyroscope(_) => None,
         })
     }

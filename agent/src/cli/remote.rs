@@ -109,6 +109,11 @@ pub enum ConfigError {
         "--collect-kernel-profile=false and --collect-user-profile=false leave nothing to sample"
     )]
     NoStacks,
+    #[error(
+        "destinations[{index}] must name one server: remote-store-address (Parca) or \
+         pyroscope-url (Pyroscope)"
+    )]
+    DestinationKind { index: usize },
     #[error("--{given} needs --{missing}")]
     Incomplete {
         given: &'static str,

@@ -173,8 +173,11 @@ fn remote_exporter(
 ) -> Result<(Box<dyn Exporter>, String)> {
     let transport = |tls: bool| if tls { "TLS" } else { "plaintext" };
     match destination {
-        DestinationConfig::Parca(remote) => {
-            let tally = Tally::new(stats.clone(), metrics.destination("parca"));
+        DestinationConfig::Parca {
+            store: remote,
+            name,
+        } => {
+            let tally = Tally::new(stats.clone(), metrics.destination(name));
             let exporter =
                 ParcaExporter::start(remote, &config.debuginfo, tally, metrics.push_duration())
                     .context("could not set up the remote store")?;
