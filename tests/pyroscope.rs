@@ -281,16 +281,23 @@ fn parca_and_pyroscope_get_the_same_samples_and_one_down_holds_back_nothing() {
     let silent_address = silent.local_addr().expect("bound").to_string();
     let since = SystemTime::now();
     let began = Instant::now();
+    // This time as the config file lists them, each with its name.
+    let config = dir.path().join("firn.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "destinations:\n\
+             - name: parca-silent\n  remote-store-address: {silent_address}\n  remote-store-insecure: true\n  remote-store-rpc-unary-timeout: 60s\n\
+             - name: pyroscope-main\n  pyroscope-url: {}\n",
+            pyroscope.url()
+        ),
+    )
+    .expect("config file");
     let stuck = Agent::start(
         &dir.path().join("stuck.log"),
         &[
-            "--remote-store-address",
-            &silent_address,
-            "--remote-store-insecure",
-            "--remote-store-rpc-unary-timeout",
-            "60s",
-            "--pyroscope-url",
-            &pyroscope.url(),
+            "--config-path",
+            config.to_str().expect("utf-8"),
             "--profiling-duration",
             "3s",
             "--pid",
@@ -314,9 +321,15 @@ fn parca_and_pyroscope_get_the_same_samples_and_one_down_holds_back_nothing() {
     let waited = began.elapsed();
     let address = stuck.http_address();
     let value = |name: &str| metric(address, name).unwrap_or(-1.0);
-    assert!(value("firn_destination_profiles_sent_total{destination=\"pyroscope\"}") > 0.0);
-    assert_eq!(value("firn_destination_profiles_sent_total{destination=\"parca\"}"), 0.0);
-    assert!(value("firn_destination_queue_profiles{destination=\"parca\"}") > 0.0, "Parca's profiles wait in its own queue");
+    assert!(value("firn_destination_profiles_sent_total{destination=\"pyroscope-main\"}") > 0.0);
+    assert_eq!(
+        value("firn_destination_profiles_sent_total{destination=\"parca-silent\"}"),
+        0.0
+    );
+    assert!(
+        value("firn_destination_queue_profiles{destination=\"parca-silent\"}") > 0.0,
+        "Parca's profiles wait in its own queue"
+    );
     assert!(
         waited < Duration::from_secs(45),
         "Pyroscope got its profiles in {waited:?} while every push to Parca hangs for 60 s"
