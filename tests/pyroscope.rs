@@ -21,7 +21,12 @@ use pyroscope_support::{AuthProxy, CPU_TYPE, PyroscopeServer, SAMPLES_TYPE};
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// Samples of the workload's whole chain Pyroscope holds for `tenant`.
-fn chain_samples(server: &PyroscopeServer, tenant: Option<&str>, pid: u32, since: SystemTime) -> (i64, Vec<(Vec<String>, i64)>) {
+fn chain_samples(
+    server: &PyroscopeServer,
+    tenant: Option<&str>,
+    pid: u32,
+    since: SystemTime,
+) -> (i64, Vec<(Vec<String>, i64)>) {
     let Ok(profile) = server.merged(
         tenant,
         SAMPLES_TYPE,
@@ -77,7 +82,14 @@ fn profiles_reach_a_real_pyroscope_server_with_the_chain_service_and_tenant() {
             std::thread::sleep(Duration::from_millis(500));
             held.borrow().0 >= 300
         },
-        || format!("{} samples held\n{}\n{}", held.borrow().0, agent.log(), server.log()),
+        || {
+            format!(
+                "{} samples held\n{}\n{}",
+                held.borrow().0,
+                agent.log(),
+                server.log()
+            )
+        },
     );
     let held = held.into_inner();
     let (share, total) = chain_share(&held.1, &CHAIN);
@@ -100,10 +112,20 @@ fn profiles_reach_a_real_pyroscope_server_with_the_chain_service_and_tenant() {
     assert_eq!(nodes, ["firn-e2e-node"]);
     // The CPU time type holds the same stacks, weighted by the period.
     let cpu = server
-        .merged(tenant, CPU_TYPE, &format!("{{service_name=\"chain\",pid=\"{pid}\"}}"), start - MINUTE, end)
+        .merged(
+            tenant,
+            CPU_TYPE,
+            &format!("{{service_name=\"chain\",pid=\"{pid}\"}}"),
+            start - MINUTE,
+            end,
+        )
         .expect("the cpu type answers");
     let cpu_stacks = all_stacks(&cpu);
-    assert!(chain_share(&cpu_stacks, &CHAIN).0 >= 0.9, "{}", describe(&cpu_stacks));
+    assert!(
+        chain_share(&cpu_stacks, &CHAIN).0 >= 0.9,
+        "{}",
+        describe(&cpu_stacks)
+    );
     // Another tenant sees none of it.
     let others = server.label_values(Some("someone-else"), "service_name", start - MINUTE, end);
     assert!(others.is_empty(), "tenants are apart: {others:?}");
@@ -128,7 +150,12 @@ fn credentials_and_the_tenant_are_checked_and_never_logged() {
     let start = SystemTime::now();
     let password_file = dir.path().join("password");
     std::fs::write(&password_file, "right-horse-battery\n").expect("password file");
-    let common = ["--profiling-duration", "3s", "--pid", &workload.pid().to_string()];
+    let common = [
+        "--profiling-duration",
+        "3s",
+        "--pid",
+        &workload.pid().to_string(),
+    ];
     let right = Agent::start(
         &dir.path().join("right.log"),
         &[
@@ -146,7 +173,11 @@ fn credentials_and_the_tenant_are_checked_and_never_logged() {
     );
     let wrong = Agent::start(
         &dir.path().join("wrong.log"),
-        &[&["--pyroscope-url", &url, "--pyroscope-tenant-id", "team-a"][..], &common].concat(),
+        &[
+            &["--pyroscope-url", &url, "--pyroscope-tenant-id", "team-a"][..],
+            &common,
+        ]
+        .concat(),
         &[
             ("PYROSCOPE_BASIC_AUTH_USERNAME", "stack-123"),
             ("PYROSCOPE_BASIC_AUTH_PASSWORD", "wrong-horse-staple"),
@@ -154,7 +185,14 @@ fn credentials_and_the_tenant_are_checked_and_never_logged() {
     );
     let no_tenant = Agent::start(
         &dir.path().join("no-tenant.log"),
-        &["--pyroscope-url", &server.url(), "--profiling-duration", "3s", "--pid", &workload.pid().to_string()],
+        &[
+            "--pyroscope-url",
+            &server.url(),
+            "--profiling-duration",
+            "3s",
+            "--pid",
+            &workload.pid().to_string(),
+        ],
         &[],
     );
     let held = Cell::new(0);
@@ -177,23 +215,44 @@ fn credentials_and_the_tenant_are_checked_and_never_logged() {
         )
         .unwrap_or(0.0)
     };
-    wrong.wait_until("the wrong password refused", Duration::from_secs(60), || rejected(&wrong) > 0.0);
-    no_tenant.wait_until("a push without a tenant refused", Duration::from_secs(60), || rejected(&no_tenant) > 0.0);
-    assert_eq!(rejected(&right), 0.0, "the right credentials are never refused");
+    wrong.wait_until(
+        "the wrong password refused",
+        Duration::from_secs(60),
+        || rejected(&wrong) > 0.0,
+    );
+    no_tenant.wait_until(
+        "a push without a tenant refused",
+        Duration::from_secs(60),
+        || rejected(&no_tenant) > 0.0,
+    );
+    assert_eq!(
+        rejected(&right),
+        0.0,
+        "the right credentials are never refused"
+    );
     assert!(proxy.refused.load(std::sync::atomic::Ordering::Relaxed) > 0);
     let wrong_log = wrong.stop().log;
     let refusal = wrong_log
         .lines()
         .find(|line| line.contains("the server rejected the profiles"))
         .unwrap_or_else(|| panic!("a refusal line:\n{wrong_log}"));
-    assert!(refusal.contains("Unauthenticated") && refusal.contains("HTTP 401"), "{refusal}");
-    assert!(refusal.contains("--pyroscope-basic-auth-username"), "the line names the flags: {refusal}");
+    assert!(
+        refusal.contains("Unauthenticated") && refusal.contains("HTTP 401"),
+        "{refusal}"
+    );
+    assert!(
+        refusal.contains("--pyroscope-basic-auth-username"),
+        "the line names the flags: {refusal}"
+    );
     let no_tenant_log = no_tenant.stop().log;
     let refusal = no_tenant_log
         .lines()
         .find(|line| line.contains("the server rejected the profiles"))
         .unwrap_or_else(|| panic!("a refusal line:\n{no_tenant_log}"));
-    assert!(refusal.contains("Unauthenticated") && refusal.contains("--pyroscope-tenant-id"), "{refusal}");
+    assert!(
+        refusal.contains("Unauthenticated") && refusal.contains("--pyroscope-tenant-id"),
+        "{refusal}"
+    );
     let right_log = right.stop().log;
     for (log, secret) in [
         (&wrong_log, "wrong-horse-staple"),
@@ -201,8 +260,12 @@ fn credentials_and_the_tenant_are_checked_and_never_logged() {
     ] {
         assert!(!log.contains(secret), "a password in the log:\n{log}");
         use base64::Engine as _;
-        let encoded = base64::engine::general_purpose::STANDARD.encode(format!("stack-123:{secret}"));
-        assert!(!log.contains(&encoded), "the encoded credentials in the log:\n{log}");
+        let encoded =
+            base64::engine::general_purpose::STANDARD.encode(format!("stack-123:{secret}"));
+        assert!(
+            !log.contains(&encoded),
+            "the encoded credentials in the log:\n{log}"
+        );
     }
 }
 
@@ -240,16 +303,33 @@ fn parca_and_pyroscope_get_the_same_samples_and_one_down_holds_back_nothing() {
         || {
             both.assert_running();
             in_pyroscope.set(chain_samples(&pyroscope, None, pid, start).0);
-            in_parca.set(query
-                .try_merged(&format!("{{pid=\"{pid}\"}}"), start - MINUTE, SystemTime::now() + MINUTE)
-                .map_or(0, |profile| {
-                    let stacks = all_stacks(&profile);
-                    stacks.iter().filter(|(n, _)| holds_chain(n, &CHAIN)).map(|(_, c)| c).sum()
-                }));
+            in_parca.set(
+                query
+                    .try_merged(
+                        &format!("{{pid=\"{pid}\"}}"),
+                        start - MINUTE,
+                        SystemTime::now() + MINUTE,
+                    )
+                    .map_or(0, |profile| {
+                        let stacks = all_stacks(&profile);
+                        stacks
+                            .iter()
+                            .filter(|(n, _)| holds_chain(n, &CHAIN))
+                            .map(|(_, c)| c)
+                            .sum()
+                    }),
+            );
             std::thread::sleep(Duration::from_millis(500));
             in_parca.get() >= 200 && in_pyroscope.get() >= 200
         },
-        || format!("parca {}, pyroscope {}\n{}", in_parca.get(), in_pyroscope.get(), both.log()),
+        || {
+            format!(
+                "parca {}, pyroscope {}\n{}",
+                in_parca.get(),
+                in_pyroscope.get(),
+                both.log()
+            )
+        },
     );
     let stopped = both.stop();
     assert!(stopped.status.success(), "{}", stopped.log);
@@ -263,7 +343,9 @@ fn parca_and_pyroscope_get_the_same_samples_and_one_down_holds_back_nothing() {
             let end = SystemTime::now() + MINUTE;
             let parca_total = query
                 .try_merged(&format!("{{pid=\"{pid}\"}}"), start - MINUTE, end)
-                .map_or(0, |profile| all_stacks(&profile).iter().map(|(_, c)| c).sum());
+                .map_or(0, |profile| {
+                    all_stacks(&profile).iter().map(|(_, c)| c).sum()
+                });
             let pyroscope_total = chain_samples(&pyroscope, None, pid, start)
                 .1
                 .iter()

@@ -175,7 +175,12 @@ fn a_real_docker_container_is_named_with_its_labels() {
     // A root file system of one static binary: no image registry needed.
     let rootfs = dir.path().join("rootfs");
     std::fs::create_dir_all(&rootfs).expect("rootfs");
-    build_c(&rootfs, "chain.c", "chain", &["-static", "-O1", "-fno-omit-frame-pointer"]);
+    build_c(
+        &rootfs,
+        "chain.c",
+        "chain",
+        &["-static", "-O1", "-fno-omit-frame-pointer"],
+    );
     let tarball = dir.path().join("rootfs.tar");
     let status = Command::new("tar")
         .arg("-C")
@@ -327,9 +332,8 @@ fn docker_containers_get_their_name_and_labels_from_the_runtime_socket() {
             &sockets,
         ],
     );
-    let get = |labels: &std::collections::BTreeMap<String, String>, name: &str| {
-        labels.get(name).cloned()
-    };
+    let get =
+        |labels: &std::collections::BTreeMap<String, String>, name: &str| labels.get(name).cloned();
     for (name, value) in [
         ("container", "shop-web"),
         ("container_id", id.as_str()),

@@ -33,37 +33,54 @@ fn kernel_only_and_user_only_recordings_hold_only_those_frames() {
 
     let (_, kernel_only) = record(
         dir.path(),
-        &[&["--duration", "3s", "--collect-user-profile=false"][..], &pids].concat(),
+        &[
+            &["--duration", "3s", "--collect-user-profile=false"][..],
+            &pids,
+        ]
+        .concat(),
     );
     let kinds = frame_kinds(&kernel_only);
     let total: i64 = kinds.iter().map(|k| k.2).sum();
-    assert!(total >= 50, "dd spends its time in the kernel: {total} samples");
     assert!(
-        kinds.iter().all(|&(kernel, user, _)| kernel > 0 && user == 0),
+        total >= 50,
+        "dd spends its time in the kernel: {total} samples"
+    );
+    assert!(
+        kinds
+            .iter()
+            .all(|&(kernel, user, _)| kernel > 0 && user == 0),
         "kernel frames only: {kinds:?}"
     );
     let dd_stacks = stacks_of(&kernel_only, dd.pid());
     assert!(
-        dd_stacks
+        dd_stacks.iter().any(|(names, _)| names
             .iter()
-            .any(|(names, _)| names.iter().any(|n| n.starts_with("ksys_read") || n == "vfs_read")),
+            .any(|n| n.starts_with("ksys_read") || n == "vfs_read")),
         "dd's read path: {}",
         describe(&dd_stacks)
     );
     let chain_stacks = stacks_of(&kernel_only, chain.pid());
     assert!(
-        chain_stacks.iter().all(|(names, _)| !names.iter().any(|n| CHAIN.contains(&n.as_str()))),
+        chain_stacks
+            .iter()
+            .all(|(names, _)| !names.iter().any(|n| CHAIN.contains(&n.as_str()))),
         "no user frames of the chain: {}",
         describe(&chain_stacks)
     );
 
     let (_, user_only) = record(
         dir.path(),
-        &[&["--duration", "3s", "--collect-kernel-profile=false"][..], &pids].concat(),
+        &[
+            &["--duration", "3s", "--collect-kernel-profile=false"][..],
+            &pids,
+        ]
+        .concat(),
     );
     let kinds = frame_kinds(&user_only);
     assert!(
-        kinds.iter().all(|&(kernel, user, _)| kernel == 0 && user > 0),
+        kinds
+            .iter()
+            .all(|&(kernel, user, _)| kernel == 0 && user > 0),
         "user frames only: {kinds:?}"
     );
     let chain_stacks = stacks_of(&user_only, chain.pid());
@@ -81,7 +98,10 @@ fn kernel_only_and_user_only_recordings_hold_only_those_frames() {
     // Both off leaves nothing to sample: refused before anything loads.
     let output = firn()
         .args(["record", "--duration", "1s"])
-        .args(["--collect-user-profile=false", "--collect-kernel-profile=false"])
+        .args([
+            "--collect-user-profile=false",
+            "--collect-kernel-profile=false",
+        ])
         .output()
         .expect("firn runs");
     assert!(!output.status.success());

@@ -64,18 +64,17 @@ impl PyroscopeServer {
             // (the host's), so the listeners keep their default address.
             .arg(format!("-memberlist.bind-port={}", free_port()))
             .arg("-storage.backend=filesystem")
-            .arg(format!("-storage.filesystem.dir={}", dir.join("data").display()))
+            .arg(format!(
+                "-storage.filesystem.dir={}",
+                dir.join("data").display()
+            ))
             .arg("-self-profiling.disable-push=true")
             .arg(format!("-auth.multitenancy-enabled={multitenancy}"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("pyroscope log"))
             .spawn()
             .expect("the Pyroscope server starts");
-        let mut server = Self {
-            child,
-            port,
-            log,
-        };
+        let mut server = Self { child, port, log };
         server.wait_until_ready();
         server
     }
@@ -102,20 +101,37 @@ impl PyroscopeServer {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    fn call(&self, tenant: Option<&str>, method: &str, json: &serde_json::Value) -> serde_json::Value {
+    fn call(
+        &self,
+        tenant: Option<&str>,
+        method: &str,
+        json: &serde_json::Value,
+    ) -> serde_json::Value {
         let mut headers = vec![("content-type", "application/json")];
         if let Some(tenant) = tenant {
             headers.push(("x-scope-orgid", tenant));
         }
         let path = format!("/querier.v1.QuerierService/{method}");
-        let (status, body) = http(self.port, "POST", &path, &headers, json.to_string().as_bytes())
-            .unwrap_or_else(|error| panic!("{method}: {error}"));
+        let (status, body) = http(
+            self.port,
+            "POST",
+            &path,
+            &headers,
+            json.to_string().as_bytes(),
+        )
+        .unwrap_or_else(|error| panic!("{method}: {error}"));
         assert_eq!(status, 200, "{method}: {}", String::from_utf8_lossy(&body));
         serde_json::from_slice(&body).expect("JSON answer")
     }
 
     /// Values of `label` over the window, for `tenant`.
-    pub fn label_values(&self, tenant: Option<&str>, label: &str, start: SystemTime, end: SystemTime) -> Vec<String> {
+    pub fn label_values(
+        &self,
+        tenant: Option<&str>,
+        label: &str,
+        start: SystemTime,
+        end: SystemTime,
+    ) -> Vec<String> {
         let answer = self.call(
             tenant,
             "LabelValues",
@@ -124,7 +140,12 @@ impl PyroscopeServer {
         strings(&answer["names"])
     }
 
-    pub fn profile_types(&self, tenant: Option<&str>, start: SystemTime, end: SystemTime) -> Vec<String> {
+    pub fn profile_types(
+        &self,
+        tenant: Option<&str>,
+        start: SystemTime,
+        end: SystemTime,
+    ) -> Vec<String> {
         let answer = self.call(
             tenant,
             "ProfileTypes",
@@ -143,7 +164,14 @@ impl PyroscopeServer {
 
     /// The merged profile of `selector` (`{pid="42"}`), as pprof
     /// (Pyroscope's `google.v1.Profile` is pprof's message).
-    pub fn merged(&self, tenant: Option<&str>, profile_type: &str, selector: &str, start: SystemTime, end: SystemTime) -> Result<Profile, String> {
+    pub fn merged(
+        &self,
+        tenant: Option<&str>,
+        profile_type: &str,
+        selector: &str,
+        start: SystemTime,
+        end: SystemTime,
+    ) -> Result<Profile, String> {
         let request = SelectMergeProfileRequest {
             profile_type_id: profile_type.to_owned(),
             label_selector: selector.to_owned(),
@@ -208,7 +236,13 @@ fn strings(value: &serde_json::Value) -> Vec<String> {
 
 /// One HTTP/1.1 request on its own connection: the status and the body
 /// (chunked answers joined).
-pub fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+pub fn http(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<(u16, Vec<u8>)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut head = format!(
@@ -244,7 +278,11 @@ fn unchunk(mut data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     while let Some(end) = data.windows(2).position(|w| w == b"\r\n") {
         let size = usize::from_str_radix(
-            String::from_utf8_lossy(&data[..end]).split(';').next().unwrap_or("0").trim(),
+            String::from_utf8_lossy(&data[..end])
+                .split(';')
+                .next()
+                .unwrap_or("0")
+                .trim(),
             16,
         )
         .unwrap_or(0);
@@ -318,7 +356,13 @@ impl Drop for AuthProxy {
 /// body by Content-Length, and only a request with the right credentials
 /// goes upstream (one upstream connection per request, `Connection:
 /// close` there, so the answers stay in step).
-fn serve(mut client: TcpStream, upstream: u16, expected: &str, refused: &AtomicU64, passed: &AtomicU64) {
+fn serve(
+    mut client: TcpStream,
+    upstream: u16,
+    expected: &str,
+    refused: &AtomicU64,
+    passed: &AtomicU64,
+) {
     let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
     let mut buffer = Vec::new();
     loop {
@@ -351,7 +395,10 @@ fn serve(mut client: TcpStream, upstream: u16, expected: &str, refused: &AtomicU
         if client.write_all(&answer).is_err() {
             return;
         }
-        if !String::from_utf8_lossy(&answer).to_lowercase().contains("content-length:") {
+        if !String::from_utf8_lossy(&answer)
+            .to_lowercase()
+            .contains("content-length:")
+        {
             let _ = client.shutdown(Shutdown::Both);
             return;
         }

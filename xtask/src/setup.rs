@@ -428,13 +428,16 @@ fn pyroscope_source(root: &Path) -> Result<PathBuf> {
             .take(3)
             .map(|dir| dir.join("shared/anchors").join(&name)),
     );
-    candidates.into_iter().find(|path| path.is_file()).with_context(|| {
-        format!(
-            "the Pyroscope server's source {name} was not found (set FIRN_PYROSCOPE_SRC to \
+    candidates
+        .into_iter()
+        .find(|path| path.is_file())
+        .with_context(|| {
+            format!(
+                "the Pyroscope server's source {name} was not found (set FIRN_PYROSCOPE_SRC to \
              the tarball of github.com/grafana/pyroscope at {PYROSCOPE_VERSION}: its Go \
              parts, go.mod at the top)"
-        )
-    })
+            )
+        })
 }
 
 /// Builds the Pyroscope server from its source (about 2 minutes on two

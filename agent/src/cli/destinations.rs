@@ -8,10 +8,7 @@ use std::path::Path;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use super::{
-    PyroscopeArgs, RemoteStoreArgs,
-    remote::ConfigError,
-};
+use super::{PyroscopeArgs, RemoteStoreArgs, remote::ConfigError};
 use crate::{
     config::DestinationConfig,
     config_file::{ConfigFileError, SettingValue},

@@ -54,7 +54,11 @@ pub struct PyroscopeArgs {
     pub pyroscope_bearer_token: Option<String>,
 
     /// A file holding the bearer token.
-    #[arg(long, value_name = "FILE", conflicts_with = "pyroscope_basic_auth_username")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "pyroscope_basic_auth_username"
+    )]
     pub pyroscope_bearer_token_file: Option<PathBuf>,
 
     /// The tenant, sent as `X-Scope-OrgID` (Pyroscope with multitenancy on).
@@ -116,8 +120,10 @@ impl PyroscopeArgs {
                 });
             }
         };
-        let bearer_token = match (&self.pyroscope_bearer_token, &self.pyroscope_bearer_token_file)
-        {
+        let bearer_token = match (
+            &self.pyroscope_bearer_token,
+            &self.pyroscope_bearer_token_file,
+        ) {
             (Some(token), _) => Some(Secret::new(token.trim().to_owned())),
             (None, Some(path)) => Some(read_token(path)?),
             (None, None) => None,

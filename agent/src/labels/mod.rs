@@ -263,7 +263,11 @@ mod tests {
         let labels = Labeler::new(&metadata(&[rename]), &Host::system(), None)
             .labels(&image, &process)
             .expect("kept");
-        assert_eq!(get(&labels, "service_name"), Some("server"), "relabeling wins");
+        assert_eq!(
+            get(&labels, "service_name"),
+            Some("server"),
+            "relabeling wins"
+        );
     }
 
     #[test]

@@ -222,7 +222,8 @@ impl MetadataProvider for ServiceName {
 }
 
 fn infer_service_name(labels: &Discovered) -> String {
-    if let Some(annotated) = labels.get("__meta_kubernetes_pod_annotation_pyroscope_io_service_name")
+    if let Some(annotated) =
+        labels.get("__meta_kubernetes_pod_annotation_pyroscope_io_service_name")
     {
         return annotated.to_owned();
     }

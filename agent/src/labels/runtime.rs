@@ -45,7 +45,10 @@ impl RuntimeContainer {
         let mut labels = vec![
             ("__meta_docker_container_id".to_owned(), id.to_owned()),
             ("__meta_docker_container_name".to_owned(), self.name.clone()),
-            ("__meta_docker_container_image".to_owned(), self.image.clone()),
+            (
+                "__meta_docker_container_image".to_owned(),
+                self.image.clone(),
+            ),
         ];
         for (name, value) in &self.labels {
             labels.push((

@@ -40,7 +40,10 @@ impl DestinationStats {
         [
             ("destination_profiles_sent", read(&self.profiles_sent)),
             ("destination_profiles_dropped", read(&self.profiles_dropped)),
-            ("destination_profiles_rejected", read(&self.profiles_rejected)),
+            (
+                "destination_profiles_rejected",
+                read(&self.profiles_rejected),
+            ),
             ("destination_push_failures", read(&self.push_failures)),
             ("destination_push_retries", read(&self.push_retries)),
             ("destination_queue_bytes", read(&self.queue_bytes)),

@@ -246,8 +246,7 @@ impl<P: Pusher> Delivery<P> {
             self.tally.dropped(profiles as u64);
             warn!(
                 destination = self.tally.name(),
-                profiles,
-                "profiles dropped: the destination's queue is full"
+                profiles, "profiles dropped: the destination's queue is full"
             );
         }
         Some(wait)
@@ -263,7 +262,8 @@ impl<P: Pusher> Delivery<P> {
             warn!(
                 destination = self.tally.name(),
                 server = self.address,
-                profiles, "profiles not sent before the shutdown deadline"
+                profiles,
+                "profiles not sent before the shutdown deadline"
             );
         }
     }

@@ -2,9 +2,9 @@
 //! request does not fit, the oldest waiting ones are dropped (and counted),
 //! so a server that is down costs memory up to the bound and no more.
 
-use std::{collections::VecDeque, sync::Mutex};
 #[cfg(test)]
 use std::sync::Arc;
+use std::{collections::VecDeque, sync::Mutex};
 
 use tokio::sync::Notify;
 

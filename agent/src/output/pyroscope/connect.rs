@@ -96,11 +96,10 @@ impl Target {
 fn headers(config: &PyroscopeConfig) -> Result<HeaderMap, PyroscopeError> {
     let mut map = HeaderMap::new();
     let mut insert = |name: &str, value: &str, sensitive: bool| {
-        let header_name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-            PyroscopeError::Header {
+        let header_name =
+            HeaderName::from_bytes(name.as_bytes()).map_err(|_| PyroscopeError::Header {
                 key: name.to_owned(),
-            }
-        })?;
+            })?;
         let mut value = HeaderValue::from_str(value).map_err(|_| PyroscopeError::Header {
             key: name.to_owned(),
         })?;

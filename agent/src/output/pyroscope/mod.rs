@@ -143,7 +143,9 @@ fn series_labels(profile_labels: Vec<(String, String)>) -> Vec<LabelPair> {
         value: value.to_owned(),
     };
     let mut labels = vec![pair("__name__", PROFILE_NAME), pair("__delta__", "false")];
-    let has_service = profile_labels.iter().any(|(name, _)| name == "service_name");
+    let has_service = profile_labels
+        .iter()
+        .any(|(name, _)| name == "service_name");
     labels.extend(
         profile_labels
             .into_iter()
