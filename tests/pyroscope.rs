@@ -49,6 +49,10 @@ fn chain_samples(
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one story: workload, agent, server, then the chain, types, services and tenants Pyroscope answers with"
+)]
 fn profiles_reach_a_real_pyroscope_server_with_the_chain_service_and_tenant() {
     require_root();
     let _serial = serial();
@@ -139,6 +143,10 @@ fn profiles_reach_a_real_pyroscope_server_with_the_chain_service_and_tenant() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "three agents against one server and proxy: right credentials, wrong ones, no tenant, then their logs"
+)]
 fn credentials_and_the_tenant_are_checked_and_never_logged() {
     require_root();
     let _serial = serial();
@@ -270,7 +278,11 @@ fn credentials_and_the_tenant_are_checked_and_never_logged() {
 }
 
 #[test]
-fn parca_and_pyroscope_get_the_same_samples_and_one_down_holds_back_nothing() {
+#[expect(
+    clippy::too_many_lines,
+    reason = "one agent, two real servers, then the same samples read back from each"
+)]
+fn parca_and_pyroscope_get_the_same_samples() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -357,8 +369,17 @@ fn parca_and_pyroscope_get_the_same_samples_and_one_down_holds_back_nothing() {
         },
         || format!("parca {:?} vs pyroscope\n{}", totals.get(), stopped.log),
     );
+}
 
-    // Parca now answers nothing: a listener that accepts and never replies.
+#[test]
+fn a_destination_that_hangs_holds_back_no_other() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pyroscope = PyroscopeServer::start(&dir.path().join("pyroscope"), false);
+    let workload = start_chain(dir.path(), &FP_FLAGS);
+    let pid = workload.pid();
+    // Parca answers nothing: a listener that accepts and never replies.
     let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("silent port");
     let silent_address = silent.local_addr().expect("bound").to_string();
     let since = SystemTime::now();
