@@ -109,14 +109,14 @@ impl PyroscopeArgs {
             (None, None) => None,
             (Some(_), None) => {
                 return Err(ConfigError::Incomplete {
-                    given: "pyroscope-basic-auth-username",
-                    missing: "pyroscope-basic-auth-password or --pyroscope-basic-auth-password-file",
+                    given: "--pyroscope-basic-auth-username",
+                    missing: "--pyroscope-basic-auth-password or --pyroscope-basic-auth-password-file",
                 });
             }
             (None, Some(_)) => {
                 return Err(ConfigError::Incomplete {
-                    given: "pyroscope-basic-auth-password",
-                    missing: "pyroscope-basic-auth-username",
+                    given: "a basic auth password",
+                    missing: "--pyroscope-basic-auth-username",
                 });
             }
         };
@@ -131,7 +131,7 @@ impl PyroscopeArgs {
         let tls = if url.starts_with("http://") {
             if self.pyroscope_ca_file.is_some() || self.pyroscope_insecure_skip_verify {
                 return Err(ConfigError::Incomplete {
-                    given: "pyroscope-ca-file or --pyroscope-insecure-skip-verify",
+                    given: "--pyroscope-ca-file or --pyroscope-insecure-skip-verify",
                     missing: "an https:// --pyroscope-url",
                 });
             }

@@ -114,7 +114,7 @@ pub enum ConfigError {
          pyroscope-url (Pyroscope)"
     )]
     DestinationKind { index: usize },
-    #[error("--{given} needs --{missing}")]
+    #[error("{given} needs {missing}")]
     Incomplete {
         given: &'static str,
         missing: &'static str,

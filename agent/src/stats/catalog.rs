@@ -443,8 +443,8 @@ declare_metrics! {
     }
     profiles_written: Counter,
         "Profiles written: a file per interval in the local store, or a profile per \
-        series queued for the remote store. For the remote store written = sent + \
-        dropped (reasons queue and rejected) + queue_profiles, all in profiles."
+        series queued for each remote destination. For remote destinations written = \
+        sent + dropped (reasons queue and rejected) + queue_profiles, all in profiles."
     {
         stats: [
             /// Profiles written locally (one file per interval) or queued for the

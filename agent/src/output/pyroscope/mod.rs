@@ -41,8 +41,8 @@ pub mod proto {
 pub const PROFILE_NAME: &str = "process_cpu";
 /// What a series without one is called, as Grafana's agents call it.
 pub const UNKNOWN_SERVICE: &str = "unspecified";
-/// Requests are cut below this size (Pyroscope's default limit on a
-/// request is 4 MiB of compressed profiles per series and more in all).
+/// Requests are cut below this size: well within what servers and the
+/// proxies before them take in one request, and a retry resends less.
 const MAX_REQUEST_BYTES: usize = 4 << 20;
 
 #[derive(Debug, thiserror::Error)]
