@@ -76,3 +76,89 @@ impl Exporter for FanOut {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        sync::{Arc, Mutex},
+        time::SystemTime,
+    };
+
+    use super::*;
+    use crate::output::SeriesProfile;
+
+    /// Records what it is given; fails every export when `fail`.
+    struct Recorder {
+        name: &'static str,
+        fail: bool,
+        seen: Arc<Mutex<Vec<(&'static str, usize)>>>,
+    }
+
+    impl Exporter for Recorder {
+        fn grouping(&self) -> Grouping {
+            Grouping::PerProcess
+        }
+
+        fn export(&mut self, batch: ProfileBatch) -> Result<ExportReceipt, OutputError> {
+            if self.fail {
+                return Err(OutputError::FlameGraph {
+                    source: std::io::Error::other("down"),
+                });
+            }
+            self.seen
+                .lock()
+                .expect("lock")
+                .push((self.name, batch.profiles.len()));
+            Ok(ExportReceipt {
+                action: "profiles queued",
+                destination: self.name.to_owned(),
+                bytes: 10,
+            })
+        }
+
+        fn finish(self: Box<Self>, _: Instant) {}
+    }
+
+    fn batch() -> ProfileBatch {
+        ProfileBatch {
+            start: SystemTime::now(),
+            profiles: vec![
+                SeriesProfile {
+                    labels: Vec::new(),
+                    gzipped: vec![1],
+                    samples: 1,
+                };
+                3
+            ],
+            debuginfo_candidates: Vec::new(),
+            unsymbolized_objects: 0,
+        }
+    }
+
+    #[test]
+    fn every_destination_gets_the_batch_and_one_failing_stops_no_other() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorder = |name, fail| -> Box<dyn Exporter> {
+            Box::new(Recorder {
+                name,
+                fail,
+                seen: seen.clone(),
+            })
+        };
+        let mut fan = FanOut::new(vec![
+            recorder("parca", false),
+            recorder("broken", true),
+            recorder("pyroscope", false),
+        ]);
+        let receipt = fan.export(batch()).expect("two took it");
+        assert_eq!(receipt.destination, "parca, pyroscope");
+        assert_eq!(receipt.bytes, 20);
+        assert_eq!(
+            *seen.lock().expect("lock"),
+            [("parca", 3), ("pyroscope", 3)]
+        );
+        let mut none = FanOut::new(vec![recorder("a", true), recorder("b", true)]);
+        assert!(none.export(batch()).is_err(), "reached no destination");
+        Box::new(fan).finish(Instant::now());
+    }
+}
