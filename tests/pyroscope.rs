@@ -16,6 +16,7 @@ use std::{
 use agent_pprof::Reader;
 use common::*;
 use parca_support::harness::{ParcaServer, all_stacks};
+use parca_support::tls_server::Authority;
 use pyroscope_support::{AuthProxy, CPU_TYPE, PyroscopeServer, SAMPLES_TYPE};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -152,7 +153,7 @@ fn credentials_and_the_tenant_are_checked_and_never_logged() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let server = PyroscopeServer::start(&dir.path().join("pyroscope"), true);
-    let proxy = AuthProxy::start(server.port, "stack-123", "right-horse-battery");
+    let proxy = AuthProxy::start(server.port, "stack-123", "right-horse-battery", None);
     let url = format!("http://127.0.0.1:{}", proxy.port);
     let workload = start_chain(dir.path(), &FP_FLAGS);
     let start = SystemTime::now();
@@ -440,4 +441,78 @@ fn a_destination_that_hangs_holds_back_no_other() {
     drop(silent);
     let stopped = stuck.stop();
     assert!(stopped.status.success(), "{}", stopped.log);
+}
+
+#[test]
+fn https_is_the_default_and_the_server_certificate_is_checked() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let server = PyroscopeServer::start(&dir.path().join("pyroscope"), false);
+    let authority = Authority::new(dir.path(), "gateway-ca");
+    let proxy = AuthProxy::start(
+        server.port,
+        "stack-9",
+        "tls-secret",
+        Some(std::sync::Arc::new(authority.https_config())),
+    );
+    // No scheme: https:// is assumed.
+    let address = format!("127.0.0.1:{}", proxy.port);
+    let workload = start_chain(dir.path(), &FP_FLAGS);
+    let pid = workload.pid().to_string();
+    let start = SystemTime::now();
+    let common = [
+        "--pyroscope-url",
+        &address,
+        "--pyroscope-basic-auth-username",
+        "stack-9",
+        "--profiling-duration",
+        "3s",
+        "--pid",
+        &pid,
+    ];
+    let password = [("PYROSCOPE_BASIC_AUTH_PASSWORD", "tls-secret")];
+    let trusted = Agent::start(
+        &dir.path().join("trusted.log"),
+        &[
+            &common[..],
+            &[
+                "--pyroscope-ca-file",
+                authority.pem_path.to_str().expect("utf-8"),
+            ],
+        ]
+        .concat(),
+        &password,
+    );
+    let untrusted = Agent::start(&dir.path().join("untrusted.log"), &common, &password);
+    let held = Cell::new(0);
+    wait_for(
+        "the chain over TLS",
+        Duration::from_secs(120),
+        || {
+            trusted.assert_running();
+            held.set(chain_samples(&server, None, workload.pid(), start).0);
+            std::thread::sleep(Duration::from_millis(500));
+            held.get() >= 100
+        },
+        || format!("{} samples\n{}", held.get(), trusted.log()),
+    );
+    let failures = |agent: &Agent, name: &str| {
+        metric(
+            agent.http_address(),
+            &format!("firn_destination_{name}{{destination=\"pyroscope\"}}"),
+        )
+        .unwrap_or(-1.0)
+    };
+    untrusted.wait_until("a refused certificate", MINUTE, || {
+        failures(&untrusted, "push_failures_total") > 0.0
+    });
+    assert_eq!(failures(&untrusted, "profiles_sent_total"), 0.0);
+    let log = untrusted.stop().log;
+    assert!(
+        log.contains("could not push profiles") && log.contains("UnknownIssuer"),
+        "the log names the certificate problem:\n{log}"
+    );
+    let log = trusted.stop().log;
+    assert!(!log.contains("tls-secret"), "{log}");
 }

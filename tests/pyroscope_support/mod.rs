@@ -5,7 +5,7 @@
 
 use std::{
     io::{Read, Write},
-    net::{Shutdown, TcpListener, TcpStream},
+    net::{TcpListener, TcpStream},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
@@ -307,7 +307,13 @@ pub struct AuthProxy {
 }
 
 impl AuthProxy {
-    pub fn start(upstream: u16, user: &str, password: &str) -> Self {
+    /// Plain HTTP, or HTTPS with `tls`.
+    pub fn start(
+        upstream: u16,
+        user: &str,
+        password: &str,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Self {
         use base64::Engine as _;
         let listener = TcpListener::bind("127.0.0.1:0").expect("proxy port");
         listener.set_nonblocking(true).expect("nonblocking");
@@ -324,16 +330,25 @@ impl AuthProxy {
             let (stop, refused, passed) = (stop.clone(), refused.clone(), passed.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    match listener.accept() {
-                        Ok((client, _)) => {
-                            let expected = expected.clone();
-                            let (refused, passed) = (refused.clone(), passed.clone());
-                            std::thread::spawn(move || {
-                                serve(client, upstream, &expected, &refused, &passed);
-                            });
+                    let Ok((client, _)) = listener.accept() else {
+                        std::thread::sleep(Duration::from_millis(20));
+                        continue;
+                    };
+                    let _ = client.set_nonblocking(false);
+                    let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
+                    let expected = expected.clone();
+                    let (refused, passed) = (refused.clone(), passed.clone());
+                    let tls = tls.clone();
+                    std::thread::spawn(move || match tls {
+                        Some(config) => {
+                            let Ok(connection) = rustls::ServerConnection::new(config) else {
+                                return;
+                            };
+                            let stream = rustls::StreamOwned::new(connection, client);
+                            serve(stream, upstream, &expected, &refused, &passed);
                         }
-                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                    }
+                        None => serve(client, upstream, &expected, &refused, &passed),
+                    });
                 }
             });
         }
@@ -357,13 +372,12 @@ impl Drop for AuthProxy {
 /// goes upstream (one upstream connection per request, `Connection:
 /// close` there, so the answers stay in step).
 fn serve(
-    mut client: TcpStream,
+    mut client: impl Read + Write,
     upstream: u16,
     expected: &str,
     refused: &AtomicU64,
     passed: &AtomicU64,
 ) {
-    let _ = client.set_read_timeout(Some(Duration::from_secs(30)));
     let mut buffer = Vec::new();
     loop {
         let Some((head, body)) = read_request(&mut client, &mut buffer) else {
@@ -375,6 +389,7 @@ fn serve(
             let _ = client.write_all(
                 b"HTTP/1.1 401 Unauthorized\r\nContent-Type: text/plain\r\nContent-Length: 13\r\n\r\nUnauthorized\n",
             );
+            let _ = client.flush();
             continue;
         }
         passed.fetch_add(1, Ordering::Relaxed);
@@ -390,22 +405,21 @@ fn serve(
         let _ = server.write_all(&body);
         let mut answer = Vec::new();
         let _ = server.read_to_end(&mut answer);
-        // The client keeps its connection: the answer is re-framed only
-        // in that upstream closed it, which Content-Length already covers.
-        if client.write_all(&answer).is_err() {
+        // The client keeps its connection when the answer has a length;
+        // without one, its end is the end of the connection.
+        if client.write_all(&answer).is_err() || client.flush().is_err() {
             return;
         }
         if !String::from_utf8_lossy(&answer)
             .to_lowercase()
             .contains("content-length:")
         {
-            let _ = client.shutdown(Shutdown::Both);
             return;
         }
     }
 }
 
-fn read_request(client: &mut TcpStream, buffer: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
+fn read_request(client: &mut impl Read, buffer: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
     let mut chunk = [0u8; 16 << 10];
     let end = loop {
         if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
