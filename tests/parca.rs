@@ -497,6 +497,8 @@ fn a_stripped_workload_is_named_by_parca_from_the_uploaded_debug_file() {
             &pid,
             "--debuginfo-directories",
             debug_dir.to_str().expect("utf-8"),
+            // firn names these frames itself from the same debug file.
+            "--debuginfo-upload-symbolized",
         ],
         &[],
     );

@@ -235,6 +235,14 @@ fn metrics_parse_and_ready_turns_200_only_once_bpf_is_attached() {
     }
     // Root turns the kernel's BPF statistics on.
     assert!(value(&scrape, "firn_bpf_run_time_seconds_total", &[]).unwrap_or(0.0) > 0.0);
+    // firn's own CPU time by stage: the drain ran, and so did the builder.
+    for stage in ["sample", "symbolize", "encode"] {
+        let seconds = value(&scrape, "firn_cpu_seconds_total", &[("stage", stage)]);
+        assert!(
+            seconds.is_some_and(|seconds| seconds > 0.0),
+            "firn_cpu_seconds_total{{stage=\"{stage}\"}} = {seconds:?}"
+        );
+    }
 
     let Stopped { status, log, took } = agent.stop_with(libc::SIGTERM);
     assert!(status.success(), "exit status {status}:\n{log}");

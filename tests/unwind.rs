@@ -201,6 +201,69 @@ fn frames_beyond_the_copy_are_kept_and_counted_as_truncated() {
     );
 }
 
+/// Samples of `stacks` whose stack is `spin_at_bottom`, `depth + 1`
+/// frames of `descend`, then `main`: the whole recursion.
+fn deep_share(stacks: &[(Vec<String>, i64)], depth: usize) -> (f64, i64) {
+    let total: i64 = stacks.iter().map(|(_, count)| count).sum();
+    let complete: i64 = stacks
+        .iter()
+        .filter(|(frames, _)| {
+            let user: Vec<&str> = frames
+                .iter()
+                .map(String::as_str)
+                .skip_while(|name| *name != "spin_at_bottom")
+                .collect();
+            user.len() > depth + 2
+                && user[1..=depth + 1].iter().all(|name| *name == "descend")
+                && user[depth + 2] == "main"
+        })
+        .map(|(_, count)| count)
+        .sum();
+    (complete as f64 / total.max(1) as f64, total)
+}
+
+/// 100 frames of ~0.5 KiB: some 50 KiB of stack, three times the first
+/// copy. `auto` grows the process's copy at its first cut stack, so the
+/// recursion is whole from then on; a fixed 16 KiB copy cuts every stack.
+#[test]
+fn deep_stacks_grow_their_copy_and_are_complete() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = build_c(
+        dir.path(),
+        "deep_recursion.c",
+        "deep_recursion",
+        &NO_FP_FLAGS,
+    );
+    let depth = 100;
+    let workload = TestProcess::spawn(Command::new(&binary).arg(depth.to_string()));
+    wait_a_moment();
+    let pid = workload.pid().to_string();
+
+    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let stacks = stacks_of(&profile, workload.pid());
+    let (share, total) = deep_share(&stacks, depth);
+    assert!(total >= 150, "too few samples of the workload: {total}");
+    assert!(
+        share >= 0.95,
+        "only {:.1}% of {total} samples hold the whole recursion:\n{}",
+        share * 100.0,
+        describe(&stacks)
+    );
+
+    let (_, fixed) = record(
+        dir.path(),
+        &["--duration", "2s", "--pid", &pid, "--unwind", "dwarf"],
+    );
+    let (share, _) = deep_share(&stacks_of(&fixed, workload.pid()), depth);
+    assert!(
+        share < 0.05,
+        "a fixed 16 KiB copy should cut these stacks, yet {:.1}% were whole",
+        share * 100.0
+    );
+}
+
 #[test]
 fn signal_handler_stacks_continue_into_the_interrupted_code() {
     require_root();

@@ -22,19 +22,10 @@ pub const STACK_COPY_CHUNK: usize = 512;
 /// calls.
 pub const STACK_READ_BYTES: usize = 4096;
 
-/// Largest value of a per-CPU map the kernel accepts (`PCPU_MIN_UNIT_SIZE`).
-pub const PERCPU_VALUE_LIMIT: usize = 32 * 1024;
-
-/// Upper bound of the user stack copy carried by one sample: what fits next
-/// to the record in the per-CPU scratch buffer.
-pub const MAX_STACK_COPY: usize = (PERCPU_VALUE_LIMIT
-    - core::mem::size_of::<SampleRecord>()
-    - INTERPRETER_BYTES
-    - INTERPRETER_FRAME_READ
-    - INTERPRETER_CODE_READ
-    - core::mem::size_of::<InterpreterWalk>())
-    / STACK_COPY_CHUNK
-    * STACK_COPY_CHUNK;
+/// Upper bound of the user stack copy carried by one sample: the kernel's
+/// 127 frames at half a KiB each. Processes get what their stacks need
+/// (the daemon fits each one's size); this is how far that may grow.
+pub const MAX_STACK_COPY: usize = 64 * 1024;
 
 /// Most processes with their own stack copy size in `UNWIND_COPY`.
 pub const MAX_UNWIND_PROCESSES: u32 = 16_384;
@@ -272,8 +263,10 @@ pub struct ProcessRecord {
     pub comm: [u8; COMM_LEN],
 }
 
-/// Per-CPU scratch space where a sample is assembled before it is copied
-/// into the ring buffer with its exact length.
+/// Scratch space where a sample is assembled before it is copied into the
+/// ring buffer with its exact length, one per CPU (an array map indexed by
+/// CPU number: a per-CPU map's values are limited to 32 KiB, less than a
+/// deep stack's copy).
 #[repr(C)]
 pub struct SampleScratch {
     pub record: SampleRecord,
@@ -437,7 +430,6 @@ const _: () = assert!(core::mem::size_of::<PythonProcess>() == 48);
 const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 32);
 const _: () = assert!(core::mem::size_of::<BpfConfig>() == 24);
 const _: () = assert!(MAX_STACK_COPY.is_multiple_of(STACK_COPY_CHUNK));
-const _: () = assert!(core::mem::size_of::<SampleScratch>() <= PERCPU_VALUE_LIMIT);
 const _: () = assert!(MAX_STACK_COPY >= 16 * 1024 + STACK_READ_BYTES);
-// `--stack-copy-bytes`'s help and the README give this bound (25.5 KiB).
-const _: () = assert!(MAX_STACK_COPY == 26_112);
+// `--stack-copy-bytes`'s help and the README give this bound (64 KiB).
+const _: () = assert!(MAX_STACK_COPY == 65_536);

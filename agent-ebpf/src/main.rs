@@ -49,7 +49,7 @@ use aya_ebpf::{
         },
     },
     macros::{map, perf_event, raw_tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::{PerfEventContext, RawTracePointContext},
 };
 
@@ -72,8 +72,11 @@ static CONFIG: BpfConfig = BpfConfig::DEFAULT;
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(1 << 22, 0);
 
+/// One sample's scratch space per CPU, by CPU number; the daemon sizes it
+/// to the possible CPUs. Not a per-CPU map: their values are limited to
+/// 32 KiB, less than a deep stack's copy.
 #[map]
-static SCRATCH: PerCpuArray<SampleScratch> = PerCpuArray::with_max_entries(1, 0);
+static SCRATCH: Array<SampleScratch> = Array::with_max_entries(1, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
@@ -137,7 +140,9 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
         count(Counter::Filtered);
         return 0;
     }
-    let Some(scratch) = SCRATCH.get_ptr_mut(0) else {
+    // SAFETY: a helper without arguments or preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let Some(scratch) = SCRATCH.get_ptr_mut(cpu) else {
         count(Counter::ScratchUnavailable);
         failed!(
             &ctx,
@@ -148,7 +153,8 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     };
     // SAFETY: `ctx` is the context the kernel passed to this run, and
     // `scratch` is this CPU's slot of SCRATCH. Only this program uses
-    // SCRATCH, and the kernel never runs it nested on one CPU (it skips a
+    // SCRATCH, only on the CPU whose slot it is, and the kernel never
+    // runs it nested on one CPU (it skips a
     // perf event program while one is already running there), so the slot
     // is ours alone until we return.
     unsafe { record_sample(&ctx, &config, scratch, tgid, tid) };

@@ -7,7 +7,10 @@ pub mod debug_files;
 
 use std::{fmt, io, ops::Deref, sync::Arc};
 
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ReadRef, SymbolKind};
+use object::{
+    Endianness, Object, ObjectSection, ObjectSegment, ReadRef, elf,
+    read::elf::{FileHeader, Sym},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
@@ -226,14 +229,32 @@ fn layout_of<'data, R: ReadRef<'data>>(data: R) -> Result<ElfLayout, ElfError> {
     })
 }
 
+/// One function symbol, 16 bytes: a large library has hundreds of
+/// thousands, and the symbol cache holds as many tables as fit.
 #[derive(Clone, Copy, Debug)]
 struct SymbolEntry {
     address: u64,
-    size: u64,
-    /// The name's place in its source file's string table.
-    name_offset: u64,
-    name_len: u32,
-    source: u32,
+    /// The function's size (saturated: none is 4 GiB), 0 when unknown.
+    size: u32,
+    /// Where the name starts in its source file's string table; the top
+    /// bit says which source (0: the object, 1: its debug file). The name
+    /// runs to the string table's NUL.
+    name: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<SymbolEntry>() == 16);
+
+/// The bit of [`SymbolEntry::name`] that says which source holds the name.
+const SECOND_SOURCE: u32 = 1 << 31;
+
+impl SymbolEntry {
+    fn source(&self) -> usize {
+        usize::from(self.name & SECOND_SOURCE != 0)
+    }
+
+    fn name_offset(&self) -> usize {
+        (self.name & !SECOND_SOURCE) as usize
+    }
 }
 
 /// Function symbols of one object, sorted by address. Names are not
@@ -275,11 +296,13 @@ impl SymbolTable {
     }
 
     fn name(&self, entry: &SymbolEntry) -> &str {
-        let start = usize::try_from(entry.name_offset).unwrap_or(usize::MAX);
         self.sources
-            .get(entry.source as usize)
-            .and_then(|source| source.get(start..start.checked_add(entry.name_len as usize)?))
-            .and_then(|bytes| std::str::from_utf8(bytes).ok())
+            .get(entry.source())
+            .and_then(|source| source.get(entry.name_offset()..))
+            .and_then(|tail| {
+                let end = memchr::memchr(0, tail)?;
+                std::str::from_utf8(&tail[..end]).ok()
+            })
             .unwrap_or_default()
     }
 
@@ -289,7 +312,7 @@ impl SymbolTable {
         let index = self.entries.partition_point(|e| e.address <= vaddr);
         let entry = self.entries.get(index.checked_sub(1)?)?;
         let covered = if entry.size > 0 {
-            vaddr - entry.address < entry.size
+            vaddr - entry.address < u64::from(entry.size)
         } else {
             true
         };
@@ -307,7 +330,7 @@ type Preference = u64;
 /// before local, then fewer leading underscores, then the shorter name
 /// (`write` rather than `__libc_write`). Packed in one integer: the
 /// candidates of a large library are hundreds of thousands.
-fn preference(name: &str, global: bool, weak: bool) -> Preference {
+fn preference(name: &[u8], global: bool, weak: bool) -> Preference {
     let binding: u64 = if global && !weak {
         0
     } else if weak {
@@ -315,7 +338,7 @@ fn preference(name: &str, global: bool, weak: bool) -> Preference {
     } else {
         2
     };
-    let underscores = name.bytes().take_while(|&b| b == b'_').count().min(0xffff) as u64;
+    let underscores = name.iter().take_while(|&&b| b == b'_').count().min(0xffff) as u64;
     let len = name.len().min(0xffff_ffff) as u64;
     binding << 48 | underscores << 32 | len
 }
@@ -326,70 +349,105 @@ pub fn read_symbols(input: &Bytes) -> Result<SymbolTable, ElfError> {
 }
 
 /// Function symbols of several files describing one object (a stripped
-/// binary and its separate debug file); fails only when none parses.
+/// binary and its separate debug file: at most two are used); fails only
+/// when none parses. Reads the ELF symbol tables directly: names are
+/// checked only when a lookup returns them, and each symbol is looked at
+/// once.
 pub fn read_symbols_from(inputs: &[Bytes]) -> Result<SymbolTable, ElfError> {
-    let mut files = Vec::with_capacity(inputs.len());
+    let inputs = &inputs[..inputs.len().min(2)];
+    let mut candidates: Vec<(SymbolEntry, Preference)> = Vec::new();
     let mut first_error = None;
+    let mut parsed = 0;
     for (source, data) in inputs.iter().enumerate() {
-        match parse(&data[..]) {
-            Ok(file) => files.push((source, file)),
+        let result = match object::FileKind::parse(&data[..]) {
+            Ok(object::FileKind::Elf64) => {
+                function_symbols::<elf::FileHeader64<Endianness>>(data, source, &mut candidates)
+            }
+            Ok(object::FileKind::Elf32) => {
+                function_symbols::<elf::FileHeader32<Endianness>>(data, source, &mut candidates)
+            }
+            // The error the general parser gives for anything else.
+            _ => parse(&data[..]).map(|_| ()),
+        };
+        match result {
+            Ok(()) => parsed += 1,
             Err(error) => {
                 first_error.get_or_insert(error);
             }
         }
     }
-    if files.is_empty() {
+    if parsed == 0 {
         return Err(first_error.unwrap_or(ElfError::NoInput));
     }
-    // Sized up front: doubling a vector of a few hundred thousand
-    // candidates would briefly hold both copies. Each candidate is the
-    // entry it becomes plus its rank, and the entries are made in place:
-    // a second vector of candidates would double the peak.
-    let upper_bound = files
-        .iter()
-        .map(|(_, file)| file.symbols().count() + file.dynamic_symbols().count())
-        .sum();
-    let mut candidates: Vec<(SymbolEntry, Preference)> = Vec::with_capacity(upper_bound);
-    for (source, symbol) in files.iter().flat_map(|(source, file)| {
-        file.symbols()
-            .chain(file.dynamic_symbols())
-            .map(move |symbol| (*source, symbol))
-    }) {
-        if symbol.kind() != SymbolKind::Text || !symbol.is_definition() || symbol.address() == 0 {
-            continue;
-        }
-        let Ok(name) = symbol.name() else { continue };
-        if name.is_empty() {
-            continue;
-        }
-        // Names are slices of their file's string table.
-        let base = inputs[source].as_ptr() as usize;
-        let Some(offset) = (name.as_ptr() as usize).checked_sub(base) else {
-            continue;
-        };
-        let Ok(name_len) = u32::try_from(name.len()) else {
-            continue;
-        };
-        let rank = preference(name, symbol.is_global(), symbol.is_weak());
-        let entry = SymbolEntry {
-            address: symbol.address(),
-            size: symbol.size(),
-            name_offset: offset as u64,
-            name_len,
-            source: source as u32,
-        };
-        candidates.push((entry, rank));
-    }
-    candidates.sort_unstable_by(|a, b| a.0.address.cmp(&b.0.address).then(a.1.cmp(&b.1)));
+    candidates.sort_unstable_by_key(|&(entry, rank)| (entry.address, rank));
     candidates.dedup_by_key(|c| c.0.address);
     // Reuses the candidates' allocation; shrinking it gives the rest back.
     let mut entries: Vec<SymbolEntry> = candidates.into_iter().map(|(entry, _)| entry).collect();
     entries.shrink_to_fit();
-    let table = SymbolTable {
+    Ok(SymbolTable {
         entries,
         sources: inputs.to_vec(),
-    };
-    Ok(table)
+    })
+}
+
+/// Appends the defined functions of `.symtab` and `.dynsym` of one file,
+/// each with its preference rank. The vector is grown once per table, to
+/// its exact bound: doubling a vector of a few hundred thousand candidates
+/// would briefly hold both copies.
+fn function_symbols<Elf: FileHeader<Endian = Endianness>>(
+    data: &[u8],
+    source: usize,
+    candidates: &mut Vec<(SymbolEntry, Preference)>,
+) -> Result<(), ElfError> {
+    let parse_error = |source| ElfError::Parse { source };
+    let header = Elf::parse(data).map_err(parse_error)?;
+    let endian = header.endian().map_err(parse_error)?;
+    let sections = header.sections(endian, data).map_err(parse_error)?;
+    let source_bit = if source == 0 { 0 } else { SECOND_SOURCE };
+    for kind in [elf::SHT_SYMTAB, elf::SHT_DYNSYM] {
+        let table = sections.symbols(endian, data, kind).map_err(parse_error)?;
+        let strings = table.strings();
+        candidates.reserve(table.len());
+        for symbol in table.symbols() {
+            let shndx = symbol.st_shndx(endian);
+            let address: u64 = symbol.st_value(endian).into();
+            // What `object` calls a defined text symbol.
+            if symbol.st_type() != elf::STT_FUNC
+                || (shndx.is_special() && shndx != elf::SHN_XINDEX)
+                || address == 0
+            {
+                continue;
+            }
+            let Ok(name) = symbol.name(endian, strings) else {
+                continue;
+            };
+            // Names are slices of the file's string table; one beyond
+            // 2 GiB into a file cannot be recorded and is left out.
+            let Some(offset) = (name.as_ptr() as usize)
+                .checked_sub(data.as_ptr() as usize)
+                .and_then(|offset| u32::try_from(offset).ok())
+                .filter(|&offset| offset & SECOND_SOURCE == 0)
+            else {
+                continue;
+            };
+            if name.is_empty() {
+                continue;
+            }
+            let size: u64 = symbol.st_size(endian).into();
+            let rank = preference(
+                name,
+                symbol.st_bind() != elf::STB_LOCAL,
+                symbol.st_bind() == elf::STB_WEAK,
+            );
+            let entry = SymbolEntry {
+                address,
+                size: u32::try_from(size).unwrap_or(u32::MAX),
+                name: offset | source_bit,
+            };
+            candidates.push((entry, rank));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -491,8 +549,8 @@ mod tests {
 
     #[test]
     fn aliases_prefer_the_plain_global_name() {
-        assert!(preference("write", true, false) < preference("__libc_write", true, false));
-        assert!(preference("write", true, true) > preference("__write", true, false));
-        assert!(preference("a", false, false) > preference("zzz", true, true));
+        assert!(preference(b"write", true, false) < preference(b"__libc_write", true, false));
+        assert!(preference(b"write", true, true) > preference(b"__write", true, false));
+        assert!(preference(b"a", false, false) > preference(b"zzz", true, true));
     }
 }

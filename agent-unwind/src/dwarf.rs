@@ -61,6 +61,10 @@ pub struct Outcome {
     /// the unwind stopped there or crossed it by rbp: the caller's maps may
     /// predate a library being mapped, and are worth reading again.
     pub unmapped: Option<u64>,
+    /// Bytes from the sampled rsp to the stack pointer of the outermost
+    /// frame reached: for a complete unwind, about as much of the stack as
+    /// it needed copied.
+    pub stack_used: u64,
 }
 
 /// The copy of the stack: `bytes` as they were from address `sp` up.
@@ -122,6 +126,7 @@ pub fn unwind(
         signal_frames: 0,
         frameless_callers: 0,
         unmapped: None,
+        stack_used: 0,
     };
     let mut state = Registers {
         ip: regs.ip,
@@ -133,6 +138,7 @@ pub fn unwind(
     let mut exact = true;
     frames.push(state.ip);
     loop {
+        outcome.stack_used = state.sp.saturating_sub(regs.sp);
         if frames.len() >= max_frames {
             outcome.stop = Stop::TooDeep;
             return outcome;

@@ -93,6 +93,10 @@ pub enum BpfError {
 }
 
 const CAPABILITIES: &str = "CAP_BPF and CAP_PERFMON";
+/// Scratch slots when the possible CPUs cannot be counted. A CPU beyond
+/// them finds no slot, and its samples are counted as lost
+/// (`scratch_unavailable`), not written over another CPU's.
+const MAX_CPUS_FALLBACK: u32 = 256;
 
 /// The loaded and attached programs. Dropping it detaches everything.
 pub struct BpfSampler {
@@ -455,6 +459,15 @@ fn read_counters(map: &PerCpuArray<MapData, u64>) -> BpfCounters {
     totals
 }
 
+/// One scratch slot per possible CPU (the BPF program indexes them by CPU
+/// number).
+fn scratch_slots() -> u32 {
+    aya::util::nr_cpus()
+        .ok()
+        .and_then(|cpus| u32::try_from(cpus).ok())
+        .unwrap_or(MAX_CPUS_FALLBACK)
+}
+
 /// Loads the object with its settings written in; the programs are not
 /// loaded into the kernel yet, only the maps are created.
 fn load_object(
@@ -467,7 +480,8 @@ fn load_object(
         .override_global(names::CONFIG, bpf_config, true)
         // Always written: the object's default level logs everything.
         .override_global(aya_log::LEVEL, &log_level, true)
-        .map_max_entries(names::EVENTS, ring_buffer_bytes);
+        .map_max_entries(names::EVENTS, ring_buffer_bytes)
+        .map_max_entries(names::SCRATCH, scratch_slots());
     if log_level == 0 {
         loader.map_max_entries(program_log::LOG_MAP, program_log::map_bytes_when_off());
     }

@@ -113,8 +113,9 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "MODE", value_enum, default_value_t = UnwindArg::Auto)]
     pub unwind: UnwindArg,
 
-    /// Bytes of user stack copied per sample of a process unwound with
-    /// DWARF (e.g. 16KiB; a multiple of 512, at most 25.5 KiB).
+    /// Bytes of user stack first copied per sample of a process unwound
+    /// with DWARF, then fitted to its stacks (e.g. 16KiB; a multiple of
+    /// 512, at most 64KiB).
     #[arg(long, value_name = "BYTES", default_value = "16KiB", value_parser = parse_stack_copy_bytes)]
     pub stack_copy_bytes: u32,
 

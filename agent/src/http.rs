@@ -115,6 +115,7 @@ impl HttpServer {
         let thread = thread::Builder::new()
             .name("firn-http".into())
             .spawn(move || {
+                crate::stats::cpu::account_thread(crate::stats::cpu::CpuStage::Http);
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()

@@ -15,6 +15,9 @@ const EXIT_USAGE: u8 = 2;
 
 fn main() -> ExitCode {
     firn::allocator::tune();
+    // The main thread drains the ring buffer and runs the stages up to
+    // aggregation, for every command.
+    firn::stats::cpu::account_thread(firn::stats::cpu::CpuStage::Sample);
     let cli = match parse_args(std::env::args_os()) {
         Ok(cli) => cli,
         // Usage errors exit 2, --help and --version 0.

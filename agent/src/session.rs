@@ -317,9 +317,14 @@ impl Pipeline {
         let UserFrames {
             frames,
             needs_dwarf,
+            stack_need,
         } = self.unwinder.finish(attempt, unwinding);
         if needs_dwarf {
             self.policy.require_dwarf(&image);
+        }
+        if let Some(need) = stack_need {
+            self.policy
+                .observe_stack(&image, need, sample.stack_copy.len());
         }
         (frames, image)
     }

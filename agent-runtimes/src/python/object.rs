@@ -49,7 +49,11 @@ pub fn inspect_object(file_name: &str, elf: &[u8]) -> Result<Option<PythonObject
         Err(source) if named.is_some() => return Err(PythonError::Parse { source }),
         Err(_) => return Ok(None),
     };
-    let runtime = find_symbol(&file, RUNTIME);
+    let runtime = if named.is_some() || has_string(&file, RUNTIME) {
+        find_symbol(&file, RUNTIME)
+    } else {
+        None
+    };
     if runtime.is_none() && (named.is_none() || loads_libpython(elf)) {
         return Ok(None);
     }
@@ -133,6 +137,20 @@ impl NamedVersion {
             None
         }
     }
+}
+
+/// Whether a symbol string table of the file holds `name`. Every
+/// executable a process runs is asked whether it embeds an interpreter,
+/// and a search of the tables (a few MB at most, scanned at memory speed)
+/// answers for most of them far sooner than reading each symbol's name.
+fn has_string(file: &object::File<'_>, name: &str) -> bool {
+    let needle = [b"\0", name.as_bytes(), b"\0"].concat();
+    let finder = memchr::memmem::Finder::new(&needle);
+    [".dynstr", ".strtab"].iter().any(|table| {
+        file.section_by_name(table)
+            .and_then(|section| section.data().ok())
+            .is_some_and(|data| finder.find(data).is_some())
+    })
 }
 
 fn find_symbol<'data, 'file>(

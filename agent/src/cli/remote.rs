@@ -67,6 +67,14 @@ pub struct DebuginfoArgs {
     #[arg(long)]
     pub debuginfo_upload_disable: bool,
 
+    /// Offer the server the objects firn named completely itself too (as
+    /// Parca Agent, which names nothing, offers all). By default only
+    /// objects with frames firn could not name are offered: the server
+    /// stores named frames as sent, and uploading a large binary costs
+    /// about a millisecond of CPU per MB.
+    #[arg(long)]
+    pub debuginfo_upload_symbolized: bool,
+
     /// Uploads at once.
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub debuginfo_upload_max_parallel: u64,
@@ -248,6 +256,7 @@ impl DebuginfoArgs {
     pub fn config(&self) -> DebuginfoConfig {
         DebuginfoConfig {
             upload: !self.debuginfo_upload_disable,
+            upload_symbolized: self.debuginfo_upload_symbolized,
             max_parallel: usize::try_from(self.debuginfo_upload_max_parallel).unwrap_or(1),
             upload_timeout: self.debuginfo_upload_timeout_duration,
         }

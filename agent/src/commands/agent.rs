@@ -15,12 +15,16 @@ use firn::{
     labels::{KubernetesWatcher, Labeler, PodIndex},
     metrics::Metrics,
     output::{
-        Exporter, FanOut, LocalStore, build_batch, destination::Tally, label_interval,
-        parca::ParcaExporter, pyroscope::PyroscopeExporter, symbolize_interval,
+        Exporter, FRAME_CACHE_BYTES, FanOut, FrameCache, LocalStore, build_batch,
+        destination::Tally, label_interval, parca::ParcaExporter, pyroscope::PyroscopeExporter,
+        symbolize_interval,
     },
     process::ProcessTableStats,
     session::{Session, ShutdownSignal},
-    stats::{Stats, StatsSnapshot},
+    stats::{
+        Stats, StatsSnapshot,
+        cpu::{self, CpuStage},
+    },
     symbolize::HostSymbolizer,
     watchdog::{self, Stage},
 };
@@ -414,6 +418,7 @@ fn build_loop(
     stage: &Stage,
 ) {
     let mut before = stats.snapshot();
+    let mut frame_cache = FrameCache::new(FRAME_CACHE_BYTES, stats.clone());
     while let Ok(interval) = receiver.recv() {
         stage.step();
         // Idle again however this interval ends.
@@ -427,12 +432,18 @@ fn build_loop(
         }
         let stacks = interval.aggregated.stacks.len();
         let dropped = interval.aggregated.dropped;
-        let symbolized = symbolize_interval(interval.aggregated, &mut symbolizer);
-        let labelled = label_interval(symbolized, exporter.grouping(), labeler, &stats);
-        let (batch, summary) = build_batch(labelled, period, &stats);
+        let symbolized = cpu::measure(CpuStage::Symbolize, || {
+            symbolize_interval(interval.aggregated, &mut symbolizer, &mut frame_cache)
+        });
+        let grouping = exporter.grouping();
+        let labelled = cpu::measure(CpuStage::Label, || {
+            label_interval(symbolized, grouping, labeler, &stats)
+        });
+        let (batch, summary) =
+            cpu::measure(CpuStage::Encode, || build_batch(labelled, period, &stats));
         let profiles = batch.profiles.len();
         let unsymbolized_objects = batch.unsymbolized_objects;
-        let exported = exporter.export(batch);
+        let exported = cpu::measure(CpuStage::Export, || exporter.export(batch));
         let now = stats.snapshot();
         let delta = now.since(&before);
         before = now;

@@ -1,8 +1,8 @@
 //! What `/metrics` serves, in the OpenMetrics text format
 //! (`prometheus-client`), every name prefixed `firn_`: each counter of
 //! [`Stats`] and of the BPF program, as `stats` declares them, read at
-//! scrape time; the BPF program's run time; the push duration histogram;
-//! the build info.
+//! scrape time; the BPF program's run time; firn's CPU time by stage; the
+//! push duration histogram; the build info.
 
 use std::{
     collections::HashMap,
@@ -20,7 +20,7 @@ use prometheus_client::{
 use crate::{
     bpf::BpfProbe,
     output::destination::{DestinationStats, Destinations},
-    stats::{DESTINATION_FAMILIES, FAMILIES, Kind, ROWS, Source, Stats},
+    stats::{DESTINATION_FAMILIES, FAMILIES, Kind, ROWS, Source, Stats, cpu},
 };
 
 /// The content type of [`Metrics::encode`]'s text, which Prometheus and
@@ -178,6 +178,7 @@ impl Collector for Counters {
             let seconds = run_time.run_time_ns as f64 / 1e9;
             metric.encode_counter::<NoLabelSet, _, u64>(&seconds, None)?;
         }
+        encode_cpu_time(&mut encoder)?;
         let labels = [("version", env!("CARGO_PKG_VERSION"))];
         encoder
             .encode_descriptor(
@@ -189,6 +190,29 @@ impl Collector for Counters {
             .encode_family(&labels)?
             .encode_gauge(&1u64)
     }
+}
+
+fn encode_cpu_time(encoder: &mut DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
+    let (stages, other) = cpu::totals();
+    let mut metric = encoder.encode_descriptor(
+        "cpu_seconds",
+        "CPU time of firn's own threads by stage: sample (ring buffer, process images, \
+         unwinding, aggregation), symbolize, label, encode (pprof), export, push, upload \
+         (debug information), http, other (the rest of the process's CPU time). The BPF \
+         program's time is firn_bpf_run_time_seconds.",
+        None,
+        MetricType::Counter,
+    )?;
+    let named = stages
+        .into_iter()
+        .map(|(stage, time)| (stage.name(), time))
+        .chain([("other", other)]);
+    for (stage, time) in named {
+        metric
+            .encode_family(&[("stage", stage)])?
+            .encode_counter::<NoLabelSet, _, u64>(&time.as_secs_f64(), None)?;
+    }
+    Ok(())
 }
 
 fn encode_value(metric: &mut MetricEncoder<'_>, kind: Kind, value: u64) -> Result<(), fmt::Error> {

@@ -10,7 +10,7 @@ use tracing::error;
 use super::{
     Grouping, ProfileBatch, SeriesProfile,
     labelled::{LabelledInterval, SeriesStacks, label_interval},
-    symbolized::{FrameTable, symbolize_interval},
+    symbolized::{FrameCache, FrameTable, symbolize_interval},
 };
 use crate::{
     aggregate::AggregatedProfile, labels::Labeler, process::ObjectFile, stats::Stats,
@@ -55,7 +55,9 @@ pub fn build_whole_profile(
     symbolizer: &mut dyn FrameSymbolizer,
     stats: &Stats,
 ) -> (proto::Profile, BuildSummary) {
-    let symbolized = symbolize_interval(aggregated, symbolizer);
+    // One profile: nothing to keep for a next one.
+    let mut cache = FrameCache::new(0, Arc::new(Stats::default()));
+    let symbolized = symbolize_interval(aggregated, symbolizer, &mut cache);
     let labelled = label_interval(symbolized, Grouping::Whole, labeler, stats);
     match labelled.series.first() {
         Some(series) => build_series(&labelled, series, period_ns, stats),
@@ -74,10 +76,12 @@ pub fn build_batch(
         start: labelled.start,
         profiles: Vec::with_capacity(labelled.series.len()),
         debuginfo_candidates: Vec::new(),
+        symbolized_objects: Vec::new(),
         unsymbolized_objects: 0,
     };
     let mut total = BuildSummary::default();
     let mut seen_objects = HashSet::new();
+    let mut sampled = Vec::new();
     for series in &labelled.series {
         let (profile, summary) = build_series(&labelled, series, period_ns, stats);
         total.add(&summary);
@@ -96,20 +100,21 @@ pub fn build_batch(
                 batch.debuginfo_candidates.push(object);
             }
         }
-        // Then every other object: the server may want it too (it answers
-        // ShouldInitiateUpload), as Parca Agent offers all of them.
-        for object in sampled_objects(&labelled.table, series) {
-            if let Some(build_id) = object.build_id()
-                && seen_objects.insert(build_id.clone())
-            {
-                batch.debuginfo_candidates.push(object);
-            }
-        }
+        sampled.extend(sampled_objects(&labelled.table, series));
         batch.profiles.push(SeriesProfile {
             labels: series.labels.clone(),
             gzipped: encode_gzip(&profile),
             samples: summary.samples,
         });
+    }
+    // Every other object, for an exporter told to offer those too: named
+    // in full wherever the interval has frames in it.
+    for object in sampled {
+        if let Some(build_id) = object.build_id()
+            && seen_objects.insert(build_id.clone())
+        {
+            batch.symbolized_objects.push(object);
+        }
     }
     (batch, total)
 }

@@ -131,6 +131,7 @@ mod tests {
                 3
             ],
             debuginfo_candidates: Vec::new(),
+            symbolized_objects: Vec::new(),
             unsymbolized_objects: 0,
         }
     }

@@ -27,7 +27,10 @@ pub use fanout::FanOut;
 pub use flamegraph::write_flamegraph;
 pub use labelled::{LabelledInterval, SeriesStacks, label_interval};
 pub use local::{LocalStore, LocalStoreConfig};
-pub use symbolized::{FrameTable, SymbolizedInterval, SymbolizedStack, symbolize_interval};
+pub use symbolized::{
+    FRAME_CACHE_BYTES, FrameCache, FrameTable, SymbolizedInterval, SymbolizedStack,
+    symbolize_interval,
+};
 
 use crate::process::ObjectFile;
 
@@ -105,11 +108,14 @@ pub struct SeriesProfile {
 pub struct ProfileBatch {
     pub start: SystemTime,
     pub profiles: Vec<SeriesProfile>,
-    /// Objects (with a build id) the profiles have frames in, those holding
-    /// frames firn could not name first, so an exporter can offer their
-    /// debug information to a server that symbolizes.
+    /// Objects (with a build id) holding frames firn could not name, so an
+    /// exporter can offer their debug information to a server that
+    /// symbolizes.
     pub debuginfo_candidates: Vec<Arc<ObjectFile>>,
-    /// How many of the candidates have frames firn could not name.
+    /// The other objects (with a build id) the profiles have frames in,
+    /// all of them named.
+    pub symbolized_objects: Vec<Arc<ObjectFile>>,
+    /// How many objects have frames firn could not name.
     pub unsymbolized_objects: usize,
 }
 

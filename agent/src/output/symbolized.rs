@@ -4,6 +4,8 @@
 //! objects behind the mappings ride along, so the frames firn could not
 //! name tell which objects a server could symbolize instead.
 
+mod frame_cache;
+
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
@@ -11,6 +13,7 @@ use std::{
 };
 
 use agent_pprof::{Frame, Frames, Mapping, Origin};
+pub use frame_cache::{FRAME_CACHE_BYTES, FrameCache};
 
 use crate::{
     aggregate::{AggregatedProfile, StackKey},
@@ -102,6 +105,7 @@ const INTERPRETED_LIMIT: u64 = 0x0000_8000_0000_0000;
 
 struct Step<'a> {
     symbolizer: &'a mut dyn FrameSymbolizer,
+    cache: &'a mut FrameCache,
     table: FrameTable,
     frame_ids: HashMap<FrameKey, usize>,
     mapping_ids: HashMap<MappingKey, usize>,
@@ -139,9 +143,11 @@ fn pprof_lines(lines: impl IntoIterator<Item = Line>) -> Arc<[agent_pprof::Line]
 pub fn symbolize_interval(
     aggregated: AggregatedProfile,
     symbolizer: &mut dyn FrameSymbolizer,
+    cache: &mut FrameCache,
 ) -> SymbolizedInterval {
     let mut step = Step {
         symbolizer,
+        cache,
         table: FrameTable::default(),
         frame_ids: HashMap::new(),
         mapping_ids: HashMap::new(),
@@ -198,9 +204,20 @@ impl Step<'_> {
         }
         wanted.sort_unstable_by_key(|(object, vaddr)| (Arc::as_ptr(object), *vaddr));
         for (object, vaddr) in wanted {
-            let lines = pprof_lines(self.symbolizer.user(&object, vaddr));
+            let lines = self.named_user_frame(&object, vaddr);
             self.user_lines.insert((Arc::as_ptr(&object), vaddr), lines);
         }
+    }
+
+    fn named_user_frame(
+        &mut self,
+        object: &Arc<ObjectFile>,
+        vaddr: u64,
+    ) -> Arc<[agent_pprof::Line]> {
+        let symbolizer = &mut *self.symbolizer;
+        self.cache.get_or_name(object.content_key(), vaddr, || {
+            pprof_lines(symbolizer.user(object, vaddr))
+        })
     }
 
     fn stack_frames(&mut self, key: &StackKey) -> Box<[usize]> {
@@ -270,7 +287,10 @@ impl Step<'_> {
             (Some(object), Some(vaddr)) => {
                 let lines = match self.user_lines.get(&(Arc::as_ptr(object), vaddr)) {
                     Some(lines) => lines.clone(),
-                    None => pprof_lines(self.symbolizer.user(object, vaddr)),
+                    None => {
+                        let object = object.clone();
+                        self.named_user_frame(&object, vaddr)
+                    }
                 };
                 (Origin::Object, lines)
             }

@@ -22,6 +22,8 @@ use std::{
 
 use lru::LruCache;
 
+use crate::stats::cpu::{self, CpuStage};
+
 /// Longest the drain thread waits for one open (an object, its debug
 /// files, a perf map). A normal open takes well under a millisecond; the
 /// ring buffer holds about a second of samples.
@@ -171,6 +173,7 @@ impl Offload {
             thread::Builder::new()
                 .name(self.name.into())
                 .spawn(move || {
+                    cpu::account_thread(CpuStage::Sample);
                     while let Ok(job) = queue.recv() {
                         job();
                         if flag.load(Ordering::Relaxed) {

@@ -491,10 +491,13 @@ impl ThreadPointerLookup {
             };
             let _ = filler.set(offset);
         };
-        if let Err(error) = std::thread::Builder::new()
-            .name("firn-btf".into())
-            .spawn(look_up.clone())
-        {
+        if let Err(error) = std::thread::Builder::new().name("firn-btf".into()).spawn({
+            let look_up = look_up.clone();
+            move || {
+                crate::stats::cpu::account_thread(crate::stats::cpu::CpuStage::Sample);
+                look_up();
+            }
+        }) {
             debug!(%error, "no thread for the BTF lookup; done here");
             look_up();
         }

@@ -193,6 +193,18 @@ declare_metrics! {
             UnwindCopyMapFull { reason = "map_full" },
         ],
     }
+    unwind_stack_copy_resized: Counter,
+        "Stack copies of processes unwound with DWARF fitted to their stacks, by direction: \
+        grown (an unwind needed more than a full copy; doubled up to the most the BPF \
+        program copies), shrunk (once, to what 200 complete unwinds needed, with a margin)."
+    {
+        stats: [
+            /// Stack copies doubled after an unwind ran past a full copy.
+            unwind_copy_grown { direction = "grown" },
+            /// Stack copies shrunk to fit the process's stacks.
+            unwind_copy_shrunk { direction = "shrunk" },
+        ],
+    }
     leaf_frames_repaired: Counter,
         "Leaf frames whose caller was recovered with CFI from the copied stack."
     {
@@ -225,6 +237,8 @@ declare_metrics! {
             debuginfo_cache_hits { cache = "dwarf" },
             /// JIT perf map cache.
             perf_map_cache_hits { cache = "perf_map" },
+            /// Named frames kept from one profile to the next.
+            frame_cache_hits { cache = "frames" },
         ],
     }
     symbolizer_cache_misses: Counter,
@@ -234,6 +248,7 @@ declare_metrics! {
             symbol_cache_misses { cache = "symbol_table" },
             debuginfo_cache_misses { cache = "dwarf" },
             perf_map_cache_misses { cache = "perf_map" },
+            frame_cache_misses { cache = "frames" },
         ],
     }
     symbolizer_cache_evictions: Counter,
@@ -243,6 +258,7 @@ declare_metrics! {
             symbol_cache_evictions { cache = "symbol_table" },
             debuginfo_cache_evictions { cache = "dwarf" },
             perf_map_cache_evictions { cache = "perf_map" },
+            frame_cache_evictions { cache = "frames" },
         ],
     }
     symbolizer_errors: Counter,

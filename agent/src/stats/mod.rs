@@ -6,6 +6,7 @@
 //! follow from that one declaration.
 
 mod catalog;
+pub mod cpu;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -94,6 +94,17 @@ pub struct UserFrames {
     /// Unwound with frame pointers, yet the stack held callers without
     /// them: the process needs DWARF.
     pub needs_dwarf: bool,
+    /// What a DWARF unwind learned about the stack copy it needs.
+    pub stack_need: Option<StackNeed>,
+}
+
+/// How much of the stack a DWARF unwind needed copied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StackNeed {
+    /// It completed within this many bytes from the sampled rsp.
+    Used(u64),
+    /// It needed a value beyond the copy.
+    MoreThanCopied,
 }
 
 /// The unwinder's memory.
@@ -175,6 +186,7 @@ impl Unwinder {
                 return UserFrames {
                     frames: walk,
                     needs_dwarf: false,
+                    stack_need: None,
                 };
             }
             Attempt::Unwound(unwound) => unwound,
@@ -182,9 +194,15 @@ impl Unwinder {
         match unwinding {
             ProcessUnwinding::Dwarf => {
                 self.count_dwarf(&unwound);
+                let stack_need = match unwound.outcome.stop {
+                    Stop::Complete => Some(StackNeed::Used(unwound.outcome.stack_used)),
+                    Stop::Truncated => Some(StackNeed::MoreThanCopied),
+                    _ => None,
+                };
                 UserFrames {
                     frames: unwound.frames,
                     needs_dwarf: false,
+                    stack_need,
                 }
             }
             ProcessUnwinding::FramePointers => {
@@ -196,6 +214,7 @@ impl Unwinder {
                 UserFrames {
                     needs_dwarf: unwound.outcome.frameless_callers > 0,
                     frames: unwound.frames,
+                    stack_need: None,
                 }
             }
         }

@@ -16,7 +16,9 @@ use agent_unwind::ObjectFrames;
 use lru::LruCache;
 use tracing::debug;
 
-use super::Unwinder;
+use agent_common::{MAX_STACK_COPY, STACK_COPY_CHUNK};
+
+use super::{StackNeed, Unwinder};
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
     sampler::UnwindMode,
@@ -73,6 +75,49 @@ struct Decision {
     unwinding: ProcessUnwinding,
     /// The BPF map holds an entry for this tgid.
     in_map: bool,
+    /// The copy size asked for in the map (when `in_map`).
+    copy: u32,
+    sizing: Sizing,
+}
+
+/// What complete DWARF unwinds of one process needed, towards fitting its
+/// copy to its stacks: a process with shallow stacks should not pay for
+/// copying 16 KiB per sample, nor one with deep stacks lose its roots.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sizing {
+    /// The most stack a complete unwind used.
+    deepest: u64,
+    complete: u32,
+    /// Sized already (shrunk once, or grown): never shrunk again, so a
+    /// process whose deep stacks are rare does not flip back and forth.
+    settled: bool,
+}
+
+/// Complete unwinds seen before a copy is shrunk to fit them.
+const SHRINK_AFTER: u32 = 200;
+/// Smallest copy a process is shrunk to.
+const MIN_COPY: u32 = 2048;
+
+impl Sizing {
+    /// The size to shrink to, once enough unwinds have been seen: the
+    /// deepest with a quarter and a KiB to spare, in copy chunks.
+    fn fitted(&self, current: u32) -> Option<u32> {
+        if self.settled || self.complete < SHRINK_AFTER {
+            return None;
+        }
+        let chunk = STACK_COPY_CHUNK as u64;
+        let want = (self.deepest + self.deepest / 4 + 1024).div_ceil(chunk) * chunk;
+        let want = u32::try_from(want).unwrap_or(u32::MAX).max(MIN_COPY);
+        (want < current).then_some(want)
+    }
+}
+
+/// The size to grow a copy that was too small to: twice, up to what the
+/// BPF program can copy.
+fn grown(current: u32) -> u32 {
+    current
+        .saturating_mul(2)
+        .clamp(MIN_COPY, MAX_STACK_COPY as u32)
 }
 
 pub struct UnwindPolicy {
@@ -151,6 +196,8 @@ impl UnwindPolicy {
                 image: Arc::downgrade(image),
                 unwinding,
                 in_map,
+                copy: self.copy_bytes,
+                sizing: Sizing::default(),
             },
         );
         unwinding
@@ -188,6 +235,62 @@ impl UnwindPolicy {
         }
     }
 
+    /// Fits the copy of a process unwound with DWARF to what its unwinds
+    /// need (`auto` mode, where each such process has its own entry): one
+    /// that ran past a full copy doubles it at once (up to what the BPF
+    /// program can copy); once enough complete unwinds show the stacks are
+    /// shallower, the copy shrinks to fit them, once.
+    pub fn observe_stack(&mut self, image: &Arc<ProcessImage>, need: StackNeed, copied: usize) {
+        let Some(decision) = self.decisions.peek_mut(&image.tgid) else {
+            return;
+        };
+        if !decision.in_map
+            || decision.unwinding != ProcessUnwinding::Dwarf
+            || !std::ptr::eq(decision.image.as_ptr(), Arc::as_ptr(image))
+        {
+            return;
+        }
+        let resized = match need {
+            // A copy that ended short (the top of the stack) needs no more.
+            StackNeed::MoreThanCopied
+                if copied >= decision.copy as usize
+                    && (decision.copy as usize) < MAX_STACK_COPY =>
+            {
+                decision.sizing.settled = true;
+                Some((grown(decision.copy), &self.stats.unwind_copy_grown))
+            }
+            StackNeed::MoreThanCopied => None,
+            StackNeed::Used(bytes) => {
+                decision.sizing.deepest = decision.sizing.deepest.max(bytes);
+                decision.sizing.complete += 1;
+                let fitted = decision.sizing.fitted(decision.copy);
+                if fitted.is_some() {
+                    decision.sizing.settled = true;
+                }
+                fitted.map(|size| (size, &self.stats.unwind_copy_shrunk))
+            }
+        };
+        let (Some((size, counter)), Some(map)) = (resized, &mut self.map) else {
+            return;
+        };
+        match map.set(image.tgid, size) {
+            Ok(()) => {
+                debug!(
+                    pid = image.tgid,
+                    from = decision.copy,
+                    to = size,
+                    "stack copy resized"
+                );
+                decision.copy = size;
+                Stats::inc(counter);
+            }
+            Err(error) => {
+                Stats::inc(&self.stats.unwind_copy_map_failures);
+                debug!(%error, "stack copy not resized");
+            }
+        }
+    }
+
     /// The process executed a new image: the BPF program gave it the full
     /// copy until it is decided.
     pub fn on_exec(&mut self, tgid: u32) {
@@ -201,6 +304,8 @@ impl UnwindPolicy {
                 image: Weak::new(),
                 unwinding: ProcessUnwinding::Dwarf,
                 in_map,
+                copy: self.copy_bytes,
+                sizing: Sizing::default(),
             },
         );
     }
@@ -409,6 +514,62 @@ mod tests {
         policy.on_exit(pid);
         policy.sweep(Path::new("/proc"));
         assert_eq!(entries.lock().expect("lock").len(), 1);
+    }
+
+    #[test]
+    fn the_copy_is_fitted_to_the_stacks_unwinds_need() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let entries = Arc::new(Mutex::new(Vec::new()));
+        let map = FakeMap {
+            entries: entries.clone(),
+            full: false,
+        };
+        let mut policy =
+            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
+        let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
+        let pid = frameless.0.id();
+        let image = processes.image(pid, "chain_inline");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        let sizes = || -> Vec<u32> {
+            entries
+                .lock()
+                .expect("lock")
+                .iter()
+                .map(|&(_, bytes)| bytes)
+                .collect()
+        };
+        for _ in 1..SHRINK_AFTER {
+            policy.observe_stack(&image, StackNeed::Used(1000), 8192);
+        }
+        assert_eq!(sizes(), [8192], "not before enough unwinds");
+        policy.observe_stack(&image, StackNeed::Used(600), 8192);
+        // 1000 + 250 + 1024, up to the next 512.
+        assert_eq!(sizes(), [8192, 2560]);
+        // A copy that ended short of the size asked (the stack's top) is
+        // no reason to grow.
+        policy.observe_stack(&image, StackNeed::MoreThanCopied, 1000);
+        assert_eq!(sizes(), [8192, 2560]);
+        policy.observe_stack(&image, StackNeed::MoreThanCopied, 2560);
+        assert_eq!(sizes(), [8192, 2560, 5120]);
+        // Grown for good: no more shrinking.
+        for _ in 0..2 * SHRINK_AFTER {
+            policy.observe_stack(&image, StackNeed::Used(100), 5120);
+        }
+        assert_eq!(sizes(), [8192, 2560, 5120]);
+        // Up to what the BPF program can copy, never beyond.
+        for _ in 0..8 {
+            let copy = *sizes().last().expect("a size");
+            policy.observe_stack(&image, StackNeed::MoreThanCopied, copy as usize);
+        }
+        assert_eq!(*sizes().last().expect("a size"), MAX_STACK_COPY as u32);
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.unwind_copy_shrunk, 1);
+        assert_eq!(
+            snapshot.unwind_copy_grown,
+            sizes().len() as u64 - 3 + 1,
+            "{:?}",
+            sizes()
+        );
     }
 
     #[test]

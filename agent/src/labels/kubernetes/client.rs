@@ -73,6 +73,7 @@ impl KubernetesWatcher {
         thread::Builder::new()
             .name("firn-kubernetes".into())
             .spawn(move || {
+                crate::stats::cpu::account_thread(crate::stats::cpu::CpuStage::Label);
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()

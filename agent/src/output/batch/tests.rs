@@ -96,7 +96,8 @@ fn build_batch(
     symbolizer: &mut dyn FrameSymbolizer,
     stats: &Stats,
 ) -> (ProfileBatch, BuildSummary) {
-    let symbolized = symbolize_interval(aggregated, symbolizer);
+    let mut cache = FrameCache::new(1 << 20, Arc::new(Stats::default()));
+    let symbolized = symbolize_interval(aggregated, symbolizer, &mut cache);
     let labelled = label_interval(symbolized, grouping, labeler, stats);
     super::build_batch(labelled, period_ns, stats)
 }

@@ -53,6 +53,8 @@ impl fmt::Debug for Secret {
 #[derive(Clone, Debug)]
 pub struct DebuginfoConfig {
     pub upload: bool,
+    /// Offer the objects whose frames firn named itself as well.
+    pub upload_symbolized: bool,
     /// Uploads at once.
     pub max_parallel: usize,
     /// Longest one upload may take.
@@ -63,6 +65,7 @@ impl Default for DebuginfoConfig {
     fn default() -> Self {
         Self {
             upload: true,
+            upload_symbolized: false,
             max_parallel: 4,
             upload_timeout: Duration::from_secs(120),
         }

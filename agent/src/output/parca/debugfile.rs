@@ -4,8 +4,8 @@
 //! object itself when it has symbols or DWARF.
 //!
 //! Files are read with positioned reads, a chunk at a time, never mapped:
-//! a mapping touched end to end (to hash or to stream it) would keep the
-//! whole file resident in firn's RSS, hundreds of MB for a large binary.
+//! a mapping touched end to end (to stream it) would keep the whole file
+//! resident in firn's RSS, hundreds of MB for a large binary.
 //! Choosing the file reads only ELF headers.
 //!
 //! Parca maps runtime addresses with the program headers of the file it is
@@ -34,6 +34,9 @@ use crate::process::{ObjectContents, ObjectFile};
 /// Bytes per read and per streamed message: small enough to keep memory
 /// flat, large enough that a 200 MB file is 200 messages.
 pub const CHUNK: usize = 1 << 20;
+
+/// Bytes at each end of a file that its fingerprint covers.
+pub const FINGERPRINT_EDGE: usize = 64 << 10;
 
 /// A file that can symbolize an object, ready to be read in chunks.
 #[derive(Clone)]
@@ -110,14 +113,29 @@ impl Source {
         })
     }
 
-    /// SHA-256 of the bytes as sent, in hex: the file read once, a chunk at
-    /// a time, into `buf` (which ends up `CHUNK` long).
-    pub fn hash(&self, buf: &mut Vec<u8>) -> io::Result<String> {
+    /// What the server files the upload under as its hash, in hex: SHA-256
+    /// of the length and of the first and last [`FINGERPRINT_EDGE`] bytes as
+    /// sent (all of them for a smaller file), as Parca Agent's file ids do.
+    /// The server only compares it with the hash of an upload it marked
+    /// invalid; hashing all of a 200 MB binary for that would cost more CPU
+    /// than the upload itself. The ends hold what tells two builds apart
+    /// when the build id does not: the ELF, program and section headers
+    /// (patched ones included).
+    pub fn fingerprint(&self) -> io::Result<String> {
         let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
-        for (offset, length) in self.pieces(CHUNK) {
-            buf.resize(length, 0);
-            self.read_at(offset, buf)?;
-            digest.update(buf);
+        digest.update(&self.len.to_le_bytes());
+        let edge = FINGERPRINT_EDGE as u64;
+        let ranges = if self.len <= 2 * edge {
+            [(0, self.len), (self.len, 0)]
+        } else {
+            [(0, edge), (self.len - edge, edge)]
+        };
+        let mut buf = Vec::new();
+        for (offset, length) in ranges {
+            // At most 2 × FINGERPRINT_EDGE, so it fits in usize.
+            buf.resize(length as usize, 0);
+            self.read_at(offset, &mut buf)?;
+            digest.update(&buf);
         }
         Ok(hex(digest.finish().as_ref()))
     }
@@ -310,7 +328,7 @@ mod tests {
         let found = find_source(&stripped).expect("reads").expect("found");
         assert_eq!(found.description, "/debug/BuildId");
         assert_eq!(found.len(), CHAIN.len() as u64);
-        let hash = found.hash(&mut Vec::new()).expect("hashes");
+        let hash = found.fingerprint().expect("hashes");
         assert_eq!(hash.len(), 64, "sha256 in hex");
         stripped.debug_files.remove(1);
         assert!(find_source(&stripped).expect("reads").is_none());
@@ -389,10 +407,31 @@ mod tests {
         )
         .expect("source");
         assert_eq!(
-            source.hash(&mut Vec::new()).expect("hashes"),
-            whole.hash(&mut Vec::new()).expect("hashes"),
+            source.fingerprint().expect("hashes"),
+            whole.fingerprint().expect("hashes"),
             "the hash covers the patched bytes"
         );
+    }
+
+    #[test]
+    fn the_fingerprint_covers_the_length_and_both_ends() {
+        let source = |bytes: Vec<u8>| {
+            Source::new("f".into(), ObjectContents::Memory(bytes.into()), Vec::new())
+                .expect("source")
+        };
+        let len = 4 * FINGERPRINT_EDGE;
+        let base: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+        let print = |bytes: Vec<u8>| source(bytes).fingerprint().expect("reads");
+        let mut middle = base.clone();
+        middle[len / 2] ^= 1;
+        assert_eq!(print(base.clone()), print(middle), "the middle is not read");
+        let mut last = base.clone();
+        last[len - 1] ^= 1;
+        assert_ne!(print(base.clone()), print(last));
+        let mut first = base.clone();
+        first[0] ^= 1;
+        assert_ne!(print(base.clone()), print(first));
+        assert_ne!(print(base.clone()), print(base[..len - 1].to_vec()));
     }
 
     #[test]
@@ -408,7 +447,7 @@ mod tests {
         file.set_len(50).expect("truncates");
         let mut buf = vec![0; 100];
         assert!(source.read_at(0, &mut buf).is_err());
-        assert!(source.hash(&mut Vec::new()).is_err());
+        assert!(source.fingerprint().is_err());
         assert!(source.read_at(90, &mut [0; 20]).is_err(), "past the end");
     }
 }

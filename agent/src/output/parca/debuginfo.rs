@@ -2,7 +2,7 @@
 //! profiles (those whose frames firn sent without names first), ask the
 //! server by build id whether it wants debug information, and only then
 //! find a file with symbols or DWARF (a debug file opened with the object,
-//! else the object itself), hash it and stream it through
+//! else the object itself), fingerprint it and stream it through
 //! `parca.debuginfo.v1alpha1`. Nothing is read before the server asks for
 //! it, so a server that is down or has the file costs no I/O and no
 //! memory. At most a few uploads at once, the bytes they hold bounded by
@@ -25,7 +25,7 @@ use super::{
     budget::{ByteBudget, reserved_bytes},
     config::DebuginfoConfig,
     connect::RequestMetadata,
-    debugfile::{CHUNK, Source, find_source, may_have_source},
+    debugfile::{CHUNK, FINGERPRINT_EDGE, Source, find_source, may_have_source},
     debuginfo_proto::{
         BuildIdType, DebuginfoType, InitiateUploadRequest, MarkUploadFinishedRequest,
         ShouldInitiateUploadRequest, UploadInfo, UploadRequest, debuginfo_service_client,
@@ -183,9 +183,9 @@ impl Uploader {
             return Ok(self.skipped(build_id, &object_path, "no symbols or DWARF found for it"));
         }
         let mut client = self.client.clone();
-        // By build id alone: the hash costs a read of the whole file, and
-        // the server needs it only to refuse a file it already marked
-        // invalid, which InitiateUpload checks (AlreadyExists) anyway.
+        // By build id alone: the server needs the hash only to refuse a
+        // file it already marked invalid, which InitiateUpload checks
+        // (AlreadyExists) anyway, and finding the file costs reads.
         let answer = client
             .should_initiate_upload(ShouldInitiateUploadRequest {
                 build_id: build_id.to_owned(),
@@ -205,11 +205,11 @@ impl Uploader {
             return Ok(self.skipped(build_id, &object_path, "no symbols or DWARF found for it"));
         };
         let hash = {
-            let reservation = self.budget.reserve(CHUNK).await;
+            let reservation = self.budget.reserve(2 * FINGERPRINT_EDGE).await;
             let source = source.clone();
             blocking(move || {
                 let _reservation = reservation;
-                source.hash(&mut Vec::with_capacity(CHUNK))
+                source.fingerprint()
             })
             .await?
         };

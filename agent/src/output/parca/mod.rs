@@ -8,6 +8,8 @@
 //! `thread_id` stays a sample label. The network work
 //! runs on its own thread and runtime: the builder thread only puts
 //! requests in a byte-bounded queue, so sampling never waits on the server.
+//! Debug information uploads have a thread, runtime and connection of
+//! their own.
 
 mod budget;
 mod config;
@@ -39,7 +41,13 @@ use self::{
 use super::{
     ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, SeriesProfile, destination::Tally,
 };
-use crate::{process::ObjectFile, stats::Stats};
+use crate::{
+    process::ObjectFile,
+    stats::{
+        Stats,
+        cpu::{self, CpuStage},
+    },
+};
 
 /// Code generated from `proto/parca/`, nested as the packages are so the
 /// cross-package references resolve.
@@ -110,6 +118,8 @@ pub struct ParcaExporter {
     series_labels: Vec<Label>,
     queue: Arc<SharedQueue<WriteRawRequest>>,
     uploads: Option<mpsc::Sender<Arc<ObjectFile>>>,
+    /// Offer the objects firn named in full as well.
+    upload_symbolized: bool,
     shutdown: watch::Sender<Option<Instant>>,
     done: std_mpsc::Receiver<()>,
     thread: thread::JoinHandle<()>,
@@ -133,11 +143,25 @@ impl ParcaExporter {
             tally.clone(),
         ));
         let (shutdown, shutdown_receiver) = watch::channel(None);
-        let (upload_sender, upload_receiver) = mpsc::channel(UPLOAD_BACKLOG);
+        let uploads = if debuginfo.upload {
+            let (upload_sender, upload_receiver) = mpsc::channel(UPLOAD_BACKLOG);
+            let debuginfo = debuginfo.clone();
+            let target = target.clone();
+            let request_metadata = request_metadata.clone();
+            let stats = tally.total().clone();
+            thread::Builder::new()
+                .name("firn-upload".into())
+                .spawn(move || {
+                    upload_thread(&debuginfo, target, request_metadata, upload_receiver, stats);
+                })
+                .map_err(|source| ParcaError::Thread { source })?;
+            Some(upload_sender)
+        } else {
+            None
+        };
         let (done_sender, done) = std_mpsc::channel();
         let thread = {
             let remote = remote.clone();
-            let debuginfo = debuginfo.clone();
             let queue = queue.clone();
             let tally = tally.clone();
             thread::Builder::new()
@@ -145,12 +169,10 @@ impl ParcaExporter {
                 .spawn(move || {
                     network_thread(
                         &remote,
-                        &debuginfo,
                         target,
                         request_metadata,
                         queue,
                         shutdown_receiver,
-                        upload_receiver,
                         tally,
                         push_duration,
                     );
@@ -162,7 +184,8 @@ impl ParcaExporter {
             address: remote.address.clone(),
             series_labels: series_labels(),
             queue,
-            uploads: debuginfo.upload.then_some(upload_sender),
+            uploads,
+            upload_symbolized: debuginfo.upload_symbolized,
             shutdown,
             done,
             thread,
@@ -257,7 +280,12 @@ impl Exporter for ParcaExporter {
             }
         }
         if let Some(uploads) = &self.uploads {
-            for object in batch.debuginfo_candidates {
+            let symbolized = if self.upload_symbolized {
+                batch.symbolized_objects
+            } else {
+                Vec::new()
+            };
+            for object in batch.debuginfo_candidates.into_iter().chain(symbolized) {
                 if uploads.try_send(object).is_err() {
                     Stats::inc(&self.tally.total().debuginfo_uploads_skipped);
                     debug!("debuginfo candidate skipped: the upload backlog is full");
@@ -280,18 +308,16 @@ impl Exporter for ParcaExporter {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn network_thread(
     remote: &RemoteStoreConfig,
-    debuginfo: &DebuginfoConfig,
     target: connect::Target,
     request_metadata: RequestMetadata,
     queue: Arc<SharedQueue<WriteRawRequest>>,
     shutdown: watch::Receiver<Option<Instant>>,
-    uploads: mpsc::Receiver<Arc<ObjectFile>>,
     tally: Tally,
     push_duration: Histogram,
 ) {
+    cpu::account_thread(CpuStage::Push);
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -303,18 +329,9 @@ fn network_thread(
         }
     };
     runtime.block_on(async move {
-        let channel = target.channel();
-        let uploader = debuginfo.upload.then(|| {
-            let client =
-                debuginfo_proto::debuginfo_service_client::DebuginfoServiceClient::with_interceptor(
-                    channel.clone(),
-                    request_metadata.clone(),
-                );
-            tokio::spawn(Uploader::new(client, debuginfo, tally.total().clone()).run(uploads))
-        });
         let client =
             profilestore::profile_store_service_client::ProfileStoreServiceClient::with_interceptor(
-                channel,
+                target.channel(),
                 request_metadata,
             );
         Delivery {
@@ -328,12 +345,44 @@ fn network_thread(
         }
         .run()
         .await;
-        // Uploads in flight at shutdown are abandoned: the server asks
-        // for them again after the next start.
-        if let Some(uploader) = uploader {
-            uploader.abort();
-        }
     });
+}
+
+/// Debug information goes on its own thread, runtime and connection:
+/// hundreds of MB read and streamed for a large binary never delay a push
+/// (nor share its HTTP/2 flow control), and their CPU time is told apart.
+fn upload_thread(
+    debuginfo: &DebuginfoConfig,
+    target: connect::Target,
+    request_metadata: RequestMetadata,
+    uploads: mpsc::Receiver<Arc<ObjectFile>>,
+    stats: Arc<Stats>,
+) {
+    cpu::account_thread(CpuStage::Upload);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("firn-upload-read")
+        .on_thread_start(|| cpu::account_thread(CpuStage::Upload))
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            error!(%error, "could not start the runtime for debuginfo uploads; none will be made");
+            return;
+        }
+    };
+    runtime.block_on(async move {
+        let client =
+            debuginfo_proto::debuginfo_service_client::DebuginfoServiceClient::with_interceptor(
+                target.channel(),
+                request_metadata,
+            );
+        // Until the exporter goes away at shutdown.
+        Uploader::new(client, debuginfo, stats).run(uploads).await;
+    });
+    // Uploads in flight at shutdown are abandoned, reads included: the
+    // server asks for them again after the next start.
+    runtime.shutdown_background();
 }
 
 #[cfg(test)]

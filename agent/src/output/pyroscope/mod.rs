@@ -30,6 +30,7 @@ use super::{
         queue::{Pending, SharedQueue},
     },
 };
+use crate::stats::cpu::{self, CpuStage};
 
 /// Code generated from `proto/pyroscope/`.
 #[allow(clippy::all, clippy::too_many_lines, missing_docs)]
@@ -96,6 +97,7 @@ impl PyroscopeExporter {
             thread::Builder::new()
                 .name("firn-pyroscope".into())
                 .spawn(move || {
+                    cpu::account_thread(CpuStage::Push);
                     let runtime = match tokio::runtime::Builder::new_current_thread()
                         .enable_all()
                         .build()

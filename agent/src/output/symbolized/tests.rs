@@ -96,7 +96,8 @@ fn every_distinct_frame_is_named_once_and_shared() {
         build_id: BuildId::new(&[0xab, 0xcd]),
         profiles_ended: 0,
     };
-    let symbolized = symbolize_interval(aggregated, &mut symbolizer);
+    let mut cache = FrameCache::new(1 << 20, Arc::new(crate::stats::Stats::default()));
+    let symbolized = symbolize_interval(aggregated, &mut symbolizer, &mut cache);
     assert_eq!(symbolizer.profiles_ended, 1, "caches trimmed once");
 
     let table = &symbolized.table;
