@@ -66,6 +66,7 @@ pub mod names {
     pub const PROG_SAMPLE: &str = "sample_cpu";
     pub const PROG_EXEC: &str = "process_exec";
     pub const PROG_EXIT: &str = "process_exit";
+    pub const PROG_FORK: &str = "follow_fork";
 }
 
 /// First field of every ring buffer record.
@@ -345,13 +346,16 @@ pub enum Counter {
     /// Samples of an interpreter process whose thread had no interpreter
     /// state (a native thread, or one before the interpreter started).
     InterpreterNoThreadState = 16,
+    /// A process started by a filtered one could not be followed:
+    /// `PID_FILTER` full.
+    PidFilterFull = 17,
     /// Samples not recorded because the only stack left on (user or
     /// kernel, see `BpfConfig::stacks_off`) was empty.
-    NoStackLeft = 17,
+    NoStackLeft = 18,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 18;
+    pub const COUNT: u32 = 19;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Self::SamplesSeen,
         Self::SamplesWritten,
@@ -370,6 +374,7 @@ impl Counter {
         Self::InterpreterTruncated,
         Self::InterpreterReadFailed,
         Self::InterpreterNoThreadState,
+        Self::PidFilterFull,
         Self::NoStackLeft,
     ];
 }

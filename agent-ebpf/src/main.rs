@@ -48,9 +48,9 @@ use aya_ebpf::{
             bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_user, bpf_task_pt_regs,
         },
     },
-    macros::{map, perf_event, raw_tracepoint},
+    macros::{map, perf_event, raw_tracepoint, tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::{PerfEventContext, RawTracePointContext},
+    programs::{PerfEventContext, RawTracePointContext, TracePointContext},
 };
 
 /// Says why something failed, at debug level under the daemon's log
@@ -81,7 +81,8 @@ static SCRATCH: Array<SampleScratch> = Array::with_max_entries(1, 0);
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT, 0);
 
-/// tgids to sample when `CONFIG.filter_pids` is set.
+/// tgids to sample when `CONFIG.filter_pids` is set. `follow_fork` adds
+/// the processes they start; `process_exit` removes every process that ends.
 #[map]
 static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 0);
 
@@ -511,13 +512,64 @@ pub fn process_exit(ctx: RawTracePointContext) -> u32 {
         // process even when the exit event is lost.
         let _ = UNWIND_COPY.remove(&tgid);
         let _ = python::PYTHON_PROCESSES.remove(&tgid);
-        if !process_event(RecordKind::Exit) {
+        let lost = !process_event(RecordKind::Exit);
+        // After the event, which the filter decides on; a later process
+        // that reuses the pid is no descendant of anything followed.
+        if config().filter_pids != 0 {
+            let _ = PID_FILTER.remove(&tgid);
+        }
+        if lost {
             failed!(
                 &ctx,
                 "exit event of tgid {} lost: ring buffer reservation failed",
                 tgid
             );
         }
+    }
+    0
+}
+
+/// Offsets in the `task/task_newtask` tracepoint's record (its `format`
+/// file; unchanged since the tracepoint came in 3.x). The daemon checks
+/// them against the running kernel's before attaching.
+const NEWTASK_PID_OFFSET: usize = 8;
+const NEWTASK_CLONE_FLAGS_OFFSET: usize = 32;
+const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// A filtered process starting another: the child is sampled too, from
+/// its first instruction (the fork runs in the parent, before the child
+/// can be scheduled).
+#[tracepoint]
+pub fn follow_fork(ctx: TracePointContext) -> u32 {
+    if config().filter_pids == 0 {
+        return 0;
+    }
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // SAFETY: `get` is unsafe because the daemon may rewrite the value
+    // under the reference; only the entry's presence is used.
+    if unsafe { PID_FILTER.get(&parent) }.is_none() {
+        return 0;
+    }
+    // SAFETY: both offsets lie within the tracepoint's record, whose
+    // layout the daemon checked; the helper fails rather than faults.
+    let (Ok(child), Ok(flags)) = (unsafe { ctx.read_at::<i32>(NEWTASK_PID_OFFSET) }, unsafe {
+        ctx.read_at::<u64>(NEWTASK_CLONE_FLAGS_OFFSET)
+    }) else {
+        return 0;
+    };
+    // A new thread belongs to a process that is already in.
+    if flags & CLONE_THREAD != 0 || child <= 0 {
+        return 0;
+    }
+    if let Err(error) = PID_FILTER.insert(&(child as u32), &1, 0) {
+        count(Counter::PidFilterFull);
+        failed!(
+            &ctx,
+            "child {} of tgid {} not followed: PID_FILTER insert returned {}",
+            child,
+            parent,
+            error
+        );
     }
     0
 }

@@ -178,6 +178,15 @@ impl<'a> SampleView<'a> {
             .find_map(|(name, value)| (name == key).then_some(value))
     }
 
+    /// The sample's numeric label `key` (as Go's profiles carry `pid`).
+    pub fn num_label(&self, key: &str) -> Option<i64> {
+        self.sample
+            .label
+            .iter()
+            .find(|label| label.str == 0 && self.reader.string(label.key) == key)
+            .map(|label| label.num)
+    }
+
     /// The sample's labels as strings, `(key, value)`, in order; a numeric
     /// label reads with an empty value.
     pub fn labels(&self) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {

@@ -9,7 +9,10 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use crate::{labels::ProcessMetadata, process::ProcessImage, runtimes::UserFrame, stats::Stats};
+use crate::{
+    labels::ProcessMetadata, process::ProcessImage, runtimes::UserFrame, sampler::Comm,
+    stats::Stats,
+};
 
 /// A sample after unwinding: the plain value between the unwinder and the
 /// aggregator.
@@ -20,6 +23,9 @@ pub struct UnwoundSample {
     /// The process's metadata (cgroups, command line) when it was sampled.
     pub metadata: Arc<ProcessMetadata>,
     pub tid: u32,
+    /// The thread's name, when samples are labelled per thread (else
+    /// `None`, so a renamed thread does not split its stacks).
+    pub thread_name: Option<Comm>,
     /// Kernel frames, innermost first.
     pub kernel: Vec<u64>,
     /// User frames, innermost first; the first is the interrupted
@@ -72,6 +78,7 @@ pub struct StackKey {
     pub image: ImageRef,
     pub metadata: MetadataRef,
     pub tid: u32,
+    pub thread_name: Option<Comm>,
     pub kernel: Box<[u64]>,
     pub user: Box<[UserFrame]>,
 }
@@ -135,6 +142,7 @@ impl Aggregator {
             image: ImageRef(sample.image),
             metadata: MetadataRef(sample.metadata),
             tid: sample.tid,
+            thread_name: sample.thread_name,
             kernel: sample.kernel.into_boxed_slice(),
             user: sample.user.into_boxed_slice(),
         };
@@ -191,6 +199,7 @@ mod tests {
             image: image.clone(),
             metadata: METADATA.clone(),
             tid: image.tgid,
+            thread_name: None,
             kernel: Vec::new(),
             user: user.iter().copied().map(UserFrame::Native).collect(),
         }

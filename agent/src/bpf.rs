@@ -2,6 +2,7 @@
 //! and (when asked for) their log.
 
 pub(crate) mod btf;
+mod follow;
 mod program_log;
 
 use std::{
@@ -217,6 +218,9 @@ impl BpfSampler {
         // Process events first, so no exec is missed between the first
         // sample and the hooks being in place.
         sampler.attach_process_events()?;
+        if !config.pids.is_empty() {
+            follow::attach(&mut sampler.ebpf);
+        }
         Ok(sampler)
     }
 
@@ -521,7 +525,9 @@ fn bpf_config(config: &SamplingConfig, ring_buffer_bytes: u32) -> BpfConfig {
         _ if !config.user_stacks => (0, 0),
         UnwindMode::FramePointers => (config.leaf_stack_copy_bytes, 0),
         UnwindMode::Dwarf => (config.stack_copy_bytes, 0),
-        UnwindMode::Auto => (config.leaf_stack_copy_bytes, config.stack_copy_bytes),
+        // Undecided processes get the full copy; the daemon writes the
+        // decided ones' sizes into UNWIND_COPY.
+        UnwindMode::Auto => (config.stack_copy_bytes, config.stack_copy_bytes),
     };
     let mut stacks_off = 0;
     if !config.kernel_stacks {

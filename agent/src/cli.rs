@@ -8,22 +8,26 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 mod bounds;
 mod destinations;
 mod file;
+mod inspect;
 mod labels;
 mod pyroscope;
+mod record;
 mod remote;
 
-use bounds::{parse_duration, parse_log_level, parse_period, parse_store_bytes};
+use bounds::{parse_log_level, parse_period, parse_store_bytes};
 pub use file::{ArgsError, parse_args};
+pub use inspect::{ReportArgs, ReportFormatArg, TopArgs};
 pub use labels::KubernetesArgs;
 pub use pyroscope::PyroscopeArgs;
+pub use record::RecordArgs;
 pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
 
 use agent_symbolize::{DemangleMode, SymbolConfig};
 
 use crate::{
     aggregate::AggregateConfig,
-    config::{AgentConfig, DestinationConfig, RecordConfig},
-    labels::{MetadataConfig, Rule},
+    config::{AgentConfig, DestinationConfig},
+    labels::Rule,
     output::LocalStoreConfig,
     process::DebugFileConfig,
     sampler::{SamplingConfig, UnwindMode},
@@ -40,7 +44,9 @@ use crate::{
         profile per process per --profiling-duration to the Parca server at \
         --remote-store-address, or without one writes one gzipped pprof per interval \
         into --local-store-directory.\n\
-        `firn record` makes a single recording, like `perf record`.",
+        `firn record` makes a single recording, like `perf record` (`firn record -- CMD` \
+        profiles a command and what it starts); `firn report` summarizes a profile and \
+        `firn top` shows the hottest functions live.",
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
@@ -77,8 +83,14 @@ impl From<LogFormatArg> for crate::logging::LogFormat {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Record for a while and write one profile (and optionally a flame graph).
+    /// Record for a while, or while a command runs, and write one profile
+    /// (and optionally a flame graph).
     Record(RecordArgs),
+    /// Summarize a pprof profile: hottest functions, folded stacks or a
+    /// flame graph.
+    Report(ReportArgs),
+    /// Show the hottest functions of the host (or --pid) live, like `perf top`.
+    Top(TopArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -93,7 +105,8 @@ pub struct SamplingArgs {
     )]
     pub frequency: u64,
 
-    /// Profile only this process (repeatable); filtered in the kernel.
+    /// Profile only this process and those it starts (repeatable);
+    /// filtered in the kernel.
     #[arg(long = "pid", value_name = "PID", value_parser = clap::value_parser!(u32).range(1..))]
     pub pids: Vec<u32>,
 
@@ -253,45 +266,20 @@ pub struct AgentArgs {
     #[command(flatten)]
     pub debuginfo: DebuginfoArgs,
 
+    /// Label every sample with its thread's id and name (`thread_id`,
+    /// `thread_name`); off, only threads other than a process's main one
+    /// carry `thread_id`. One series per thread is more data to store.
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub thread_labels: bool,
+
     /// Where /metrics (Prometheus), /healthy and /ready are served.
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7071")]
     pub http_address: SocketAddr,
 }
 
-#[derive(Args, Debug, Clone)]
-pub struct RecordArgs {
-    #[command(flatten)]
-    pub sampling: SamplingArgs,
-
-    #[command(flatten)]
-    pub symbols: SymbolArgs,
-
-    /// How long to record.
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
-    pub duration: Duration,
-
-    /// The gzipped pprof profile to write.
-    #[arg(long, short, value_name = "FILE", default_value = "profile.pb.gz")]
-    pub output: PathBuf,
-
-    /// Also write a flame graph (SVG) here.
-    #[arg(long, value_name = "FILE")]
-    pub flamegraph: Option<PathBuf>,
-
-    /// A YAML configuration file: `relabel_configs` apply to the samples'
-    /// labels (a dropped process is left out), and any of these flags,
-    /// keyed by name without the dashes; the command line wins.
-    #[arg(long, value_name = "FILE")]
-    pub config_path: Option<PathBuf>,
-
-    /// The config file's `relabel_configs`, checked (see `AgentArgs`).
-    #[arg(skip)]
-    pub relabel_rules: Vec<Rule>,
-}
-
 impl SamplingArgs {
     /// With both stacks off there would be nothing to sample.
-    fn check_stacks(&self) -> Result<(), ConfigError> {
+    pub(crate) fn check_stacks(&self) -> Result<(), ConfigError> {
         if self.collect_kernel_profile || self.collect_user_profile {
             Ok(())
         } else {
@@ -355,32 +343,6 @@ impl SymbolArgs {
     }
 }
 
-impl TryFrom<&RecordArgs> for RecordConfig {
-    type Error = ConfigError;
-
-    fn try_from(args: &RecordArgs) -> Result<Self, ConfigError> {
-        args.sampling.check_stacks()?;
-        Ok(Self {
-            sampling: args.sampling.sampling(),
-            pipeline: pipeline(&args.sampling, &args.symbols),
-            symbols: args.symbols.symbols(),
-            metadata: MetadataConfig {
-                node: remote::host_name().unwrap_or_else(|_| "localhost".into()),
-                external_labels: Vec::new(),
-                relabel_rules: args.relabel_rules.clone(),
-                kubernetes: None,
-                runtime_sockets: crate::labels::runtime::DEFAULT_SOCKETS
-                    .iter()
-                    .map(PathBuf::from)
-                    .collect(),
-            },
-            duration: args.duration,
-            output: args.output.clone(),
-            flamegraph: args.flamegraph.clone(),
-        })
-    }
-}
-
 impl TryFrom<&AgentArgs> for AgentConfig {
     type Error = ConfigError;
 
@@ -390,7 +352,10 @@ impl TryFrom<&AgentArgs> for AgentConfig {
         args.sampling.check_stacks()?;
         Ok(Self {
             sampling: args.sampling.sampling(),
-            pipeline: pipeline(&args.sampling, &args.symbols),
+            pipeline: PipelineConfig {
+                thread_labels: args.thread_labels,
+                ..pipeline(&args.sampling, &args.symbols)
+            },
             symbols: args.symbols.symbols(),
             profiling_duration: args.profiling_duration,
             local_store: LocalStoreConfig {
@@ -482,7 +447,7 @@ fn parse_stack_copy_bytes(text: &str) -> Result<u32, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{bounds::parse_duration, *};
 
     #[test]
     fn sizes_parse_with_binary_units() {
@@ -509,41 +474,6 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("1000y").is_err());
-    }
-
-    #[test]
-    fn record_flags_become_a_config() {
-        let cli = Cli::try_parse_from([
-            "firn",
-            "record",
-            "--duration",
-            "3s",
-            "--pid",
-            "42",
-            "--pid",
-            "43",
-            "--frequency",
-            "99",
-            "--output",
-            "out.pb.gz",
-        ])
-        .expect("valid flags");
-        let Some(Command::Record(args)) = cli.command else {
-            panic!("expected the record subcommand");
-        };
-        let config = RecordConfig::try_from(&args).expect("a usable config");
-        assert_eq!(config.duration, Duration::from_secs(3));
-        assert_eq!(config.sampling.pids, vec![42, 43]);
-        assert_eq!(config.sampling.frequency_hz, 99);
-        assert_eq!(config.output, PathBuf::from("out.pb.gz"));
-        assert_eq!(config.sampling.unwind, UnwindMode::Auto);
-        assert_eq!(config.sampling.stack_copy_bytes, 16384);
-        assert_eq!(config.symbols.demangle, DemangleMode::Simplified);
-        assert_eq!(
-            config.pipeline.debug_files.directories,
-            [PathBuf::from("/usr/lib/debug")]
-        );
-        assert_eq!(config.symbols.debuginfo_cache_bytes, 16 << 20);
     }
 
     #[test]
@@ -597,7 +527,7 @@ mod tests {
         for args in [
             vec!["firn", "--unwind", "lbr"],
             vec!["firn", "--stack-copy-bytes", "1000"],
-            vec!["firn", "--stack-copy-bytes", "64KiB"],
+            vec!["firn", "--stack-copy-bytes", "65KiB"],
         ] {
             assert!(Cli::try_parse_from(&args).is_err(), "{args:?}");
         }

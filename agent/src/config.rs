@@ -26,9 +26,25 @@ pub struct RecordConfig {
     pub symbols: SymbolConfig,
     /// Sample labels and relabeling (no Kubernetes watch for one recording).
     pub metadata: MetadataConfig,
-    pub duration: Duration,
+    /// `None`: 10 s, or with a command until it exits.
+    pub duration: Option<Duration>,
     pub output: PathBuf,
     pub flamegraph: Option<PathBuf>,
+    /// The command to start and profile (empty: none).
+    pub command: Vec<std::ffi::OsString>,
+    /// Status line and summary on a terminal.
+    pub summary: bool,
+}
+
+/// `firn top`: a live view of the hottest functions.
+#[derive(Clone, Debug)]
+pub struct TopConfig {
+    pub sampling: SamplingConfig,
+    pub pipeline: PipelineConfig,
+    pub symbols: SymbolConfig,
+    pub metadata: MetadataConfig,
+    /// How often the view is redrawn.
+    pub refresh: Duration,
 }
 
 /// `firn`: the long-running agent.

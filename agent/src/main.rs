@@ -1,4 +1,5 @@
-//! `firn`: the agent (no subcommand) and `firn record`.
+//! `firn`: the agent (no subcommand), `firn record`, `firn report` and
+//! `firn top`.
 
 mod commands;
 
@@ -6,8 +7,9 @@ use std::process::ExitCode;
 
 use firn::{
     cli::{ArgsError, Command, parse_args},
-    config::{AgentConfig, RecordConfig},
+    config::{AgentConfig, RecordConfig, TopConfig},
     logging::{self, error_chain},
+    report::ReportConfig,
 };
 
 /// Exit status for bad flags or configuration (as clap uses).
@@ -61,8 +63,12 @@ fn main() -> ExitCode {
                 return ExitCode::from(EXIT_USAGE);
             }
         },
+        Some(Command::Report(args)) => commands::report::run(&ReportConfig::from(args)).map(|()| 0),
+        Some(Command::Top(args)) => runtime
+            .block_on(commands::top::run(&TopConfig::from(args)))
+            .map(|()| 0),
         None => match AgentConfig::try_from(&cli.agent) {
-            Ok(config) => runtime.block_on(commands::agent::run(&config)),
+            Ok(config) => runtime.block_on(commands::agent::run(&config)).map(|()| 0),
             Err(error) => {
                 eprintln!("error: {}", error_chain(&error));
                 return ExitCode::from(EXIT_USAGE);
@@ -70,7 +76,7 @@ fn main() -> ExitCode {
         },
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(status) => ExitCode::from(status),
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::FAILURE

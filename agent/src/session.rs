@@ -9,7 +9,7 @@ use std::{
 };
 
 use agent_common::MAX_STACK_DEPTH;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::{
     aggregate::{AggregateConfig, AggregatedProfile, Aggregator, UnwoundSample},
@@ -38,12 +38,6 @@ const DRAIN_SLICE: Duration = Duration::from_millis(50);
 const FINAL_DRAIN: Duration = Duration::from_secs(2);
 /// How often map entries of vanished processes are looked for.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
-/// Longest `--unwind auto` spends at start deciding for the processes
-/// already running; the rest are decided on their first sample.
-const PRECLASSIFY_BUDGET: Duration = Duration::from_secs(2);
-/// Longest the start waits, after loading the BPF programs, for the
-/// thread pointer's offset the Python walker needs.
-const THREAD_POINTER_WAIT: Duration = Duration::from_millis(500);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -75,6 +69,9 @@ pub struct PipelineConfig {
     pub unwinder: UnwinderConfig,
     pub aggregate: AggregateConfig,
     pub python: PythonConfig,
+    /// Label every sample with its thread's id and name (`thread_id`,
+    /// `thread_name`), not only other threads' ids.
+    pub thread_labels: bool,
 }
 
 /// The stages after the ring buffer, apart from it so they can be fed
@@ -91,6 +88,7 @@ pub struct Pipeline {
     last_expire: Instant,
     last_sweep: Instant,
     host: Host,
+    thread_labels: bool,
 }
 
 impl Pipeline {
@@ -127,6 +125,7 @@ impl Pipeline {
             last_expire: Instant::now(),
             last_sweep: Instant::now(),
             host: config.host.clone(),
+            thread_labels: config.thread_labels,
         }
     }
 
@@ -138,38 +137,6 @@ impl Pipeline {
     pub fn with_python(mut self, python: PythonRuntime) -> Self {
         self.python = Some(python);
         self
-    }
-
-    /// Looks at each of `tgids` ahead of its first sample: decides how to
-    /// unwind it (`--unwind auto`), so that processes running before firn
-    /// get their stack copy from the first sample, and registers the
-    /// interpreters among them with their walkers. Stops after `budget`;
-    /// returns how many it looked at.
-    pub fn preclassify(&mut self, tgids: impl IntoIterator<Item = u32>, budget: Duration) -> usize {
-        let auto = self.policy.mode() == UnwindMode::Auto;
-        if !auto && self.python.is_none() {
-            return 0;
-        }
-        let started = Instant::now();
-        let mut decided = 0;
-        for tgid in tgids {
-            if started.elapsed() >= budget {
-                break;
-            }
-            let image = self.processes.image(tgid, "");
-            if image.gone || image.mappings.is_empty() {
-                continue;
-            }
-            if auto {
-                self.policy
-                    .decide(&image, &mut self.processes, &mut self.unwinder);
-            }
-            if let Some(python) = &mut self.python {
-                python.observe(&image, &mut self.processes);
-            }
-            decided += 1;
-        }
-        decided
     }
 
     /// Handles one ring buffer record.
@@ -248,6 +215,7 @@ impl Pipeline {
             image,
             metadata,
             tid: sample.tid,
+            thread_name: self.thread_labels.then_some(sample.comm),
             kernel: sample.kernel_stack,
             user,
         });
@@ -367,39 +335,29 @@ impl Session {
             stats.clone(),
         );
         if sampling.unwind == UnwindMode::Auto {
-            policy = policy.with_map(Box::new(bpf.take_copy_size_map()?));
+            policy = policy.with_map(
+                Box::new(bpf.take_copy_size_map()?),
+                sampling.leaf_stack_copy_bytes,
+            );
         }
+        // Nothing is looked at before sampling starts: a process is decided
+        // (and an interpreter registered) on its first sample, and the BPF
+        // program gives an undecided process the full stack copy, so its
+        // first samples unwind whole. Firn is ready sooner, and processes
+        // that are never sampled cost nothing.
         let python = match thread_pointer {
-            Some(thread_pointer) => {
-                // Running interpreters are registered before the first
-                // sample only once the lookup is done.
-                if !thread_pointer.wait(THREAD_POINTER_WAIT) {
-                    info!(
-                        "the kernel's BTF is still being read; Python processes are registered on their first samples after"
-                    );
-                }
-                Some(PythonRuntime::new(
-                    &pipeline.python,
-                    thread_pointer,
-                    Box::new(bpf.take_python_map()?),
-                    pipeline.processes.max_processes,
-                    stats.clone(),
-                ))
-            }
+            Some(thread_pointer) => Some(PythonRuntime::new(
+                &pipeline.python,
+                thread_pointer,
+                Box::new(bpf.take_python_map()?),
+                pipeline.processes.max_processes,
+                stats.clone(),
+            )),
             None => None,
         };
         let mut pipeline = Pipeline::new(pipeline, stats).with_unwind(policy);
         if let Some(python) = python {
             pipeline = pipeline.with_python(python);
-        }
-        if sampling.unwind == UnwindMode::Auto || pipeline.python.is_some() {
-            let started = Instant::now();
-            let decided = if sampling.pids.is_empty() {
-                pipeline.preclassify(pipeline.host.pids(), PRECLASSIFY_BUDGET)
-            } else {
-                pipeline.preclassify(sampling.pids.iter().copied(), PRECLASSIFY_BUDGET)
-            };
-            info!(processes = decided, elapsed = ?started.elapsed(), "unwinding decided for running processes");
         }
         bpf.start_sampling(sampling.frequency_hz)?;
         Ok(Self {

@@ -57,7 +57,8 @@ pub struct Sample {
     /// Leaf first.
     pub frames: Vec<Frame>,
     pub count: i64,
-    /// The `thread_id` label: `None` on the main thread.
+    /// The `thread_id` label: `None` on the main thread (which carries its
+    /// pid as `thread_id` under `--thread-labels`, or no label without).
     pub thread: Option<String>,
 }
 
@@ -115,7 +116,10 @@ pub fn samples_of(profile: &Profile, pid: u32) -> Vec<Sample> {
         .map(|sample| Sample {
             frames: sample.frames().iter().map(Frame::of).collect(),
             count: sample.count(),
-            thread: sample.label("thread_id").map(str::to_owned),
+            thread: sample
+                .label("thread_id")
+                .filter(|&tid| tid != pid)
+                .map(str::to_owned),
         })
         .collect()
 }

@@ -28,8 +28,9 @@ pub const PYROSCOPE_VERSION: &str = "v1.19.3";
 /// inspect programs, systemd for `systemd-analyze` (verifies the unit),
 /// Debian's own CPython for the Python tests and benchmark (beside the
 /// pyenv builds the machine image ships), with `venv` for the tools'
-/// virtualenv, Docker (the daemon the container metadata test runs a real
-/// container with, on a socket of its own).
+/// virtualenv, tmux to drive `firn top` in a terminal, Docker (the daemon
+/// the container metadata test runs a real container with, on a socket of
+/// its own).
 const DEBIAN_PACKAGES: &[&str] = &[
     "gcc",
     "libc6-dev",
@@ -40,6 +41,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "systemd",
     "python3.11",
     "python3-venv",
+    "tmux",
     "docker.io",
 ];
 

@@ -34,7 +34,11 @@ fn copy_sizes_follow_the_unwind_mode() {
         let bpf = bpf_config(config, 1 << 22);
         (bpf.stack_copy_bytes, bpf.exec_copy_bytes)
     };
-    assert_eq!(sizes(&config), (1024, 16384));
+    assert_eq!(
+        sizes(&config),
+        (16384, 16384),
+        "undecided processes get the full copy"
+    );
     config.unwind = UnwindMode::FramePointers;
     assert_eq!(sizes(&config), (1024, 0));
     config.unwind = UnwindMode::Dwarf;

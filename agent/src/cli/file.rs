@@ -111,6 +111,7 @@ where
             }
             args.relabel_rules = relabel_rules;
         }
+        Some(Subcommand::Report(_) | Subcommand::Top(_)) => {}
         None => {
             cli.agent.relabel_rules = relabel_rules;
             cli.agent.destinations = destinations;

@@ -121,7 +121,14 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         exporter,
         labeler,
         period: period_ns(config.sampling.frequency_hz),
-        symbolizer: HostSymbolizer::new(&config.pipeline.host, &config.symbols, stats.clone()),
+        symbolizer: {
+            let host = config.pipeline.host.clone();
+            let symbols = config.symbols.clone();
+            let stats = stats.clone();
+            // On the builder's thread: reading kallsyms must not hold up
+            // the first drain.
+            Box::new(move || HostSymbolizer::new(&host, &symbols, stats))
+        },
         stats: stats.clone(),
         stage: build_stage,
     }
@@ -287,7 +294,7 @@ struct Builder {
     exporter: Box<dyn Exporter>,
     labeler: Labeler,
     period: i64,
-    symbolizer: HostSymbolizer,
+    symbolizer: Box<dyn FnOnce() -> HostSymbolizer + Send>,
     stats: Arc<Stats>,
     stage: Arc<Stage>,
 }
@@ -317,7 +324,7 @@ impl Builder {
                         exporter.as_mut(),
                         &self.labeler,
                         self.period,
-                        self.symbolizer,
+                        (self.symbolizer)(),
                         self.stats,
                         &self.stage,
                     );

@@ -2,6 +2,8 @@
 
 pub mod agent;
 pub mod record;
+pub mod report;
+pub mod top;
 
 use firn::{bpf::BpfCounters, host::Host, stats::StatsSnapshot};
 

@@ -1,25 +1,32 @@
-//! `firn record`: one recording, one profile, optionally a flame graph.
+//! `firn record`: one recording, one profile, optionally a flame graph;
+//! with a command, the recording follows it and what it starts.
+
+mod live;
 
 use std::{
+    io::IsTerminal,
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use agent_pprof::{BuildSummary, encode_gzip, validate};
+use agent_pprof::{BuildSummary, encode_gzip, proto, validate};
 use anyhow::{Context, Result, bail};
 use firn::{
     aggregate::AggregatedProfile,
     bpf::{BpfCounters, ProgramRunTime},
     config::RecordConfig,
     labels::Labeler,
+    launch::{Held, LaunchConfig, Running, TargetUser, shell_status},
     output::{build_whole_profile, check_writable, write_flamegraph},
-    session::{Session, shutdown_signal},
+    report::{SampleFilter, Summary, render_summary},
+    session::{Session, ShutdownSignal},
     stats::Stats,
     symbolize::HostSymbolizer,
     watchdog::{self, Stage},
 };
 use tracing::{info, warn};
 
+use self::live::{StatusLine, Stop};
 use super::{lost_samples, period_ns, pid_problem, stack_failures, unknown_frames};
 
 /// From SIGINT/SIGTERM/SIGHUP to the watchdog ending a recording whose
@@ -28,8 +35,13 @@ use super::{lost_samples, period_ns, pid_problem, stack_failures, unknown_frames
 const FORCED_EXIT_AFTER: Duration = Duration::from_secs(30);
 /// A drain step this long is logged as a stall.
 const RECORD_DRAIN_STALL: Duration = Duration::from_secs(5);
+/// A recording without a command, and without --duration.
+const DEFAULT_DURATION: Duration = Duration::from_secs(10);
+/// Functions the summary at the end lists.
+const SUMMARY_FUNCTIONS: usize = 10;
 
-pub async fn run(config: &RecordConfig) -> Result<()> {
+/// Records; the exit status firn ends with (the command's, with one).
+pub async fn run(config: &RecordConfig) -> Result<u8> {
     // Before sampling: a typo must not cost the whole recording.
     for path in std::iter::once(&config.output).chain(&config.flamegraph) {
         check_writable(path).context("nothing recorded")?;
@@ -44,11 +56,60 @@ pub async fn run(config: &RecordConfig) -> Result<()> {
     {
         bail!("{problem}; nothing recorded");
     }
+    // From here on a signal is kept for the loop (or the command).
+    let mut signals = ShutdownSignal::install().context("could not catch signals")?;
+    let held = match config.command.split_first() {
+        Some((program, args)) => Some(
+            Held::spawn(&LaunchConfig {
+                program: program.clone(),
+                args: args.to_vec(),
+                user: TargetUser::from_sudo(|name| std::env::var(name).ok())?,
+            })
+            .context("nothing recorded")?,
+        ),
+        None => None,
+    };
     let stats = Arc::new(Stats::default());
-    let recording = record(config, &stats).await?;
+    let mut sampling = config.sampling.clone();
+    sampling.pids.extend(held.as_ref().map(Held::pid));
+    // A failure here drops `held`: the command gives up without running.
+    let session = Session::start(&sampling, &config.pipeline, stats.clone())?;
+    let command = held
+        .map(Held::release)
+        .transpose()
+        .context("the command did not start")?;
+    let mut exited = live::command_exit(command.as_ref());
+    let limit = match (&command, config.duration) {
+        (_, Some(duration)) => Some(duration),
+        (Some(_), None) => None,
+        (None, None) => Some(DEFAULT_DURATION),
+    };
+    let recording = record(
+        session,
+        config,
+        limit,
+        command.as_ref(),
+        &mut exited,
+        &mut signals,
+        &stats,
+    )
+    .await?;
     let written = write_profile(config, recording.aggregated, &stats)?;
     report(config, &recording.bpf, recording.run_time, &written, &stats);
-    Ok(())
+    if config.summary {
+        print_summary(config, &written.profile);
+    }
+    let Some(command) = command else {
+        return Ok(0);
+    };
+    if recording.stop != Stop::Exited {
+        live::until_exit(&command, &mut exited, &mut signals).await;
+    }
+    let status = command
+        .reap()
+        .context("could not read the command's exit status")?;
+    info!(%status, "the command exited");
+    Ok(shell_status(status))
 }
 
 /// What one recording sampled.
@@ -56,46 +117,86 @@ struct Recording {
     aggregated: AggregatedProfile,
     bpf: BpfCounters,
     run_time: Option<ProgramRunTime>,
+    stop: Stop,
 }
 
-/// Samples for `config.duration` or until a signal, then detaches.
-async fn record(config: &RecordConfig, stats: &Arc<Stats>) -> Result<Recording> {
-    let mut session = Session::start(&config.sampling, &config.pipeline, stats.clone())?;
+/// Samples until `limit`, the command's exit or a signal, then detaches.
+async fn record(
+    mut session: Session,
+    config: &RecordConfig,
+    limit: Option<Duration>,
+    command: Option<&Running>,
+    exited: &mut live::Pending,
+    signals: &mut ShutdownSignal,
+    stats: &Arc<Stats>,
+) -> Result<Recording> {
     let drain_stage = Stage::new("drain", RECORD_DRAIN_STALL, Duration::MAX, |stats| {
         &stats.stage_stalled_drain
     });
     session.watch_drain(drain_stage.clone());
-    watchdog::spawn(vec![drain_stage], None, stats.clone(), FORCED_EXIT_AFTER)
+    // With a command, signals are the command's to act on: firn ends when
+    // it does, however long that takes.
+    let forced_exit_after = match command {
+        Some(_) => Duration::MAX,
+        None => FORCED_EXIT_AFTER,
+    };
+    watchdog::spawn(vec![drain_stage], None, stats.clone(), forced_exit_after)
         .context("could not start the watchdog")?;
     info!(
         cpus = session.cpus(),
         frequency_hz = config.sampling.frequency_hz,
-        duration = %humantime::format_duration(config.duration),
+        duration = %limit.map_or_else(|| "until the command exits".to_owned(), |limit| humantime::format_duration(limit).to_string()),
         pids = ?config.sampling.pids,
+        command_pid = command.map(|command| command.pid),
         "recording"
     );
+    let mut status = if config.summary {
+        StatusLine::on_terminal(limit, stats.clone(), session.bpf_probe().ok())
+    } else {
+        None
+    };
     let started = Instant::now();
-    let interrupted = session
-        .collect_until(async {
-            tokio::select! {
-                () = tokio::time::sleep(config.duration) => None,
-                signal = shutdown_signal() => signal.ok(),
-            }
-        })
+    let stop = session
+        .collect_until(live::until_stop(
+            limit,
+            command,
+            exited,
+            signals,
+            status.as_mut(),
+        ))
         .await
         .context("reading the ring buffer failed")?;
-    if let Some(signal) = interrupted {
+    drop(status);
+    if let Stop::Signal(signal) = stop {
         info!(signal, elapsed = ?started.elapsed(), "stopping early");
     }
     Ok(Recording {
         aggregated: session.take_profile(),
         bpf: session.bpf_counters(),
         run_time: session.sampler_run_time(),
+        stop,
     })
+}
+
+/// The hottest functions and the files written, on standard output.
+fn print_summary(config: &RecordConfig, profile: &proto::Profile) {
+    let width = std::io::stdout()
+        .is_terminal()
+        .then(|| crossterm::terminal::size().ok())
+        .flatten()
+        .map(|(columns, _)| usize::from(columns));
+    let summary = Summary::of(profile, &SampleFilter::default());
+    let mut text = render_summary(&summary, SUMMARY_FUNCTIONS, width);
+    text.push_str(&format!("# profile: {}\n", config.output.display()));
+    if let Some(path) = &config.flamegraph {
+        text.push_str(&format!("# flame graph: {}\n", path.display()));
+    }
+    print!("{text}");
 }
 
 /// The profile as written.
 struct Written {
+    profile: proto::Profile,
     bytes: usize,
     stacks: usize,
     dropped: u64,
@@ -127,6 +228,7 @@ fn write_profile(
             .with_context(|| format!("could not write the flame graph {}", path.display()))?;
     }
     Ok(Written {
+        profile,
         bytes: bytes.len(),
         stacks,
         dropped,

@@ -1,54 +1,19 @@
 //! Flame graphs (SVG, inferno) from a built pprof profile.
 
-use std::{fs::File, io::BufWriter, path::Path};
+use std::{
+    fs::File,
+    io::{BufWriter, Write},
+    path::Path,
+};
 
-use agent_pprof::{FrameView, Reader, proto};
+use agent_pprof::proto;
 
 use super::OutputError;
+use crate::report::{SampleFilter, folded_stacks};
 
-/// A frame as folded stacks name it: the function (`;` would split it),
-/// kernel functions marked `_[k]` as perf's scripts do; an unnamed frame
-/// by its object's file name in brackets.
-fn folded_name(frame: &FrameView<'_>) -> String {
-    let Some(name) = frame.name else {
-        return frame
-            .mapping
-            .map(|mapping| mapping.filename)
-            .filter(|name| !name.is_empty())
-            .map_or_else(
-                || "[unknown]".to_owned(),
-                |name| {
-                    let base = name.rsplit('/').next().unwrap_or(name);
-                    format!("[{}]", base.trim_matches(['[', ']']))
-                },
-            );
-    };
-    let mut name = name.replace(';', ":");
-    if frame.is_kernel() {
-        name.push_str("_[k]");
-    }
-    name
-}
-
-/// Folded stacks, one line per sample: `comm;root;...;leaf count`.
+/// Folded stacks, one line per distinct stack: `comm;root;...;leaf count`.
 pub fn collapsed_stacks(profile: &proto::Profile) -> Vec<String> {
-    let mut lines = Vec::with_capacity(profile.sample.len());
-    for sample in Reader::new(profile).samples() {
-        let count = sample.count();
-        if count <= 0 {
-            continue;
-        }
-        // Root first: the frames come leaf first.
-        let frames: Vec<String> = sample.frames().iter().rev().map(folded_name).collect();
-        let comm = sample.label("comm").unwrap_or("[unknown]");
-        lines.push(format!(
-            "{};{} {count}",
-            comm.replace(';', ":"),
-            frames.join(";")
-        ));
-    }
-    lines.sort_unstable();
-    lines
+    folded_stacks(profile, &SampleFilter::default())
 }
 
 pub fn write_flamegraph(
@@ -61,25 +26,27 @@ pub fn write_flamegraph(
         path: path.display().to_string(),
         source,
     })?;
+    render_flamegraph(&lines, title, BufWriter::new(file))
+}
+
+/// An SVG flame graph of folded stacks, into `writer`.
+pub fn render_flamegraph(
+    lines: &[String],
+    title: &str,
+    writer: impl Write,
+) -> Result<(), OutputError> {
     let mut options = inferno::flamegraph::Options::default();
     options.title = title.to_owned();
     options.count_name = "samples".to_owned();
-    if lines.is_empty() {
-        // inferno refuses empty input; an empty graph still says "no samples".
-        let placeholder = ["no samples 1"];
-        return inferno::flamegraph::from_lines(
-            &mut options,
-            placeholder.iter().copied(),
-            BufWriter::new(file),
-        )
-        .map_err(|source| OutputError::FlameGraph { source });
-    }
-    inferno::flamegraph::from_lines(
-        &mut options,
-        lines.iter().map(String::as_str),
-        BufWriter::new(file),
-    )
-    .map_err(|source| OutputError::FlameGraph { source })
+    // inferno refuses empty input; an empty graph still says "no samples".
+    let placeholder = ["no samples 1".to_owned()];
+    let lines = if lines.is_empty() {
+        &placeholder[..]
+    } else {
+        lines
+    };
+    inferno::flamegraph::from_lines(&mut options, lines.iter().map(String::as_str), writer)
+        .map_err(|source| OutputError::FlameGraph { source })
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use super::{
 use crate::{
     labels::{LabelSet, Labeler, ProcessMetadata},
     process::ProcessImage,
+    sampler::Comm,
     stats::Stats,
 };
 
@@ -46,21 +47,39 @@ fn process_key(stack: &SymbolizedStack) -> ProcessKey {
     (Arc::as_ptr(&stack.image), Arc::as_ptr(&stack.metadata))
 }
 
-/// `thread_id`, for threads other than the main one.
-fn thread(stack: &SymbolizedStack) -> Option<u32> {
-    (stack.tid != stack.image.tgid).then_some(stack.tid)
+/// A sample's thread labels: `thread_id` alone for threads other than the
+/// main one; with per-thread labels on, `thread_id` and `thread_name` for
+/// every thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Thread {
+    tid: u32,
+    name: Option<Comm>,
+}
+
+fn thread(stack: &SymbolizedStack) -> Option<Thread> {
+    (stack.thread_name.is_some() || stack.tid != stack.image.tgid).then_some(Thread {
+        tid: stack.tid,
+        name: stack.thread_name,
+    })
 }
 
 type SampleLabels = Arc<[(String, String)]>;
 
-/// `labels` then `thread_id`; built once per label set and thread.
+/// `labels` then the thread's; built once per label set and thread.
 fn sample_labels<'a>(
     labels: impl Iterator<Item = (&'a String, &'a String)>,
-    thread: Option<u32>,
+    thread: Option<Thread>,
 ) -> SampleLabels {
+    let thread_labels = thread.into_iter().flat_map(|thread| {
+        std::iter::once(("thread_id".to_owned(), thread.tid.to_string())).chain(
+            thread
+                .name
+                .map(|name| ("thread_name".to_owned(), name.to_string())),
+        )
+    });
     labels
         .map(|(name, value)| (name.clone(), value.clone()))
-        .chain(thread.map(|tid| ("thread_id".to_owned(), tid.to_string())))
+        .chain(thread_labels)
         .collect()
 }
 
@@ -109,7 +128,7 @@ fn label_processes(
 fn whole(kept: Vec<(Arc<LabelSet>, SymbolizedStack)>) -> SeriesStacks {
     // The set is kept in the value so its address is not reused while it
     // is a key.
-    type BySetAndThread = HashMap<(*const LabelSet, Option<u32>), (Arc<LabelSet>, SampleLabels)>;
+    type BySetAndThread = HashMap<(*const LabelSet, Option<Thread>), (Arc<LabelSet>, SampleLabels)>;
     let mut cache = BySetAndThread::new();
     let stacks = kept
         .into_iter()
@@ -135,10 +154,10 @@ fn whole(kept: Vec<(Arc<LabelSet>, SymbolizedStack)>) -> SeriesStacks {
 /// One series per label set, in label order: the series Parca keeps
 /// apart. Processes that relabeling left with equal labels share one.
 fn per_label_set(kept: Vec<(Arc<LabelSet>, SymbolizedStack)>) -> Vec<SeriesStacks> {
-    let mut threads: HashMap<Option<u32>, SampleLabels> = HashMap::new();
+    let mut threads: HashMap<Option<Thread>, SampleLabels> = HashMap::new();
     let mut groups: BTreeMap<Arc<LabelSet>, Vec<Stack>> = BTreeMap::new();
     for (set, stack) in kept {
-        // Series labels only: the samples keep just `thread_id`.
+        // Series labels only: the samples keep just their thread's.
         let labels = threads
             .entry(thread(&stack))
             .or_insert_with(|| sample_labels(std::iter::empty(), thread(&stack)))

@@ -24,7 +24,7 @@ use std::{
 
 pub use batch::{build_batch, build_whole_profile};
 pub use fanout::FanOut;
-pub use flamegraph::write_flamegraph;
+pub use flamegraph::{render_flamegraph, write_flamegraph};
 pub use labelled::{LabelledInterval, SeriesStacks, label_interval};
 pub use local::{LocalStore, LocalStoreConfig};
 pub use symbolized::{

@@ -20,6 +20,7 @@ use crate::{
     labels::ProcessMetadata,
     process::{MappingKind, ObjectFile, ProcessImage},
     runtimes::{InterpretedFrame, Runtime, UserFrame},
+    sampler::Comm,
     symbolize::{FrameSymbolizer, Line},
 };
 
@@ -29,6 +30,8 @@ pub struct SymbolizedStack {
     pub image: Arc<ProcessImage>,
     pub metadata: Arc<ProcessMetadata>,
     pub tid: u32,
+    /// Set when samples are labelled per thread.
+    pub thread_name: Option<Comm>,
     pub count: u64,
     /// Indices into [`FrameTable::frames`], leaf first: kernel frames, then
     /// user frames.
@@ -163,6 +166,7 @@ pub fn symbolize_interval(
             image: key.image.0,
             metadata: key.metadata.0,
             tid: key.tid,
+            thread_name: key.thread_name,
             count,
         })
         .collect();

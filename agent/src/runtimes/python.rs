@@ -7,7 +7,6 @@ use std::{
     ops::Range,
     path::Path,
     sync::{Arc, OnceLock},
-    time::{Duration, Instant},
 };
 
 use agent_common::{InterpreterFrame, PythonProcess, interpreter_frame_flags};
@@ -507,18 +506,6 @@ impl ThreadPointerLookup {
     /// The offset once looked up: `Some(None)` if the BTF did not tell.
     pub fn get(&self) -> Option<Option<u32>> {
         self.0.get().copied()
-    }
-
-    /// Waits for the lookup, at most `timeout`; true when it is done.
-    pub fn wait(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while self.0.get().is_none() {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        true
     }
 }
 

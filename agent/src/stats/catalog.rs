@@ -63,6 +63,14 @@ declare_metrics! {
             NoStackLeft { reason = "no_stack_left" },
         ],
     }
+    processes_not_followed: Counter,
+        "Processes started by a profiled one (--pid, firn record's command) that are not \
+        profiled because the kernel's PID filter (1024 processes) was full."
+    {
+        bpf: [
+            PidFilterFull {},
+        ],
+    }
     bpf_stack_copies_short: Counter,
         "Samples whose copy of the user stack ended short of what was asked (end of the \
         stack mapping or an unmapped page)."

@@ -3,8 +3,11 @@
 //! unwound with DWARF when its main executable, or any library it maps from
 //! outside the system library directories, lacks frame pointers (judged
 //! from the CFI, see `agent_unwind::survey`). The decision is written into the BPF map of
-//! per-process copy sizes; processes that keep frame pointers stay out of
-//! it and pay only for the leaf copy.
+//! per-process copy sizes: the leaf copy for processes that keep frame
+//! pointers, a copy fitted to its stacks for the others. A process not yet
+//! decided (sampled before firn looked at it, or right after an exec) gets
+//! the full copy, so even its first samples unwind whole and nothing has
+//! to be looked at before sampling starts.
 
 use std::{
     num::NonZeroUsize,
@@ -123,6 +126,8 @@ fn grown(current: u32) -> u32 {
 pub struct UnwindPolicy {
     mode: UnwindMode,
     copy_bytes: u32,
+    /// What processes unwound with frame pointers get in the map.
+    leaf_copy_bytes: u32,
     map: Option<Box<dyn CopySizeMap>>,
     decisions: LruCache<u32, Decision>,
     stats: Arc<Stats>,
@@ -134,15 +139,18 @@ impl UnwindPolicy {
         Self {
             mode,
             copy_bytes,
+            leaf_copy_bytes: 0,
             map: None,
             decisions: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
             stats,
         }
     }
 
-    /// Decisions are written into `map` from now on.
-    pub fn with_map(mut self, map: Box<dyn CopySizeMap>) -> Self {
+    /// Decisions are written into `map` from now on, processes unwound
+    /// with frame pointers given `leaf_copy_bytes`.
+    pub fn with_map(mut self, map: Box<dyn CopySizeMap>, leaf_copy_bytes: u32) -> Self {
         self.map = Some(map);
+        self.leaf_copy_bytes = leaf_copy_bytes;
         self
     }
 
@@ -173,34 +181,56 @@ impl UnwindPolicy {
             ProcessUnwinding::Dwarf => Stats::inc(&self.stats.unwind_dwarf_images),
             ProcessUnwinding::FramePointers => Stats::inc(&self.stats.unwind_fp_images),
         }
-        let mut in_map = self.decisions.pop(&tgid).is_some_and(|d| d.in_map);
-        if let Some(map) = &mut self.map {
-            match unwinding {
-                ProcessUnwinding::Dwarf if !in_map => match map.set(tgid, self.copy_bytes) {
-                    Ok(()) => in_map = true,
-                    Err(error) => {
-                        Stats::inc(&self.stats.unwind_copy_map_failures);
-                        debug!(%error, "process keeps the leaf copy");
-                    }
-                },
-                ProcessUnwinding::FramePointers if in_map => {
-                    map.remove(tgid);
-                    in_map = false;
+        let previous = self.decisions.pop(&tgid).filter(|d| d.in_map);
+        let decision = match (unwinding, previous) {
+            // A new image of a process already unwound with DWARF (maps
+            // read again): its copy stays fitted.
+            (ProcessUnwinding::Dwarf, Some(previous))
+                if previous.unwinding == ProcessUnwinding::Dwarf =>
+            {
+                Decision {
+                    image: Arc::downgrade(image),
+                    ..previous
                 }
-                _ => {}
+            }
+            (_, previous) => {
+                let wanted = match unwinding {
+                    ProcessUnwinding::Dwarf => self.copy_bytes,
+                    ProcessUnwinding::FramePointers => self.leaf_copy_bytes,
+                };
+                let held = previous.map(|d| d.copy);
+                let copy = if held == Some(wanted) || self.set_copy(tgid, wanted) {
+                    Some(wanted)
+                } else {
+                    held
+                };
+                Decision {
+                    image: Arc::downgrade(image),
+                    unwinding,
+                    in_map: copy.is_some(),
+                    copy: copy.unwrap_or(0),
+                    sizing: Sizing::default(),
+                }
+            }
+        };
+        self.remember(tgid, decision);
+        unwinding
+    }
+
+    /// Writes `bytes` as `tgid`'s copy size; false (and counted) when the
+    /// map refuses it, or when there is no map.
+    fn set_copy(&mut self, tgid: u32, bytes: u32) -> bool {
+        let Some(map) = &mut self.map else {
+            return false;
+        };
+        match map.set(tgid, bytes) {
+            Ok(()) => true,
+            Err(error) => {
+                Stats::inc(&self.stats.unwind_copy_map_failures);
+                debug!(%error, "process keeps the copy it had");
+                false
             }
         }
-        self.remember(
-            tgid,
-            Decision {
-                image: Arc::downgrade(image),
-                unwinding,
-                in_map,
-                copy: self.copy_bytes,
-                sizing: Sizing::default(),
-            },
-        );
-        unwinding
     }
 
     /// `image` was left to frame pointers, but its stacks hold callers
@@ -222,15 +252,21 @@ impl UnwindPolicy {
             pid = tgid,
             "frame pointers missing on the stack: switching to DWARF"
         );
-        if !decision.in_map
-            && let Some(map) = &mut self.map
-        {
-            match map.set(tgid, self.copy_bytes) {
-                Ok(()) => decision.in_map = true,
-                Err(error) => {
-                    Stats::inc(&self.stats.unwind_copy_map_failures);
-                    debug!(%error, "process keeps the leaf copy");
-                }
+        if decision.in_map && decision.copy >= self.copy_bytes {
+            return;
+        }
+        let Some(map) = &mut self.map else {
+            return;
+        };
+        match map.set(tgid, self.copy_bytes) {
+            Ok(()) => {
+                decision.in_map = true;
+                decision.copy = self.copy_bytes;
+                decision.sizing = Sizing::default();
+            }
+            Err(error) => {
+                Stats::inc(&self.stats.unwind_copy_map_failures);
+                debug!(%error, "process keeps the copy it had");
             }
         }
     }
@@ -384,6 +420,9 @@ mod tests {
         unwind::UnwinderConfig,
     };
 
+    /// The leaf copy the tests' policies give frame-pointer processes.
+    const LEAF: u32 = 1024;
+
     #[derive(Default)]
     struct FakeMap {
         entries: Arc<Mutex<Vec<(u32, u32)>>>,
@@ -482,8 +521,8 @@ mod tests {
             entries: entries.clone(),
             full: false,
         };
-        let mut policy =
-            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
+        let mut policy = UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone())
+            .with_map(Box::new(map), LEAF);
 
         let framed = Child::spawn(agent_fixtures::CHAIN);
         let image = processes.image(framed.0.id(), "chain");
@@ -491,7 +530,9 @@ mod tests {
             policy.decide(&image, &mut processes, &mut unwinder),
             ProcessUnwinding::FramePointers
         );
-        assert!(entries.lock().expect("lock").is_empty());
+        // Undecided processes get the full copy: a decided one with frame
+        // pointers gets the leaf copy.
+        assert_eq!(*entries.lock().expect("lock"), [(framed.0.id(), LEAF)]);
 
         let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
         let pid = frameless.0.id();
@@ -502,7 +543,10 @@ mod tests {
         );
         // Decided once per image.
         policy.decide(&image, &mut processes, &mut unwinder);
-        assert_eq!(*entries.lock().expect("lock"), [(pid, 8192)]);
+        assert_eq!(
+            *entries.lock().expect("lock"),
+            [(framed.0.id(), LEAF), (pid, 8192)]
+        );
         let snapshot = stats.snapshot();
         assert_eq!(
             (snapshot.unwind_dwarf_images, snapshot.unwind_fp_images),
@@ -513,7 +557,7 @@ mod tests {
         // processes alone.
         policy.on_exit(pid);
         policy.sweep(Path::new("/proc"));
-        assert_eq!(entries.lock().expect("lock").len(), 1);
+        assert_eq!(entries.lock().expect("lock").len(), 2);
     }
 
     #[test]
@@ -524,8 +568,8 @@ mod tests {
             entries: entries.clone(),
             full: false,
         };
-        let mut policy =
-            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
+        let mut policy = UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone())
+            .with_map(Box::new(map), LEAF);
         let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
         let pid = frameless.0.id();
         let image = processes.image(pid, "chain_inline");
@@ -580,8 +624,8 @@ mod tests {
             entries: entries.clone(),
             full: false,
         };
-        let mut policy =
-            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
+        let mut policy = UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone())
+            .with_map(Box::new(map), LEAF);
         let framed = Child::spawn(agent_fixtures::CHAIN);
         let image = processes.image(framed.0.id(), "chain");
         policy.decide(&image, &mut processes, &mut unwinder);
@@ -590,7 +634,10 @@ mod tests {
             policy.decide(&image, &mut processes, &mut unwinder),
             ProcessUnwinding::Dwarf
         );
-        assert_eq!(*entries.lock().expect("lock"), [(framed.0.id(), 8192)]);
+        assert_eq!(
+            *entries.lock().expect("lock"),
+            [(framed.0.id(), LEAF), (framed.0.id(), 8192)]
+        );
         assert_eq!(stats.snapshot().unwind_switched_to_dwarf, 1);
     }
 
@@ -601,8 +648,8 @@ mod tests {
             full: true,
             ..FakeMap::default()
         };
-        let mut policy =
-            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map));
+        let mut policy = UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone())
+            .with_map(Box::new(map), LEAF);
         let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
         let image = processes.image(frameless.0.id(), "chain_inline");
         assert_eq!(
@@ -621,7 +668,7 @@ mod tests {
             full: false,
         };
         let mut policy =
-            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats).with_map(Box::new(map));
+            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats).with_map(Box::new(map), LEAF);
         // An exec the daemon saw, of a process gone before it was decided.
         policy.on_exec(4_194_305);
         let dir = tempfile::tempdir().expect("tempdir");

@@ -109,7 +109,7 @@ fn record_reads_its_own_flags_from_the_file() {
         panic!("record");
     };
     let config = RecordConfig::try_from(&args).expect("usable");
-    assert_eq!(config.duration, Duration::from_secs(3));
+    assert_eq!(config.duration, Some(Duration::from_secs(3)));
     assert_eq!(config.sampling.frequency_hz, 88);
 
     // An agent flag is unknown to `firn record`.

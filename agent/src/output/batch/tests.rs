@@ -66,6 +66,7 @@ fn stacks_of_two_processes() -> (ProcessTable, Vec<(StackKey, u64)>) {
         image: ImageRef(image.clone()),
         metadata: MetadataRef(metadata.clone()),
         tid,
+        thread_name: None,
         kernel: vec![0xffff_ffff_8100_0000].into(),
         user: vec![crate::runtimes::UserFrame::Native(address)].into(),
     };
@@ -215,6 +216,41 @@ fn the_whole_interval_is_one_profile_with_sample_labels() {
     assert_eq!(pids.len(), 2);
     for sample in reader.samples() {
         assert_eq!(sample.label("node"), Some("node-a"));
+    }
+}
+
+#[test]
+fn thread_labels_name_every_thread_when_asked() {
+    let (_table, mut stacks) = stacks_of_two_processes();
+    for (key, _) in &mut stacks {
+        key.thread_name = Some(crate::sampler::Comm::from(
+            format!("worker-{}", key.tid).as_str(),
+        ));
+    }
+    let stats = Stats::default();
+    let (batch, _) = build_batch(
+        aggregated(stacks),
+        Grouping::PerProcess,
+        10_000_000,
+        &labeler(&[]),
+        &mut KernelOnly,
+        &stats,
+    );
+    for series in &batch.profiles {
+        let profile = decode(&series.gzipped).expect("gzipped pprof");
+        for sample in Reader::new(&profile).samples() {
+            let tid = sample.label("thread_id").expect("every thread has its id");
+            assert_eq!(
+                sample.label("thread_name"),
+                Some(format!("worker-{tid}").as_str())
+            );
+        }
+        assert!(
+            series
+                .labels
+                .iter()
+                .all(|(name, _)| !name.starts_with("thread_"))
+        );
     }
 }
 

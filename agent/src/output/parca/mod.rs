@@ -5,7 +5,7 @@
 //! One series per label set (see `labels`: `node`, external labels,
 //! `pid`, `comm`, cgroup, container, Kubernetes, after relabeling), named
 //! `__name__="parca_agent_cpu"` as Parca Agent names it; the per-thread
-//! `thread_id` stays a sample label. The network work
+//! `thread_id` (and `thread_name`) stay sample labels. The network work
 //! runs on its own thread and runtime: the builder thread only puts
 //! requests in a byte-bounded queue, so sampling never waits on the server.
 //! Debug information uploads have a thread, runtime and connection of

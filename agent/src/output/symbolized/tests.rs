@@ -81,6 +81,7 @@ fn every_distinct_frame_is_named_once_and_shared() {
         image: ImageRef(image.clone()),
         metadata: metadata.clone(),
         tid,
+        thread_name: None,
         kernel: kernel.into(),
         user: user
             .iter()
