@@ -198,7 +198,7 @@ fn capture(pid: u32, output: &std::path::Path) -> Result<()> {
         .context("no sample with user registers was captured")?;
     let regs = sample.user_regs.context("registers")?;
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
-    std::fs::write(output.with_extension("stack"), &sample.stack_copy)?;
+    std::fs::write(output.with_extension("stack"), sample.stack_copy)?;
     std::fs::write(
         output.with_extension("regs"),
         format!(

@@ -98,9 +98,12 @@ impl From<&str> for Comm {
     }
 }
 
-/// One CPU sample as the BPF program captured it.
+/// One CPU sample as the BPF program captured it. The stack copy (up to
+/// 64 KiB) is borrowed from the ring buffer record, which stays reserved
+/// until the sample is handled: it is unwound where the BPF program wrote
+/// it, never copied out.
 #[derive(Clone, Debug, Default)]
-pub struct RawSample {
+pub struct RawSample<'a> {
     /// CLOCK_MONOTONIC nanoseconds.
     pub timestamp_ns: u64,
     pub cpu: u32,
@@ -118,7 +121,7 @@ pub struct RawSample {
     /// The user registers, when the task has a user side and they were read.
     pub user_regs: Option<UserRegs>,
     /// Bytes copied from the user stack, starting at `user_regs.sp`.
-    pub stack_copy: Vec<u8>,
+    pub stack_copy: &'a [u8],
     /// What identifies each interpreter frame the thread was running,
     /// innermost first (empty outside interpreter processes).
     pub interpreter: Vec<InterpreterFrame>,
@@ -135,8 +138,8 @@ pub struct ProcessEvent {
 }
 
 #[derive(Clone, Debug)]
-pub enum Record {
-    Sample(RawSample),
+pub enum Record<'a> {
+    Sample(RawSample<'a>),
     Exec(ProcessEvent),
     Exit(ProcessEvent),
 }
@@ -156,7 +159,7 @@ pub enum DecodeError {
 }
 
 /// Decodes one ring buffer record.
-pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
+pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
     let kind = read_u32(bytes).ok_or(DecodeError::TooShort {
         len: bytes.len(),
         needed: 4,
@@ -186,7 +189,7 @@ fn read_struct<T: Copy>(bytes: &[u8]) -> Result<T, DecodeError> {
     Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
 }
 
-fn decode_sample(bytes: &[u8]) -> Result<RawSample, DecodeError> {
+fn decode_sample(bytes: &[u8]) -> Result<RawSample<'_>, DecodeError> {
     let record: SampleRecord = read_struct(bytes)?;
     for frames in [record.kernel_frames, record.user_frames] {
         if frames as usize > MAX_STACK_DEPTH {
@@ -232,9 +235,9 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample, DecodeError> {
         user_stack_failed: record.flags & sample_flags::USER_STACK_FAILED != 0,
         user_regs: regs_valid.then_some(record.user_regs),
         stack_copy: if regs_valid {
-            copy[..claimed as usize].to_vec()
+            &copy[..claimed as usize]
         } else {
-            Vec::new()
+            &[]
         },
         interpreter,
         interpreter_truncated: record.flags & sample_flags::INTERPRETER_TRUNCATED != 0,

@@ -182,7 +182,7 @@ impl Pipeline {
         }
     }
 
-    pub fn sample(&mut self, sample: RawSample) {
+    pub fn sample(&mut self, sample: RawSample<'_>) {
         Stats::inc(&self.stats.samples_received);
         let comm = sample.comm.to_string();
         let image = match sample.user_stack.first() {

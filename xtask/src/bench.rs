@@ -40,6 +40,24 @@ pub struct BenchArgs {
     /// walker) against py-spy.
     #[arg(long, conflicts_with = "unwind")]
     pub python: bool,
+    /// firn as an agent pushing to a real Parca server, debug information
+    /// upload on: CPU per sample by stage, ready time, RSS, losses and
+    /// truncated stacks (`bench_agent`). Without `--workload`, every
+    /// workload at 100 and 1000 Hz (or `--frequency`) for 90 s (or
+    /// `--seconds`), then the deep-stack case.
+    #[arg(long, conflicts_with_all = ["python", "unwind", "rounds"])]
+    pub agent: bool,
+    /// With `--agent`: only this workload (repeatable).
+    #[arg(long = "workload", value_enum, requires = "agent")]
+    pub workloads: Vec<crate::bench_agent::AgentWorkload>,
+    /// The deep-stack case: complete and truncated stacks of a recursive
+    /// program without frame pointers at several depths (implies `--agent`).
+    #[arg(long, conflicts_with_all = ["python", "unwind", "rounds"])]
+    pub deep: bool,
+    /// With `--agent`: also bench this firn binary (repeatable), e.g. one
+    /// built from an older commit, beside the one built from this tree.
+    #[arg(long = "firn", value_name = "PATH", requires = "agent")]
+    pub firns: Vec<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -110,7 +128,7 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-fn prepare_workload(root: &Path, work: &Path, unwind: Unwind) -> Result<Workload> {
+pub fn prepare_workload(root: &Path, work: &Path, unwind: Unwind) -> Result<Workload> {
     Ok(match unwind {
         Unwind::Fp => {
             let busy = work.join("busy");

@@ -40,6 +40,11 @@ pub fn prepare(root: &Path, work: &Path) -> Result<Workload> {
         "--example",
         "unwind_bench",
     ]))?;
+    workload(root, work)
+}
+
+/// Builds the workload alone: the chain without frame pointers.
+pub fn workload(root: &Path, work: &Path) -> Result<Workload> {
     let binary = work.join(COMM);
     util::run(
         Command::new("gcc")

@@ -1,6 +1,7 @@
 //! Developer tasks for firn: `cargo xtask <command>`.
 
 mod bench;
+mod bench_agent;
 mod bench_python;
 mod bench_unwind;
 mod capture;
@@ -15,7 +16,7 @@ mod util;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, parser::ValueSource};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "firn developer tasks")]
@@ -60,7 +61,8 @@ enum Command {
     /// failing inputs become regression fixtures.
     Fuzz(fuzz::FuzzArgs),
     /// Measure firn against `perf record` on a busy workload (or, with
-    /// `--python`, against py-spy on a Python one) and print the figures.
+    /// `--python`, against py-spy on a Python one; with `--agent`, firn's
+    /// own cost as an agent pushing to Parca) and print the figures.
     Bench(bench::BenchArgs),
     /// Fixtures for the unwinder's tests: samples of a running process
     /// (as root) and CFI extracts of real objects, into `fixtures/`.
@@ -72,7 +74,8 @@ enum Command {
 }
 
 fn main() -> Result<()> {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|error| error.exit());
     let root = workspace_root();
     match cli.command {
         Command::Setup { packages_only } => {
@@ -99,6 +102,20 @@ fn main() -> Result<()> {
         Command::Fuzz(args) => fuzz::run_targets(&root, &args),
         Command::Bench(args) => {
             setup::debian_packages()?;
+            if args.agent || args.deep {
+                setup::parca_server()?;
+                let given = |id: &str| {
+                    matches
+                        .subcommand_matches("bench")
+                        .and_then(|bench| bench.value_source(id))
+                        == Some(ValueSource::CommandLine)
+                };
+                let given = bench_agent::Given {
+                    frequency: given("frequency"),
+                    seconds: given("seconds"),
+                };
+                return bench_agent::run(&root, &args, given);
+            }
             if args.python {
                 setup::python_tools()?;
             }

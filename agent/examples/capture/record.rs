@@ -45,7 +45,7 @@ pub fn record(pid: u32, seconds: f64, frequency: u64) -> Result<Vec<Recorded>> {
                     stack_len: sample.stack_copy.len(),
                     walk: sample.user_stack,
                 },
-                stack: sample.stack_copy,
+                stack: sample.stack_copy.to_vec(),
             })
         })
         .collect())

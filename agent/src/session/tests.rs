@@ -103,7 +103,7 @@ fn an_unmapped_address_has_the_maps_read_again_once() {
             sp: 0x7ffd_0000,
             bp: 0,
         }),
-        stack_copy: vec![0; 64],
+        stack_copy: &[0; 64],
         ..RawSample::default()
     };
     pipeline.sample(sample.clone());

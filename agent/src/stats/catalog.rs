@@ -203,8 +203,8 @@ declare_metrics! {
     }
     unwind_stack_copy_resized: Counter,
         "Stack copies of processes unwound with DWARF fitted to their stacks, by direction: \
-        grown (an unwind needed more than a full copy; doubled up to the most the BPF \
-        program copies), shrunk (once, to what 200 complete unwinds needed, with a margin)."
+        grown (an unwind needed more than a full copy; grown to the most the BPF program \
+        copies, 64 KiB), shrunk (once, to what 200 complete unwinds needed, with a margin)."
     {
         stats: [
             /// Stack copies doubled after an unwind ran past a full copy.

@@ -161,7 +161,7 @@ impl Unwinder {
         };
         let input = Sample {
             regs,
-            stack: &sample.stack_copy,
+            stack: sample.stack_copy,
             walk: &sample.user_stack,
         };
         let mut objects = ImageObjects { image, processes };
@@ -311,6 +311,7 @@ mod tests {
                         _ => i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
                     })
                     .collect();
+                let copy = stack(&words);
                 let sample = RawSample {
                     tgid: pid,
                     tid: pid,
@@ -320,7 +321,7 @@ mod tests {
                         sp: 0x7ffd_0000,
                         bp: 0x7ffd_0000 + seed * 8,
                     }),
-                    stack_copy: stack(&words),
+                    stack_copy: &copy,
                     ..RawSample::default()
                 };
                 let dwarf = ProcessUnwinding::Dwarf;

@@ -88,11 +88,13 @@ struct Decision {
 /// copying 16 KiB per sample, nor one with deep stacks lose its roots.
 #[derive(Clone, Copy, Debug, Default)]
 struct Sizing {
-    /// The most stack a complete unwind used.
+    /// The most stack a complete unwind used since the copy last grew.
     deepest: u64,
     complete: u32,
-    /// Sized already (shrunk once, or grown): never shrunk again, so a
-    /// process whose deep stacks are rare does not flip back and forth.
+    /// Fitted to its unwinds once already.
+    fitted: bool,
+    /// Grown after it was fitted: its deep stacks are rare but real, and
+    /// it keeps the largest copy, so it does not flip back and forth.
     settled: bool,
 }
 
@@ -104,10 +106,11 @@ const MIN_COPY: u32 = 2048;
 impl Sizing {
     /// The size to shrink to, once enough unwinds have been seen: the
     /// deepest with a quarter and a KiB to spare, in copy chunks.
-    fn fitted(&self, current: u32) -> Option<u32> {
-        if self.settled || self.complete < SHRINK_AFTER {
+    fn fit(&mut self, current: u32) -> Option<u32> {
+        if self.fitted || self.settled || self.complete < SHRINK_AFTER {
             return None;
         }
+        self.fitted = true;
         let chunk = STACK_COPY_CHUNK as u64;
         let want = (self.deepest + self.deepest / 4 + 1024).div_ceil(chunk) * chunk;
         let want = u32::try_from(want).unwrap_or(u32::MAX).max(MIN_COPY);
@@ -115,12 +118,16 @@ impl Sizing {
     }
 }
 
-/// The size to grow a copy that was too small to: twice, up to what the
-/// BPF program can copy.
-fn grown(current: u32) -> u32 {
-    current
-        .saturating_mul(2)
-        .clamp(MIN_COPY, MAX_STACK_COPY as u32)
+impl Sizing {
+    /// A stack did not fit: the copy grows to the most the BPF program
+    /// copies at once (growing step by step would cut the stacks sampled
+    /// meanwhile), and the unwinds after it say how much is needed.
+    fn grow(&mut self) -> u32 {
+        self.settled = self.fitted;
+        self.deepest = 0;
+        self.complete = 0;
+        MAX_STACK_COPY as u32
+    }
 }
 
 pub struct UnwindPolicy {
@@ -273,9 +280,10 @@ impl UnwindPolicy {
 
     /// Fits the copy of a process unwound with DWARF to what its unwinds
     /// need (`auto` mode, where each such process has its own entry): one
-    /// that ran past a full copy doubles it at once (up to what the BPF
-    /// program can copy); once enough complete unwinds show the stacks are
-    /// shallower, the copy shrinks to fit them, once.
+    /// that ran past a full copy grows at once to the most the BPF program
+    /// copies; once enough complete unwinds show the stacks are shallower,
+    /// the copy shrinks to fit them. Fitted once; a process whose stacks
+    /// outgrow the fitted copy keeps the largest from then on.
     pub fn observe_stack(&mut self, image: &Arc<ProcessImage>, need: StackNeed, copied: usize) {
         let Some(decision) = self.decisions.peek_mut(&image.tgid) else {
             return;
@@ -292,18 +300,16 @@ impl UnwindPolicy {
                 if copied >= decision.copy as usize
                     && (decision.copy as usize) < MAX_STACK_COPY =>
             {
-                decision.sizing.settled = true;
-                Some((grown(decision.copy), &self.stats.unwind_copy_grown))
+                Some((decision.sizing.grow(), &self.stats.unwind_copy_grown))
             }
             StackNeed::MoreThanCopied => None,
             StackNeed::Used(bytes) => {
                 decision.sizing.deepest = decision.sizing.deepest.max(bytes);
                 decision.sizing.complete += 1;
-                let fitted = decision.sizing.fitted(decision.copy);
-                if fitted.is_some() {
-                    decision.sizing.settled = true;
-                }
-                fitted.map(|size| (size, &self.stats.unwind_copy_shrunk))
+                decision
+                    .sizing
+                    .fit(decision.copy)
+                    .map(|size| (size, &self.stats.unwind_copy_shrunk))
             }
         };
         let (Some((size, counter)), Some(map)) = (resized, &mut self.map) else {
@@ -593,27 +599,43 @@ mod tests {
         // no reason to grow.
         policy.observe_stack(&image, StackNeed::MoreThanCopied, 1000);
         assert_eq!(sizes(), [8192, 2560]);
+        // A stack that did not fit: at once to the most the BPF program
+        // copies, and for good, as the process outgrew its fitted copy.
+        let max = MAX_STACK_COPY as u32;
         policy.observe_stack(&image, StackNeed::MoreThanCopied, 2560);
-        assert_eq!(sizes(), [8192, 2560, 5120]);
-        // Grown for good: no more shrinking.
+        assert_eq!(sizes(), [8192, 2560, max]);
         for _ in 0..2 * SHRINK_AFTER {
-            policy.observe_stack(&image, StackNeed::Used(100), 5120);
+            policy.observe_stack(&image, StackNeed::Used(100), max as usize);
         }
-        assert_eq!(sizes(), [8192, 2560, 5120]);
-        // Up to what the BPF program can copy, never beyond.
-        for _ in 0..8 {
-            let copy = *sizes().last().expect("a size");
-            policy.observe_stack(&image, StackNeed::MoreThanCopied, copy as usize);
-        }
-        assert_eq!(*sizes().last().expect("a size"), MAX_STACK_COPY as u32);
+        policy.observe_stack(&image, StackNeed::MoreThanCopied, max as usize);
+        assert_eq!(sizes(), [8192, 2560, max]);
         let snapshot = stats.snapshot();
-        assert_eq!(snapshot.unwind_copy_shrunk, 1);
         assert_eq!(
-            snapshot.unwind_copy_grown,
-            sizes().len() as u64 - 3 + 1,
-            "{:?}",
-            sizes()
+            (snapshot.unwind_copy_shrunk, snapshot.unwind_copy_grown),
+            (1, 1)
         );
+    }
+
+    #[test]
+    fn a_deep_process_grows_then_fits_its_deepest_stacks() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let entries = Arc::new(Mutex::new(Vec::new()));
+        let map = FakeMap {
+            entries: entries.clone(),
+            full: false,
+        };
+        let mut policy = UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone())
+            .with_map(Box::new(map), LEAF);
+        let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
+        let image = processes.image(frameless.0.id(), "chain_inline");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        policy.observe_stack(&image, StackNeed::MoreThanCopied, 8192);
+        for _ in 0..SHRINK_AFTER {
+            policy.observe_stack(&image, StackNeed::Used(20_000), MAX_STACK_COPY);
+        }
+        let sizes: Vec<u32> = entries.lock().expect("lock").iter().map(|e| e.1).collect();
+        // 20 000 + 5 000 + 1 024, up to the next 512.
+        assert_eq!(sizes, [8192, MAX_STACK_COPY as u32, 26_112]);
     }
 
     #[test]

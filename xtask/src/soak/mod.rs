@@ -7,11 +7,11 @@
 //! whether delivery resumed after the fault, whether firn stalled, and how
 //! long it took to exit on SIGTERM.
 
-mod fixtures;
-mod monitor;
+pub mod fixtures;
+pub mod monitor;
 mod report;
 mod scenarios;
-mod workloads;
+pub mod workloads;
 
 use std::{
     path::{Path, PathBuf},

@@ -32,23 +32,64 @@ pub struct Counters {
     pub events_lost: f64,
 }
 
-impl Counters {
-    fn parse(text: &str) -> Self {
-        let mut sums: HashMap<&str, f64> = HashMap::new();
-        let mut labelled: HashMap<&str, f64> = HashMap::new();
+/// One `/metrics` answer: every series (`name{labels}`) with its value.
+#[derive(Clone, Debug, Default)]
+pub struct Scrape {
+    series: HashMap<String, f64>,
+}
+
+impl Scrape {
+    pub fn parse(text: &str) -> Self {
+        let mut series: HashMap<String, f64> = HashMap::new();
         for line in text.lines().filter(|line| !line.starts_with('#')) {
-            let Some((series, value)) = line.rsplit_once(' ') else {
+            let Some((name, value)) = line.rsplit_once(' ') else {
                 continue;
             };
             let Ok(value) = value.parse::<f64>() else {
                 continue;
             };
-            let family = series.split('{').next().unwrap_or(series);
-            *sums.entry(family).or_default() += value;
-            *labelled.entry(series).or_default() += value;
+            *series.entry(name.to_owned()).or_default() += value;
         }
-        let sum = |name: &str| sums.get(name).copied().unwrap_or(0.0);
-        let one = |series: &str| labelled.get(series).copied().unwrap_or(0.0);
+        Self { series }
+    }
+
+    /// The series of `family` (e.g. `firn_samples_total`) by their label
+    /// sets (`stage="sample"`; empty for an unlabelled series).
+    pub fn family(&self, family: &str) -> impl Iterator<Item = (&str, f64)> {
+        self.series.iter().filter_map(move |(name, &value)| {
+            let labels = match name.strip_prefix(family)? {
+                "" => "",
+                rest => rest.strip_prefix('{')?.strip_suffix('}')?,
+            };
+            Some((labels, value))
+        })
+    }
+
+    /// Whether firn exposed `family` at all.
+    pub fn has(&self, family: &str) -> bool {
+        self.family(family).next().is_some()
+    }
+
+    /// `family` summed over its labels.
+    pub fn sum(&self, family: &str) -> f64 {
+        self.family(family).map(|(_, value)| value).sum()
+    }
+
+    /// One series, `name{labels}` exactly as exposed; 0 when absent.
+    pub fn one(&self, series: &str) -> f64 {
+        self.series.get(series).copied().unwrap_or(0.0)
+    }
+}
+
+impl Counters {
+    #[cfg(test)]
+    fn parse(text: &str) -> Self {
+        Self::from_scrape(&Scrape::parse(text))
+    }
+
+    pub fn from_scrape(scrape: &Scrape) -> Self {
+        let sum = |name: &str| scrape.sum(name);
+        let one = |series: &str| scrape.one(series);
         Self {
             samples: sum("firn_samples_total"),
             lost: sum("firn_samples_lost_total"),
@@ -68,7 +109,7 @@ impl Counters {
 }
 
 /// One look at firn.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Point {
     /// Seconds since the monitor started.
     pub at: f64,
@@ -80,6 +121,8 @@ pub struct Point {
     pub cpu_seconds: f64,
     /// None when `/metrics` did not answer within 2 s.
     pub counters: Option<Counters>,
+    /// Every series of that answer.
+    pub scrape: Option<Arc<Scrape>>,
 }
 
 /// Longest one look at firn may take (the `/metrics` scrape alone may
@@ -217,13 +260,15 @@ fn look(pid: u32, metrics: SocketAddr) -> Option<Point> {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let rss_kb = field(&status, "VmRSS");
     let anon_kb = field(&rollup, "Anonymous");
+    let scrape = scrape(metrics).map(|text| Arc::new(Scrape::parse(&text)));
     Some(Point {
         rss_kb,
         hwm_kb: field(&status, "VmHWM"),
         anon_kb,
         file_kb: field(&rollup, "Rss").saturating_sub(anon_kb),
         cpu_seconds: (ticks(11) + ticks(12)) / hz,
-        counters: scrape(metrics).map(|text| Counters::parse(&text)),
+        counters: scrape.as_deref().map(Counters::from_scrape),
+        scrape,
         ..Point::default()
     })
 }
@@ -274,5 +319,24 @@ mod tests {
         assert_eq!(counters.dropped_queue, 2.0);
         assert_eq!(counters.dropped_pipeline, 1.0);
         assert_eq!(counters.queue_bytes, 4096.0);
+    }
+
+    #[test]
+    fn scrape_reads_families_by_labels() {
+        let scrape = Scrape::parse(
+            "firn_cpu_seconds_total{stage=\"sample\"} 1.5\n\
+             firn_cpu_seconds_total{stage=\"push\"} 0.25\n\
+             firn_cpu_seconds_total_other 9\n\
+             firn_samples_total 7\n\
+             # EOF\n",
+        );
+        let mut stages: Vec<(&str, f64)> = scrape.family("firn_cpu_seconds_total").collect();
+        stages.sort_by(|a, b| a.0.cmp(b.0));
+        assert_eq!(
+            stages,
+            [("stage=\"push\"", 0.25), ("stage=\"sample\"", 1.5)]
+        );
+        assert_eq!(scrape.sum("firn_samples_total"), 7.0);
+        assert!(!scrape.has("firn_bpf_run_time_seconds_total"));
     }
 }

@@ -66,7 +66,7 @@ impl Outcome {
         self.points()
             .iter()
             .filter(|p| p.phase == phase)
-            .copied()
+            .cloned()
             .collect()
     }
 
@@ -264,7 +264,7 @@ fn print_phases(outcome: &Outcome, series: &Series) {
         // Each phase's deltas run from the last point before it.
         let mut points = outcome.phase_points(index);
         if let Some(before) = series.points.iter().rev().find(|p| p.phase < index) {
-            points.insert(0, *before);
+            points.insert(0, before.clone());
         }
         let own = outcome.phase_points(index);
         if own.is_empty() {
