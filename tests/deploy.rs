@@ -212,7 +212,7 @@ fn the_daemonset_runs_firn_with_the_configmap_as_a_least_privileged_root() {
     .expect("config");
     let args = strings(&firn["args"]);
     let agent = agent_config(&args, "/etc/firn/firn.yaml", &config);
-    assert!(agent.remote_store.is_some(), "pushes to Parca");
+    assert!(agent.remote_store().is_some(), "pushes to Parca");
     assert!(
         !agent.metadata.relabel_rules.is_empty(),
         "example relabel rules"

@@ -114,6 +114,10 @@ fn kubernetes_pods_label_their_containers_until_deleted() {
         "worker",
         &id_b,
         r#"{"app": "report"}"#,
+    )
+    .replace(
+        r#""team.example.com/owner": "payments""#,
+        r#""team.example.com/owner": "payments", "pyroscope.io/service_name": "batch-reports""#,
     );
     let authority = Authority::new(dir.path(), "kube-ca");
     let server = FakeApiServer::start(authority.https_config(), vec![pod_a.clone(), pod_b]);
@@ -175,6 +179,7 @@ fn kubernetes_pods_label_their_containers_until_deleted() {
         ("app", "checkout"),
         ("app_kubernetes_io_part_of", "storefront"),
         ("owner", "payments"),
+        ("service_name", "shop/server"),
     ] {
         assert_eq!(get(&labels, name).as_deref(), Some(value), "{labels:?}");
     }
@@ -184,6 +189,7 @@ fn kubernetes_pods_label_their_containers_until_deleted() {
         ("pod", "report-28391-kq2lp"),
         ("container", "worker"),
         ("app", "report"),
+        ("service_name", "batch-reports"),
     ] {
         assert_eq!(get(&labels, name).as_deref(), Some(value), "{labels:?}");
     }
@@ -201,6 +207,7 @@ fn kubernetes_pods_label_their_containers_until_deleted() {
         );
     }
     assert_eq!(get(&labels, "container_id").as_deref(), Some(id_a.as_str()));
+    assert_eq!(get(&labels, "service_name").as_deref(), Some("chain"));
     let (labels, _) = labels_of(&profile, b.pid());
     assert_eq!(get(&labels, "pod").as_deref(), Some("report-28391-kq2lp"));
 

@@ -119,6 +119,14 @@ fn containers_and_units_are_named_from_real_cgroups_v1_and_v2() {
         );
         assert_eq!(get("executable"), Some("chain"), "{labels:?}");
         assert_eq!(get("comm"), Some("chain"), "{labels:?}");
+        // A systemd service names the service; a container outside
+        // Kubernetes (no runtime socket here) and a plain process go by
+        // the executable's name.
+        let service = unit
+            .as_deref()
+            .and_then(|unit| unit.strip_suffix(".service"))
+            .unwrap_or("chain");
+        assert_eq!(get("service_name"), Some(service), "/{path}: {labels:?}");
         assert_eq!(get("kernel_release"), Some(release.as_str()));
         assert!(get("node").is_some_and(|n| !n.is_empty()), "{labels:?}");
         assert!(

@@ -349,10 +349,13 @@ pub enum Counter {
     /// A process started by a filtered one could not be followed:
     /// `PID_FILTER` full.
     PidFilterFull = 17,
+    /// Samples not recorded because the only stack left on (user or
+    /// kernel, see `BpfConfig::stacks_off`) was empty.
+    NoStackLeft = 18,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 18;
+    pub const COUNT: u32 = 19;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Self::SamplesSeen,
         Self::SamplesWritten,
@@ -372,6 +375,7 @@ impl Counter {
         Self::InterpreterReadFailed,
         Self::InterpreterNoThreadState,
         Self::PidFilterFull,
+        Self::NoStackLeft,
     ];
 }
 
@@ -389,7 +393,9 @@ pub struct BpfConfig {
     /// Non-zero: a process that executes a new image gets this copy size in
     /// `UNWIND_COPY` until the daemon has looked at the image and decided.
     pub exec_copy_bytes: u32,
-    pub reserved: u32,
+    /// Stacks not walked at all ([`stacks_off`] bits): what is off costs
+    /// nothing in the kernel.
+    pub stacks_off: u32,
     /// Wake the reader once this many bytes are waiting in the ring buffer;
     /// below that the daemon drains on its own timer.
     pub wakeup_bytes: u64,
@@ -400,9 +406,17 @@ impl BpfConfig {
         filter_pids: 0,
         stack_copy_bytes: 0,
         exec_copy_bytes: 0,
-        reserved: 0,
+        stacks_off: 0,
         wakeup_bytes: 0,
     };
+}
+
+/// Bits of [`BpfConfig::stacks_off`].
+pub mod stacks_off {
+    /// No kernel stack walk.
+    pub const KERNEL: u32 = 1;
+    /// No user stack walk, stack copy or interpreter walk.
+    pub const USER: u32 = 2;
 }
 
 #[cfg(feature = "user")]

@@ -34,7 +34,7 @@ use agent_common::{
     BpfConfig, COMM_LEN, Counter, INTERPRETER_BYTES, InterpreterFrame, LOG_TARGET,
     MAX_INTERPRETER_FRAMES, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES,
     ProcessRecord, RecordKind, STACK_READ_BYTES, SampleRecord, SampleScratch, UserRegs,
-    sample_flags,
+    sample_flags, stacks_off,
 };
 use aya_ebpf::{
     EbpfContext,
@@ -198,15 +198,21 @@ unsafe fn record_sample(
     record.user_regs = UserRegs::default();
 
     let raw_ctx = ctx.as_ptr();
+    let kernel_on = config.stacks_off & stacks_off::KERNEL == 0;
+    let user_on = config.stacks_off & stacks_off::USER == 0;
     // SAFETY: `raw_ctx` is this run's context and the buffer is the
     // record's kernel stack array, exactly STACK_BYTES long.
-    let kernel = unsafe {
-        bpf_get_stack(
-            raw_ctx,
-            record.kernel_stack.as_mut_ptr().cast(),
-            STACK_BYTES,
-            0,
-        )
+    let kernel = if kernel_on {
+        unsafe {
+            bpf_get_stack(
+                raw_ctx,
+                record.kernel_stack.as_mut_ptr().cast(),
+                STACK_BYTES,
+                0,
+            )
+        }
+    } else {
+        0
     };
     if kernel >= 0 {
         record.kernel_frames = (kernel as u32) / 8;
@@ -222,13 +228,17 @@ unsafe fn record_sample(
         );
     }
     // SAFETY: as above, with the record's user stack array.
-    let user = unsafe {
-        bpf_get_stack(
-            raw_ctx,
-            record.user_stack.as_mut_ptr().cast(),
-            STACK_BYTES,
-            BPF_F_USER_STACK as u64,
-        )
+    let user = if user_on {
+        unsafe {
+            bpf_get_stack(
+                raw_ctx,
+                record.user_stack.as_mut_ptr().cast(),
+                STACK_BYTES,
+                BPF_F_USER_STACK as u64,
+            )
+        }
+    } else {
+        0
     };
     if user >= 0 {
         record.user_frames = (user as u32) / 8;
@@ -244,8 +254,17 @@ unsafe fn record_sample(
         );
     }
 
+    // With one stack off, a sample without frames of the other is nothing.
+    if (!kernel_on || !user_on) && record.kernel_frames == 0 && record.user_frames == 0 {
+        count(Counter::NoStackLeft);
+        return;
+    }
     // SAFETY: `scratch` is ours alone (the caller's promise).
-    let interpreted = unsafe { python::walk(scratch, tgid, &mut record.flags) };
+    let interpreted = if user_on {
+        unsafe { python::walk(scratch, tgid, &mut record.flags) }
+    } else {
+        0
+    };
     record.interpreter_frames = interpreted;
     // Read back from the map: the verifier tracks no map contents, so the
     // walk's many outcomes continue as one state instead of one each.

@@ -13,6 +13,10 @@ pub enum DemangleMode {
     /// function, as a flame graph wants it.
     #[default]
     Simplified,
+    /// As simplified, but C++ names keep their template arguments
+    /// (`std::vector<int, std::allocator<int> >::push_back`), as
+    /// `pyroscope.ebpf`'s `templates` mode shows them.
+    Templates,
     /// Everything the demangler produces.
     Full,
 }
@@ -51,7 +55,7 @@ fn demangle_cpp(name: &str, mode: DemangleMode) -> Option<String> {
     };
     let demangled = symbol.demangle_with_options(&options).ok()?;
     Some(match mode {
-        DemangleMode::Full => demangled,
+        DemangleMode::Full | DemangleMode::Templates => demangled,
         _ => simplify_cpp(&demangled).into_owned(),
     })
 }
@@ -158,6 +162,18 @@ mod tests {
             "std::vector<int, std::allocator<int> >::push_back(int const&)"
         );
         assert_eq!(demangle(CPP_TEMPLATE, DemangleMode::Simplified), "ns::less");
+        assert_eq!(
+            demangle(CPP_TEMPLATE, DemangleMode::Templates),
+            "ns::less<int>"
+        );
+        assert_eq!(
+            demangle(CPP_METHOD, DemangleMode::Templates),
+            "std::vector<int, std::allocator<int> >::push_back"
+        );
+        assert_eq!(
+            demangle(RUST_LEGACY, DemangleMode::Templates),
+            "core::ptr::drop_in_place"
+        );
         assert_eq!(
             demangle(CPP_TEMPLATE, DemangleMode::Full),
             "bool ns::less<int>(int, int)"

@@ -522,17 +522,25 @@ where
 /// What the BPF program is told before it is loaded.
 fn bpf_config(config: &SamplingConfig, ring_buffer_bytes: u32) -> BpfConfig {
     let (stack_copy_bytes, exec_copy_bytes) = match config.unwind {
+        _ if !config.user_stacks => (0, 0),
         UnwindMode::FramePointers => (config.leaf_stack_copy_bytes, 0),
         UnwindMode::Dwarf => (config.stack_copy_bytes, 0),
         // Undecided processes get the full copy; the daemon writes the
         // decided ones' sizes into UNWIND_COPY.
         UnwindMode::Auto => (config.stack_copy_bytes, config.stack_copy_bytes),
     };
+    let mut stacks_off = 0;
+    if !config.kernel_stacks {
+        stacks_off |= agent_common::stacks_off::KERNEL;
+    }
+    if !config.user_stacks {
+        stacks_off |= agent_common::stacks_off::USER;
+    }
     BpfConfig {
         filter_pids: u32::from(!config.pids.is_empty()),
         stack_copy_bytes,
         exec_copy_bytes,
-        reserved: 0,
+        stacks_off,
         // Wake the reader at an eighth full; it drains on a timer too.
         wakeup_bytes: u64::from(ring_buffer_bytes / 8),
     }

@@ -6,9 +6,11 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 mod bounds;
+mod destinations;
 mod file;
 mod inspect;
 mod labels;
+mod pyroscope;
 mod record;
 mod remote;
 
@@ -16,6 +18,7 @@ use bounds::{parse_log_level, parse_period, parse_store_bytes};
 pub use file::{ArgsError, parse_args};
 pub use inspect::{ReportArgs, ReportFormatArg, TopArgs};
 pub use labels::KubernetesArgs;
+pub use pyroscope::PyroscopeArgs;
 pub use record::RecordArgs;
 pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
 
@@ -23,7 +26,7 @@ use agent_symbolize::{DemangleMode, SymbolConfig};
 
 use crate::{
     aggregate::AggregateConfig,
-    config::AgentConfig,
+    config::{AgentConfig, DestinationConfig},
     labels::Rule,
     output::LocalStoreConfig,
     process::DebugFileConfig,
@@ -134,6 +137,16 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub python: bool,
 
+    /// Walk kernel stacks (off: the BPF program skips the walk, and samples
+    /// of kernel threads are not taken).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub collect_kernel_profile: bool,
+
+    /// Walk, copy and unwind user stacks (off: kernel frames only, at the
+    /// least cost).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub collect_user_profile: bool,
+
     /// Most distinct stacks in one profile; samples beyond are counted as dropped.
     #[arg(long, value_name = "N", default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub max_stacks_per_profile: u64,
@@ -146,6 +159,8 @@ pub enum DemangleArg {
     None,
     /// Rust without hashes, C++ without parameters and template arguments.
     Simplified,
+    /// As simplified, but C++ keeps its template arguments.
+    Templates,
     /// Everything the demangler produces.
     Full,
 }
@@ -224,6 +239,9 @@ pub struct AgentArgs {
     pub remote_store: RemoteStoreArgs,
 
     #[command(flatten)]
+    pub pyroscope: PyroscopeArgs,
+
+    #[command(flatten)]
     pub metadata: MetadataArgs,
 
     #[command(flatten)]
@@ -241,6 +259,10 @@ pub struct AgentArgs {
     #[arg(skip)]
     pub relabel_rules: Vec<Rule>,
 
+    /// The config file's `destinations`, each read by the flags' parsers.
+    #[arg(skip)]
+    pub destinations: Vec<destinations::DestinationArgs>,
+
     #[command(flatten)]
     pub debuginfo: DebuginfoArgs,
 
@@ -256,6 +278,15 @@ pub struct AgentArgs {
 }
 
 impl SamplingArgs {
+    /// With both stacks off there would be nothing to sample.
+    pub(crate) fn check_stacks(&self) -> Result<(), ConfigError> {
+        if self.collect_kernel_profile || self.collect_user_profile {
+            Ok(())
+        } else {
+            Err(ConfigError::NoStacks)
+        }
+    }
+
     fn sampling(&self) -> SamplingConfig {
         SamplingConfig {
             frequency_hz: self.frequency,
@@ -264,6 +295,8 @@ impl SamplingArgs {
             leaf_stack_copy_bytes: self.leaf_stack_copy_bytes,
             unwind: self.unwind.into(),
             stack_copy_bytes: self.stack_copy_bytes,
+            kernel_stacks: self.collect_kernel_profile,
+            user_stacks: self.collect_user_profile,
         }
     }
 
@@ -294,6 +327,7 @@ impl SymbolArgs {
             demangle: match self.demangle {
                 DemangleArg::None => DemangleMode::None,
                 DemangleArg::Simplified => DemangleMode::Simplified,
+                DemangleArg::Templates => DemangleMode::Templates,
                 DemangleArg::Full => DemangleMode::Full,
             },
             symbol_cache_bytes: self.symbol_cache_size,
@@ -315,6 +349,7 @@ impl TryFrom<&AgentArgs> for AgentConfig {
     /// Reads the files the flags name (token, CA), so that a bad one stops
     /// firn at start rather than failing every push.
     fn try_from(args: &AgentArgs) -> Result<Self, ConfigError> {
+        args.sampling.check_stacks()?;
         Ok(Self {
             sampling: args.sampling.sampling(),
             pipeline: PipelineConfig {
@@ -327,7 +362,7 @@ impl TryFrom<&AgentArgs> for AgentConfig {
                 directory: args.local_store_directory.clone(),
                 max_bytes: args.local_store_max_bytes,
             },
-            remote_store: args.remote_store.config()?,
+            destinations: destinations(args)?,
             metadata: {
                 let mut metadata = args.metadata.config()?;
                 metadata.relabel_rules = args.relabel_rules.clone();
@@ -338,6 +373,24 @@ impl TryFrom<&AgentArgs> for AgentConfig {
             http_address: args.http_address,
         })
     }
+}
+
+/// The servers the flags name: a Parca server, a Pyroscope server, or both.
+fn destinations(args: &AgentArgs) -> Result<Vec<DestinationConfig>, ConfigError> {
+    let mut destinations = Vec::new();
+    if let Some(store) = args.remote_store.config()? {
+        destinations.push(DestinationConfig::Parca {
+            store,
+            name: "parca".into(),
+        });
+    }
+    if let Some(pyroscope) = args.pyroscope.config("pyroscope")? {
+        destinations.push(DestinationConfig::Pyroscope(pyroscope));
+    }
+    for (index, entry) in args.destinations.iter().enumerate() {
+        destinations.push(entry.config(index)?);
+    }
+    Ok(destinations)
 }
 
 /// `4096`, `64KiB`, `8MiB`, `1GiB` (also `KB`/`MB`/`GB` as powers of 1024).
@@ -493,7 +546,7 @@ mod tests {
         let config = AgentConfig::try_from(&cli.agent).expect("a usable config");
         assert_eq!(config.sampling.frequency_hz, 19);
         assert_eq!(config.profiling_duration, Duration::from_secs(5));
-        assert!(config.remote_store.is_none(), "local store by default");
+        assert!(config.destinations.is_empty(), "local store by default");
         assert!(
             !config.metadata.node.is_empty(),
             "node defaults to the host name"

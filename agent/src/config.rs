@@ -12,6 +12,7 @@ use crate::{
     output::{
         LocalStoreConfig,
         parca::{DebuginfoConfig, RemoteStoreConfig},
+        pyroscope::PyroscopeConfig,
     },
     sampler::SamplingConfig,
     session::PipelineConfig,
@@ -56,12 +57,34 @@ pub struct AgentConfig {
     pub profiling_duration: Duration,
     /// Used when there is no remote store.
     pub local_store: LocalStoreConfig,
-    /// Where profiles are pushed instead of the local store.
-    pub remote_store: Option<RemoteStoreConfig>,
+    /// Where profiles are pushed instead of the local store: every one
+    /// gets every profile.
+    pub destinations: Vec<DestinationConfig>,
     /// Labels on every series: `node`, external labels, process metadata,
     /// relabeling.
     pub metadata: MetadataConfig,
     pub debuginfo: DebuginfoConfig,
     /// Where /metrics, /healthy and /ready are served.
     pub http_address: SocketAddr,
+}
+
+/// One server profiles are pushed to.
+#[derive(Clone, Debug)]
+pub enum DestinationConfig {
+    Parca {
+        store: RemoteStoreConfig,
+        /// The `destination` label of its metrics.
+        name: String,
+    },
+    Pyroscope(PyroscopeConfig),
+}
+
+impl AgentConfig {
+    /// The first Parca server, if any.
+    pub fn remote_store(&self) -> Option<&RemoteStoreConfig> {
+        self.destinations.iter().find_map(|d| match d {
+            DestinationConfig::Parca { store, .. } => Some(store),
+            DestinationConfig::Pyroscope(_) => None,
+        })
+    }
 }

@@ -17,12 +17,17 @@ use crate::labels::relabel::{Rule, RuleError, RuleSpec};
 
 /// The one key that is not a flag, spelled as Prometheus spells it.
 pub const RELABEL_CONFIGS: &str = "relabel_configs";
+/// Servers profiles are pushed to, each a map of the Parca
+/// (`remote-store-*`) or Pyroscope (`pyroscope-*`) flags, and a `name`.
+pub const DESTINATIONS: &str = "destinations";
 
 /// The file as written.
 #[derive(Debug, Default)]
 pub struct ConfigFile {
     /// Prometheus `relabel_configs`, applied to every series.
     pub relabel_configs: Vec<RuleSpec>,
+    /// `destinations`, each entry's keys in the order of the file.
+    pub destinations: Vec<Vec<(String, SettingValue)>>,
     /// Every other top-level key, in the order of the file.
     pub settings: Vec<Setting>,
 }
@@ -53,6 +58,13 @@ pub enum SettingValue {
 struct RelabelSection {
     #[serde(default)]
     relabel_configs: Vec<RuleSpec>,
+}
+
+/// Only `destinations`, its entries read generically.
+#[derive(Debug, Default, Deserialize)]
+struct DestinationsSection {
+    #[serde(default)]
+    destinations: Vec<serde_json::Map<String, serde_json::Value>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +111,12 @@ pub enum ConfigFileError {
         key: String,
         other: String,
     },
+    #[error("destinations[{index}] in {path} is invalid: {reason}")]
+    Destination {
+        path: PathBuf,
+        index: usize,
+        reason: String,
+    },
     #[error("relabel_configs[{index}] (action {action}) in {path} is invalid")]
     Relabel {
         path: PathBuf,
@@ -135,9 +153,31 @@ impl ConfigFile {
         let keys: BTreeMap<String, Spanned<serde_json::Value>> =
             serde_saphyr::from_str(text).map_err(parse_error)?;
         let relabel: RelabelSection = serde_saphyr::from_str(text).map_err(parse_error)?;
+        let destinations: DestinationsSection =
+            serde_saphyr::from_str(text).map_err(parse_error)?;
+        let destinations = destinations
+            .destinations
+            .into_iter()
+            .enumerate()
+            .map(|(index, entry)| {
+                entry
+                    .into_iter()
+                    .map(|(key, value)| {
+                        let value = setting_value(value).map_err(|problem| {
+                            ConfigFileError::Destination {
+                                path: path.to_path_buf(),
+                                index,
+                                reason: format!("`{key}` {problem}"),
+                            }
+                        })?;
+                        Ok((key, value))
+                    })
+                    .collect::<Result<Vec<_>, ConfigFileError>>()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let mut settings = keys
             .into_iter()
-            .filter(|(key, _)| key != RELABEL_CONFIGS)
+            .filter(|(key, _)| key != RELABEL_CONFIGS && key != DESTINATIONS)
             .map(|(key, value)| {
                 let line = value.referenced.line() as usize;
                 let value =
@@ -153,6 +193,7 @@ impl ConfigFile {
         settings.sort_by_key(|setting| setting.line);
         Ok(Self {
             relabel_configs: relabel.relabel_configs,
+            destinations,
             settings,
         })
     }

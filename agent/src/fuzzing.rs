@@ -483,7 +483,11 @@ pub fn kubernetes_pod(data: &[u8]) {
 /// A symbol name from an object or a perf map, demangled every way.
 pub fn demangle_name(data: &[u8]) {
     if let Ok(name) = std::str::from_utf8(data) {
-        for mode in [DemangleMode::Simplified, DemangleMode::Full] {
+        for mode in [
+            DemangleMode::Simplified,
+            DemangleMode::Templates,
+            DemangleMode::Full,
+        ] {
             let _ = demangle(name, mode);
         }
     }

@@ -28,6 +28,10 @@ pub struct SamplingConfig {
     pub unwind: UnwindMode,
     /// User stack bytes copied per sample of a process unwound with DWARF.
     pub stack_copy_bytes: u32,
+    /// Kernel stacks walked (in the BPF program: off costs nothing).
+    pub kernel_stacks: bool,
+    /// User stacks walked, copied and unwound.
+    pub user_stacks: bool,
 }
 
 impl Default for SamplingConfig {
@@ -39,6 +43,8 @@ impl Default for SamplingConfig {
             leaf_stack_copy_bytes: 1024,
             unwind: UnwindMode::Auto,
             stack_copy_bytes: 16 * 1024,
+            kernel_stacks: true,
+            user_stacks: true,
         }
     }
 }

@@ -27,7 +27,7 @@ pub struct Stopped {
 
 impl Agent {
     /// Starts `firn ARGS` with `env` (and without the caller's
-    /// `PARCA_BEARER_TOKEN` and `NODE_NAME`), on a free port for /metrics
+    /// `PARCA_BEARER_TOKEN`, `PYROSCOPE_*` credentials and `NODE_NAME`), on a free port for /metrics
     /// unless `args` name one.
     pub fn start(log: &Path, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut command = firn();
@@ -38,6 +38,9 @@ impl Agent {
         command
             .args(args)
             .env_remove("PARCA_BEARER_TOKEN")
+            .env_remove("PYROSCOPE_BASIC_AUTH_USERNAME")
+            .env_remove("PYROSCOPE_BASIC_AUTH_PASSWORD")
+            .env_remove("PYROSCOPE_BEARER_TOKEN")
             .env_remove("NODE_NAME")
             .envs(env.iter().copied())
             .stdout(Stdio::null())

@@ -84,6 +84,7 @@ fn main() -> Result<()> {
                 setup::bpf_toolchain()?;
                 setup::fuzz_toolchain(&setup::pinned_nightly()?)?;
                 setup::parca_server()?;
+                setup::pyroscope_server(&root)?;
                 setup::python_tools()?;
             }
             Ok(())
@@ -93,6 +94,7 @@ fn main() -> Result<()> {
         Command::Test { args } => {
             setup::debian_packages()?;
             setup::parca_server()?;
+            setup::pyroscope_server(&root)?;
             setup::python_tools()?;
             util::run_tests(&root, &args)
         }

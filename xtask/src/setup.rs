@@ -2,7 +2,11 @@
 //! packages and the Parca server the end-to-end tests push to. Every step checks first
 //! and does nothing when already done.
 
-use std::{fs, path::PathBuf, process::Command};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{Context, Result, bail};
 
@@ -15,6 +19,8 @@ pub const BPF_LINKER_VERSION: &str = "0.13.0";
 pub const CARGO_FUZZ_VERSION: &str = "0.13.2";
 /// The Parca server release the push tests run against.
 pub const PARCA_VERSION: &str = "v0.28.0";
+/// The Pyroscope server release the Pyroscope push tests run against.
+pub const PYROSCOPE_VERSION: &str = "v1.19.3";
 
 /// Packages the tests and benchmarks use: a C compiler for the test
 /// workloads, binutils (`objcopy`, `strip`) to split off debug files, Node
@@ -22,7 +28,9 @@ pub const PARCA_VERSION: &str = "v0.28.0";
 /// inspect programs, systemd for `systemd-analyze` (verifies the unit),
 /// Debian's own CPython for the Python tests and benchmark (beside the
 /// pyenv builds the machine image ships), with `venv` for the tools'
-/// virtualenv, tmux to drive `firn top` in a terminal.
+/// virtualenv, tmux to drive `firn top` in a terminal, Docker (the daemon
+/// the container metadata test runs a real container with, on a socket of
+/// its own).
 const DEBIAN_PACKAGES: &[&str] = &[
     "gcc",
     "libc6-dev",
@@ -34,6 +42,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "python3.11",
     "python3-venv",
     "tmux",
+    "docker.io",
 ];
 
 /// Python tools the tests and benchmarks use, pinned: the Prometheus
@@ -395,4 +404,92 @@ fn go_command() -> Result<PathBuf> {
             "Go (1.25 or newer) is needed to build the Parca server for the tests; \
              install it from https://go.dev/dl/ or apt-get install golang",
         )
+}
+
+/// Where the Pyroscope server binary is kept between runs; the tests look
+/// there too (or at `FIRN_PYROSCOPE_BIN`).
+pub fn pyroscope_path() -> PathBuf {
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(format!(
+        ".cache/firn/pyroscope-{PYROSCOPE_VERSION}/bin/pyroscope"
+    ))
+}
+
+/// The server's source: the Go module proxy refuses Pyroscope's server
+/// module, so its source comes as a tarball of the tagged repository
+/// (`FIRN_PYROSCOPE_SRC`, or `shared/anchors/` beside the checkout).
+fn pyroscope_source(root: &Path) -> Result<PathBuf> {
+    let name = format!("pyroscope-{PYROSCOPE_VERSION}-src.tar.xz");
+    let mut candidates: Vec<PathBuf> = std::env::var_os("FIRN_PYROSCOPE_SRC")
+        .map(PathBuf::from)
+        .into_iter()
+        .collect();
+    candidates.extend(
+        root.ancestors()
+            .skip(1)
+            .take(3)
+            .map(|dir| dir.join("shared/anchors").join(&name)),
+    );
+    candidates
+        .into_iter()
+        .find(|path| path.is_file())
+        .with_context(|| {
+            format!(
+                "the Pyroscope server's source {name} was not found (set FIRN_PYROSCOPE_SRC to \
+             the tarball of github.com/grafana/pyroscope at {PYROSCOPE_VERSION}: its Go \
+             parts, go.mod at the top)"
+            )
+        })
+}
+
+/// Builds the Pyroscope server from its source (about 2 minutes on two
+/// cores, modules from the Go proxy).
+pub fn pyroscope_server(root: &Path) -> Result<()> {
+    let binary = pyroscope_path();
+    if pyroscope_works(&binary) {
+        return Ok(());
+    }
+    let go = go_command()?;
+    let source = pyroscope_source(root)?;
+    let build_dir = binary
+        .parent()
+        .and_then(|bin| bin.parent())
+        .context("the Pyroscope path has no parent")?
+        .join("src");
+    if build_dir.exists() {
+        fs::remove_dir_all(&build_dir)
+            .with_context(|| format!("could not clear {}", build_dir.display()))?;
+    }
+    fs::create_dir_all(&build_dir)
+        .with_context(|| format!("could not create {}", build_dir.display()))?;
+    run(Command::new("tar")
+        .arg("-xJf")
+        .arg(&source)
+        .arg("-C")
+        .arg(&build_dir))?;
+    eprintln!(
+        "xtask: building the Pyroscope server {PYROSCOPE_VERSION} with Go (a few minutes the first time)"
+    );
+    run(Command::new(&go)
+        .current_dir(&build_dir)
+        .env("GOWORK", "off")
+        .args(["build", "-buildvcs=false", "-o"])
+        .arg(&binary)
+        .arg("./cmd/pyroscope"))?;
+    if !pyroscope_works(&binary) {
+        bail!(
+            "Pyroscope was built at {} but `pyroscope -version` does not run",
+            binary.display()
+        );
+    }
+    Ok(())
+}
+
+fn pyroscope_works(binary: &Path) -> bool {
+    Command::new(binary)
+        .arg("-version")
+        .output()
+        .is_ok_and(|output| {
+            output.status.success() && String::from_utf8_lossy(&output.stdout).contains("pyroscope")
+        })
 }

@@ -83,6 +83,7 @@ pub fn run_tests(root: &Path, args: &[String]) -> Result<()> {
     crate::libraries::check(root)?;
     run(cargo(root)
         .env("FIRN_PARCA_BIN", crate::setup::parca_path())
+        .env("FIRN_PYROSCOPE_BIN", crate::setup::pyroscope_path())
         .env("FIRN_TOOLS_VENV", crate::setup::tools_venv())
         .args(["test", "--workspace", "--all-targets"])
         .args(args))

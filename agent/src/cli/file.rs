@@ -92,11 +92,30 @@ where
     };
     check_conflicts(leaf_command, leaf, &applied, &path)?;
     let relabel_rules = file.relabel_rules(&path)?;
+    let destinations = file
+        .destinations
+        .iter()
+        .enumerate()
+        .map(|(index, entry)| super::destinations::DestinationArgs::from_entry(entry, &path, index))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut cli = Cli::from_arg_matches(&matches)?;
     match &mut cli.command {
-        Some(Subcommand::Record(args)) => args.relabel_rules = relabel_rules,
+        Some(Subcommand::Record(args)) => {
+            if !destinations.is_empty() {
+                return Err(ConfigFileError::Destination {
+                    path: path.clone(),
+                    index: 0,
+                    reason: "`firn record` writes a file; destinations are the agent's".into(),
+                }
+                .into());
+            }
+            args.relabel_rules = relabel_rules;
+        }
         Some(Subcommand::Report(_) | Subcommand::Top(_)) => {}
-        None => cli.agent.relabel_rules = relabel_rules,
+        None => {
+            cli.agent.relabel_rules = relabel_rules;
+            cli.agent.destinations = destinations;
+        }
     }
     Ok(cli)
 }

@@ -91,6 +91,10 @@ impl From<&TopArgs> for TopConfig {
                 external_labels: Vec::new(),
                 relabel_rules: Vec::new(),
                 kubernetes: None,
+                runtime_sockets: crate::labels::runtime::DEFAULT_SOCKETS
+                    .iter()
+                    .map(std::path::PathBuf::from)
+                    .collect(),
             },
             refresh: args.refresh,
         }

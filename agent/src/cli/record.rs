@@ -66,6 +66,7 @@ impl TryFrom<&RecordArgs> for RecordConfig {
     type Error = ConfigError;
 
     fn try_from(args: &RecordArgs) -> Result<Self, ConfigError> {
+        args.sampling.check_stacks()?;
         Ok(Self {
             sampling: args.sampling.sampling(),
             pipeline: PipelineConfig {
@@ -78,6 +79,10 @@ impl TryFrom<&RecordArgs> for RecordConfig {
                 external_labels: Vec::new(),
                 relabel_rules: args.relabel_rules.clone(),
                 kubernetes: None,
+                runtime_sockets: crate::labels::runtime::DEFAULT_SOCKETS
+                    .iter()
+                    .map(PathBuf::from)
+                    .collect(),
             },
             duration: args.duration,
             output: args.output.clone(),

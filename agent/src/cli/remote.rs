@@ -111,6 +111,22 @@ pub enum ConfigError {
     DuplicateKey { flag: &'static str, key: String },
     #[error("--{flag} only applies with --remote-store-address")]
     NeedsRemoteStore { flag: &'static str },
+    #[error("--{flag} only applies with --pyroscope-url")]
+    NeedsPyroscope { flag: &'static str },
+    #[error(
+        "--collect-kernel-profile=false and --collect-user-profile=false leave nothing to sample"
+    )]
+    NoStacks,
+    #[error(
+        "destinations[{index}] must name one server: remote-store-address (Parca) or \
+         pyroscope-url (Pyroscope)"
+    )]
+    DestinationKind { index: usize },
+    #[error("{given} needs {missing}")]
+    Incomplete {
+        given: &'static str,
+        missing: &'static str,
+    },
     #[error("could not tell the host name for the `node` label; set --node")]
     NoHostName {
         #[source]
@@ -127,6 +143,17 @@ pub struct MetadataArgs {
     /// Labels added to every profile: `key=value;key2=value2` (repeatable).
     #[arg(long, value_name = "LABELS", value_parser = parse_labels)]
     pub metadata_external_labels: Vec<KeyValues>,
+
+    /// Docker or Podman API sockets asked for container names and labels
+    /// (`__meta_docker_*`); those that do not exist are skipped. Empty
+    /// (`--container-runtime-sockets=`): none asked.
+    #[arg(
+        long,
+        value_name = "SOCKET",
+        value_delimiter = ',',
+        default_values_t = crate::labels::runtime::DEFAULT_SOCKETS.map(String::from)
+    )]
+    pub container_runtime_sockets: Vec<String>,
 }
 
 impl RemoteStoreArgs {
@@ -213,6 +240,12 @@ impl MetadataArgs {
             )?,
             relabel_rules: Vec::new(),
             kubernetes: None,
+            runtime_sockets: self
+                .container_runtime_sockets
+                .iter()
+                .filter(|socket| !socket.is_empty())
+                .map(PathBuf::from)
+                .collect(),
         })
     }
 }
@@ -230,7 +263,7 @@ impl DebuginfoArgs {
     }
 }
 
-fn read_token(path: &std::path::Path) -> Result<Secret, ConfigError> {
+pub(super) fn read_token(path: &std::path::Path) -> Result<Secret, ConfigError> {
     let text = crate::untrusted::read_host_text(path).map_err(|source| ConfigError::TokenFile {
         path: path.display().to_string(),
         source,
@@ -244,7 +277,7 @@ fn read_token(path: &std::path::Path) -> Result<Secret, ConfigError> {
     Ok(Secret::new(token.to_owned()))
 }
 
-fn read_certificates(path: &std::path::Path) -> Result<Vec<Vec<u8>>, ConfigError> {
+pub(super) fn read_certificates(path: &std::path::Path) -> Result<Vec<Vec<u8>>, ConfigError> {
     use rustls::pki_types::{CertificateDer, pem::PemObject};
     let pem = crate::untrusted::read_host_file(path).map_err(|source| ConfigError::CaFile {
         path: path.display().to_string(),
@@ -262,7 +295,7 @@ fn read_certificates(path: &std::path::Path) -> Result<Vec<Vec<u8>>, ConfigError
     Ok(certificates)
 }
 
-fn flatten_unique(
+pub(super) fn flatten_unique(
     flag: &'static str,
     values: &[KeyValues],
 ) -> Result<Vec<(String, String)>, ConfigError> {
@@ -354,7 +387,7 @@ fn parse_labels(text: &str) -> Result<KeyValues, String> {
 }
 
 /// gRPC metadata: ASCII header names and values.
-fn parse_headers(text: &str) -> Result<KeyValues, String> {
+pub(super) fn parse_headers(text: &str) -> Result<KeyValues, String> {
     let pairs = parse_pairs(text)?;
     for (key, value) in &pairs {
         let valid_key = !key.is_empty()
@@ -409,7 +442,7 @@ mod tests {
         ])
         .expect("valid flags");
         let config = AgentConfig::try_from(&cli.agent).expect("a usable config");
-        let remote = config.remote_store.expect("remote store");
+        let remote = config.remote_store().expect("remote store");
         assert_eq!(remote.address, "parca.example:7070");
         assert_eq!(
             remote.bearer_token.as_ref().map(Secret::expose),

@@ -10,13 +10,14 @@ use anyhow::{Context, Result, bail};
 use firn::{
     aggregate::AggregatedProfile,
     bpf::{BpfCounters, ProgramRunTime},
-    config::AgentConfig,
+    config::{AgentConfig, DestinationConfig},
     http::{Health, HttpServer},
     labels::{KubernetesWatcher, Labeler, PodIndex},
     metrics::Metrics,
     output::{
-        Exporter, FRAME_CACHE_BYTES, FrameCache, LocalStore, build_batch, label_interval,
-        parca::ParcaExporter, symbolize_interval,
+        Exporter, FRAME_CACHE_BYTES, FanOut, FrameCache, LocalStore, build_batch,
+        destination::Tally, label_interval, parca::ParcaExporter, pyroscope::PyroscopeExporter,
+        symbolize_interval,
     },
     process::ProcessTableStats,
     session::{Session, ShutdownSignal},
@@ -148,33 +149,61 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     Ok(())
 }
 
-/// Where profiles go, and how to name that in the log.
+/// Where profiles go, and how to name that in the log: the local store,
+/// one server, or several at once.
 fn exporter(
     config: &AgentConfig,
     stats: &Arc<Stats>,
     metrics: &Metrics,
 ) -> Result<(Box<dyn Exporter>, String)> {
-    let Some(remote) = &config.remote_store else {
+    if config.destinations.is_empty() {
         let store = LocalStore::new(&config.local_store, stats.clone())?;
         let destination = config.local_store.directory.display().to_string();
         return Ok((Box::new(store), destination));
-    };
-    let exporter = ParcaExporter::start(
-        remote,
-        &config.debuginfo,
-        stats.clone(),
-        metrics.push_duration(),
-    )
-    .context("could not set up the remote store")?;
-    let transport = if remote.tls.is_some() {
-        "TLS"
+    }
+    let mut exporters: Vec<Box<dyn Exporter>> = Vec::new();
+    let mut names = Vec::new();
+    for destination in &config.destinations {
+        let (exporter, name) = remote_exporter(destination, config, stats, metrics)?;
+        exporters.push(exporter);
+        names.push(name);
+    }
+    let exporter = if exporters.len() == 1 {
+        exporters.remove(0)
     } else {
-        "plaintext"
+        Box::new(FanOut::new(exporters))
     };
-    Ok((
-        Box::new(exporter),
-        format!("{} ({transport})", remote.address),
-    ))
+    Ok((exporter, names.join(", ")))
+}
+
+fn remote_exporter(
+    destination: &DestinationConfig,
+    config: &AgentConfig,
+    stats: &Arc<Stats>,
+    metrics: &Metrics,
+) -> Result<(Box<dyn Exporter>, String)> {
+    let transport = |tls: bool| if tls { "TLS" } else { "plaintext" };
+    match destination {
+        DestinationConfig::Parca {
+            store: remote,
+            name,
+        } => {
+            let tally = Tally::new(stats.clone(), metrics.destination(name));
+            let exporter =
+                ParcaExporter::start(remote, &config.debuginfo, tally, metrics.push_duration())
+                    .context("could not set up the remote store")?;
+            Ok((
+                Box::new(exporter),
+                format!("{} ({})", remote.address, transport(remote.tls.is_some())),
+            ))
+        }
+        DestinationConfig::Pyroscope(pyroscope) => {
+            let tally = Tally::new(stats.clone(), metrics.destination(&pyroscope.name));
+            let exporter = PyroscopeExporter::start(pyroscope, tally, metrics.push_duration())
+                .context("could not set up the Pyroscope exporter")?;
+            Ok((Box::new(exporter), pyroscope.url.clone()))
+        }
+    }
 }
 
 /// The drain and build stages, watched for stalls from here on.

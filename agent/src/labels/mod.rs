@@ -10,12 +10,13 @@ pub mod kubernetes;
 pub mod process;
 mod providers;
 pub mod relabel;
+pub mod runtime;
 
 use std::{path::PathBuf, sync::Arc};
 
 use self::providers::{
     CgroupLabels, CommonLabels, Discovered, KubernetesLabels, MetadataProvider, ProcessLabels,
-    ProcessView,
+    ProcessView, RuntimeLabels, ServiceName,
 };
 pub use self::{
     cgroup::{CgroupInfo, Container, ContainerRuntime},
@@ -36,6 +37,9 @@ pub struct MetadataConfig {
     pub relabel_rules: Vec<Rule>,
     /// Pod labels from the API server; `None` outside Kubernetes.
     pub kubernetes: Option<KubernetesConfig>,
+    /// Docker and Podman API sockets asked for container names and labels
+    /// (those that exist); empty: none asked.
+    pub runtime_sockets: Vec<PathBuf>,
 }
 
 /// The Kubernetes API server the pods of this node are watched through.
@@ -65,9 +69,15 @@ impl Labeler {
             Box::new(ProcessLabels),
             Box::new(CgroupLabels),
         ];
+        if !metadata.runtime_sockets.is_empty() {
+            providers.push(Box::new(RuntimeLabels::new(runtime::RuntimeClient::new(
+                metadata.runtime_sockets.clone(),
+            ))));
+        }
         if let Some(pods) = pods {
             providers.push(Box::new(KubernetesLabels::new(pods)));
         }
+        providers.push(Box::new(ServiceName));
         Self {
             providers,
             rules: metadata.relabel_rules.clone(),
@@ -118,6 +128,7 @@ mod tests {
                 .map(|spec| Rule::new(spec).expect("valid"))
                 .collect(),
             kubernetes: None,
+            runtime_sockets: Vec::new(),
         }
     }
 
@@ -195,6 +206,7 @@ mod tests {
             ("namespace", "shop"),
             ("pod", "checkout-abc"),
             ("container", "server"),
+            ("service_name", "shop/server"),
         ] {
             assert_eq!(get(&labels, name), Some(value), "{name}");
         }
@@ -212,6 +224,50 @@ mod tests {
             .expect("kept");
         assert_eq!(get(&labels, "pod"), None);
         assert_eq!(get(&labels, "container_id"), Some(ID));
+        assert_eq!(
+            get(&labels, "service_name"),
+            Some("server"),
+            "outside Kubernetes a container scope is no service: the executable's name"
+        );
+    }
+
+    #[test]
+    fn service_names_follow_the_annotation_then_the_unit() {
+        let (image, mut process) = process();
+        let annotated = pods();
+        let mut pod = annotated
+            .lookup(Some(UID), Some(ID))
+            .expect("pod")
+            .pod
+            .as_ref()
+            .clone();
+        pod.annotations
+            .insert("pyroscope.io/service_name".into(), "checkout-api".into());
+        annotated.apply(pod);
+        let labels = Labeler::new(&metadata(&[]), &Host::system(), Some(annotated))
+            .labels(&image, &process)
+            .expect("kept");
+        assert_eq!(get(&labels, "service_name"), Some("checkout-api"));
+
+        process.cgroup = Arc::new(CgroupInfo::parse("0::/system.slice/nginx.service\n"));
+        let labeler = Labeler::new(&metadata(&[]), &Host::system(), None);
+        let labels = labeler.labels(&image, &process).expect("kept");
+        assert_eq!(get(&labels, "service_name"), Some("nginx"));
+
+        let rename = RuleSpec {
+            action: Some("replace".into()),
+            source_labels: vec!["comm".into()],
+            target_label: Some("service_name".into()),
+            ..RuleSpec::default()
+        };
+        let labels = Labeler::new(&metadata(&[rename]), &Host::system(), None)
+            .labels(&image, &process)
+            .expect("kept");
+        assert_eq!(
+            get(&labels, "service_name"),
+            Some("server"),
+            "relabeling wins"
+        );
     }
 
     #[test]

@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use super::{MetadataConfig, PodIndex, ProcessMetadata, relabel::LabelSet, relabel::sanitize_name};
+use super::{
+    MetadataConfig, PodIndex, ProcessMetadata, relabel::LabelSet, relabel::sanitize_name,
+    runtime::RuntimeClient,
+};
 use crate::{host::Host, process::ProcessImage};
 
 /// What the providers are told about one process.
@@ -22,6 +25,10 @@ impl Discovered {
         if !value.is_empty() {
             self.0.insert(name.to_owned(), value.to_owned());
         }
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
     }
 
     pub fn into_set(self) -> LabelSet {
@@ -115,6 +122,31 @@ impl MetadataProvider for CgroupLabels {
     }
 }
 
+/// A Docker or Podman container's name and labels, from the runtime's
+/// API socket.
+pub struct RuntimeLabels(RuntimeClient);
+
+impl RuntimeLabels {
+    pub fn new(client: RuntimeClient) -> Self {
+        Self(client)
+    }
+}
+
+impl MetadataProvider for RuntimeLabels {
+    fn discover(&self, process: &ProcessView<'_>, labels: &mut Discovered) {
+        let Some(container) = &process.metadata.cgroup.container else {
+            return;
+        };
+        let Some(found) = self.0.lookup(&container.id, container.runtime) else {
+            return;
+        };
+        labels.set("container", found.name.trim_start_matches('/'));
+        for (name, value) in found.meta_labels(&container.id) {
+            labels.set(&name, &value);
+        }
+    }
+}
+
 /// The Kubernetes pod and container the process's cgroup names, from the
 /// watched pods of this node.
 pub struct KubernetesLabels(Arc<PodIndex>);
@@ -168,4 +200,52 @@ impl MetadataProvider for KubernetesLabels {
             }
         }
     }
+}
+
+/// `service_name`, which Pyroscope requires, inferred as Grafana's
+/// `pyroscope.ebpf` does: the `pyroscope.io/service_name` pod annotation,
+/// then `namespace/container` in Kubernetes, the container runtime's name
+/// for the container, the systemd service, then the process's own name.
+/// Runs last, so it sees every other provider's labels; relabeling may
+/// still replace it, and an external `service_name` label wins.
+pub struct ServiceName;
+
+impl MetadataProvider for ServiceName {
+    fn discover(&self, _: &ProcessView<'_>, labels: &mut Discovered) {
+        if labels.get("service_name").is_some() {
+            return;
+        }
+        let name = infer_service_name(labels);
+        labels.set("service_name", &name);
+        labels.set("__meta_service_name", &name);
+    }
+}
+
+fn infer_service_name(labels: &Discovered) -> String {
+    if let Some(annotated) =
+        labels.get("__meta_kubernetes_pod_annotation_pyroscope_io_service_name")
+    {
+        return annotated.to_owned();
+    }
+    if let (Some(namespace), Some(container)) = (
+        labels.get("__meta_kubernetes_namespace"),
+        labels.get("__meta_kubernetes_pod_container_name"),
+    ) {
+        return format!("{namespace}/{container}");
+    }
+    if let Some(container) = labels.get("__meta_docker_container_name") {
+        return container.trim_start_matches('/').to_owned();
+    }
+    // Container scopes are systemd units too, named after an id.
+    if let Some(unit) = labels
+        .get("__meta_systemd_unit")
+        .filter(|unit| unit.ends_with(".service"))
+    {
+        return unit.trim_end_matches(".service").to_owned();
+    }
+    labels
+        .get("__meta_process_executable_name")
+        .or_else(|| labels.get("__meta_process_comm"))
+        .unwrap_or("unspecified")
+        .to_owned()
 }

@@ -19,7 +19,8 @@ use prometheus_client::{
 
 use crate::{
     bpf::BpfProbe,
-    stats::{FAMILIES, Kind, ROWS, Source, Stats, cpu},
+    output::destination::{DestinationStats, Destinations},
+    stats::{DESTINATION_FAMILIES, FAMILIES, Kind, ROWS, Source, Stats, cpu},
 };
 
 /// The content type of [`Metrics::encode`]'s text, which Prometheus and
@@ -37,6 +38,7 @@ pub struct Metrics {
     registry: Registry,
     push_duration: Histogram,
     bpf: Arc<OnceLock<BpfProbe>>,
+    destinations: Arc<Destinations>,
 }
 
 impl fmt::Debug for Metrics {
@@ -55,15 +57,23 @@ impl Metrics {
             push_duration.clone(),
         );
         let bpf = Arc::new(OnceLock::new());
+        let destinations = Arc::new(Destinations::default());
         registry.register_collector(Box::new(Counters {
             stats,
             bpf: bpf.clone(),
+            destinations: destinations.clone(),
         }));
         Self {
             registry,
             push_duration,
             bpf,
+            destinations,
         }
+    }
+
+    /// The counters of one more destination, exposed from now on.
+    pub fn destination(&self, name: &str) -> Arc<DestinationStats> {
+        self.destinations.register(name)
     }
 
     /// The histogram the remote store's delivery observes.
@@ -90,6 +100,34 @@ impl Metrics {
 struct Counters {
     stats: Arc<Stats>,
     bpf: Arc<OnceLock<BpfProbe>>,
+    destinations: Arc<Destinations>,
+}
+
+impl Counters {
+    fn encode_destinations(&self, encoder: &mut DescriptorEncoder) -> Result<(), fmt::Error> {
+        let destinations = self.destinations.all();
+        if destinations.is_empty() {
+            return Ok(());
+        }
+        let values: Vec<_> = destinations.iter().map(|d| d.values()).collect();
+        for (index, family) in DESTINATION_FAMILIES.iter().enumerate() {
+            let metric_type = match family.kind {
+                Kind::Counter => MetricType::Counter,
+                Kind::Gauge => MetricType::Gauge,
+            };
+            let mut metric =
+                encoder.encode_descriptor(family.name, family.help, None, metric_type)?;
+            for (destination, values) in destinations.iter().zip(&values) {
+                let labels = [("destination", destination.name.as_str())];
+                encode_value(
+                    &mut metric.encode_family(&labels)?,
+                    family.kind,
+                    values[index].1,
+                )?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Collector for Counters {
@@ -128,6 +166,7 @@ impl Collector for Counters {
                 }
             }
         }
+        self.encode_destinations(&mut encoder)?;
         if let Some(run_time) = probe.and_then(BpfProbe::run_time) {
             let mut metric = encoder.encode_descriptor(
                 "bpf_run_time_seconds",

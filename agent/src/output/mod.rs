@@ -6,10 +6,13 @@
 //! over through the [`Exporter`] trait.
 
 mod batch;
+pub mod destination;
+mod fanout;
 mod flamegraph;
 mod labelled;
 mod local;
 pub mod parca;
+pub mod pyroscope;
 mod symbolized;
 
 use std::{
@@ -20,6 +23,7 @@ use std::{
 };
 
 pub use batch::{build_batch, build_whole_profile};
+pub use fanout::FanOut;
 pub use flamegraph::{render_flamegraph, write_flamegraph};
 pub use labelled::{LabelledInterval, SeriesStacks, label_interval};
 pub use local::{LocalStore, LocalStoreConfig};
@@ -51,6 +55,8 @@ pub enum OutputError {
     },
     #[error(transparent)]
     Parca(#[from] parca::ParcaError),
+    #[error(transparent)]
+    Pyroscope(#[from] pyroscope::PyroscopeError),
 }
 
 /// Checks that `path` can be written, without changing what is there:
@@ -98,7 +104,7 @@ pub struct SeriesProfile {
 }
 
 /// One interval, built.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ProfileBatch {
     pub start: SystemTime,
     pub profiles: Vec<SeriesProfile>,

@@ -31,6 +31,7 @@ fn vanished_process_yields_unknown_frames_not_a_crash() {
         external_labels: Vec::new(),
         relabel_rules: Vec::new(),
         kubernetes: None,
+        runtime_sockets: Vec::new(),
     };
     let labeler = Labeler::new(&metadata, &Host::system(), None);
     let (profile, summary) =

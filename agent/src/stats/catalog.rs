@@ -53,11 +53,14 @@ declare_metrics! {
     }
     bpf_samples_skipped: Counter,
         "Ticks the BPF program skipped on purpose, by reason: idle (the idle task), \
-        pid_filter (a process outside --pid)."
+        pid_filter (a process outside --pid), no_stack_left (with user or kernel stacks \
+        switched off, the other stack was empty: a kernel thread without kernel stacks, \
+        user code without user stacks)."
     {
         bpf: [
             IdleSkipped { reason = "idle" },
             Filtered { reason = "pid_filter" },
+            NoStackLeft { reason = "no_stack_left" },
         ],
     }
     processes_not_followed: Counter,
@@ -464,8 +467,8 @@ declare_metrics! {
     }
     profiles_written: Counter,
         "Profiles written: a file per interval in the local store, or a profile per \
-        series queued for the remote store. For the remote store written = sent + \
-        dropped (reasons queue and rejected) + queue_profiles, all in profiles."
+        series queued for each remote destination. For remote destinations written = \
+        sent + dropped (reasons queue and rejected) + queue_profiles, all in profiles."
     {
         stats: [
             /// Profiles written locally (one file per interval) or queued for the
@@ -681,3 +684,45 @@ declare_metrics! {
         ],
     }
 }
+
+/// The same per destination (a Parca or Pyroscope server), with a
+/// `destination` label, in the order `DestinationStats::values` gives; the
+/// families above are the totals over all destinations.
+pub const DESTINATION_FAMILIES: &[Family] = &[
+    Family {
+        name: "destination_profiles_sent",
+        kind: Kind::Counter,
+        help: "Profiles (one per series) this destination accepted.",
+    },
+    Family {
+        name: "destination_profiles_dropped",
+        kind: Kind::Counter,
+        help: "Profiles dropped unsent for this destination: its queue was full, or the \
+               shutdown deadline came.",
+    },
+    Family {
+        name: "destination_profiles_rejected",
+        kind: Kind::Counter,
+        help: "Profiles this destination refused for good (bad request, credentials, tenant).",
+    },
+    Family {
+        name: "destination_push_failures",
+        kind: Kind::Counter,
+        help: "Pushes to this destination that failed, every attempt counted.",
+    },
+    Family {
+        name: "destination_push_retries",
+        kind: Kind::Counter,
+        help: "Pushes to this destination that were retries of a failed one.",
+    },
+    Family {
+        name: "destination_queue_bytes",
+        kind: Kind::Gauge,
+        help: "Bytes of profiles waiting to be sent to this destination.",
+    },
+    Family {
+        name: "destination_queue_profiles",
+        kind: Kind::Gauge,
+        help: "Profiles (series) waiting to be sent to this destination, or being sent.",
+    },
+];

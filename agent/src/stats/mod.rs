@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use agent_common::Counter;
 
-pub use catalog::{FAMILIES, ROWS, Stats, StatsSnapshot};
+pub use catalog::{DESTINATION_FAMILIES, FAMILIES, ROWS, Stats, StatsSnapshot};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {

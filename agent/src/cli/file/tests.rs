@@ -220,7 +220,7 @@ fn conflicts_between_the_file_and_the_command_line_are_refused() {
         "remote-store-address: h:1\nremote-store-insecure: false\nremote-store-insecure-skip-verify: true\n",
         &[],
     );
-    assert!(config.remote_store.expect("remote").tls.is_some());
+    assert!(config.remote_store().expect("remote").tls.is_some());
 }
 
 #[test]

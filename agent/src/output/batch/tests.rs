@@ -113,6 +113,7 @@ fn labeler(rules: &[RuleSpec]) -> Labeler {
                 .map(|spec| Rule::new(spec).expect("valid"))
                 .collect(),
             kubernetes: None,
+            runtime_sockets: Vec::new(),
         },
         &crate::host::Host::system(),
         None,

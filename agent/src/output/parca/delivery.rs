@@ -2,8 +2,10 @@
 //! exponential backoff with jitter between failed attempts, a failed
 //! request back at the head of the queue (where it is the first to go if
 //! the queue fills), and at shutdown a last flush bounded by a deadline.
+//! The same for every kind of server: what differs is the [`Pusher`].
 
 use std::{
+    future::Future,
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -15,12 +17,36 @@ use tracing::{error, info, warn};
 
 use super::{
     connect::RequestMetadata,
-    profilestore::profile_store_service_client::ProfileStoreServiceClient,
+    profilestore::{WriteRawRequest, profile_store_service_client::ProfileStoreServiceClient},
     queue::{Pending, SharedQueue},
 };
-use crate::{backoff::Backoff, stats::Stats};
+use crate::{backoff::Backoff, output::destination::Tally};
 
 pub type StoreClient = ProfileStoreServiceClient<InterceptedService<Channel, RequestMetadata>>;
+
+/// One kind of server's push call. Failures are told as gRPC statuses
+/// (the Connect protocol's error codes are the same) so retrying and
+/// refusing work alike for all.
+pub trait Pusher: Send {
+    type Request: Clone + Send;
+
+    fn push(&mut self, request: Self::Request) -> impl Future<Output = Result<(), Status>> + Send;
+
+    /// Which flags set the credentials, for a refusal's log line.
+    fn credentials_hint(&self) -> &'static str;
+}
+
+impl Pusher for StoreClient {
+    type Request = WriteRawRequest;
+
+    async fn push(&mut self, request: WriteRawRequest) -> Result<(), Status> {
+        self.write_raw(request).await.map(drop)
+    }
+
+    fn credentials_hint(&self) -> &'static str {
+        "--remote-store-bearer-token / --remote-store-bearer-token-file"
+    }
+}
 
 /// The shutdown signal: `Some(deadline)` once the agent stops.
 pub type ShutdownReceiver = watch::Receiver<Option<Instant>>;
@@ -69,26 +95,24 @@ pub fn describe(status: &Status) -> String {
     parts.join(": ")
 }
 
-fn hint(code: Code) -> &'static str {
+fn hint(code: Code, credentials: &str) -> String {
     match code {
-        Code::Unauthenticated | Code::PermissionDenied => {
-            " (check --remote-store-bearer-token / --remote-store-bearer-token-file)"
-        }
-        _ => "",
+        Code::Unauthenticated | Code::PermissionDenied => format!(" (check {credentials})"),
+        _ => String::new(),
     }
 }
 
-pub struct Delivery {
-    pub client: StoreClient,
-    pub queue: Arc<SharedQueue>,
+pub struct Delivery<P: Pusher> {
+    pub client: P,
+    pub queue: Arc<SharedQueue<P::Request>>,
     pub shutdown: ShutdownReceiver,
     pub request_timeout: Duration,
     pub address: String,
-    pub stats: Arc<Stats>,
+    pub tally: Tally,
     pub push_duration: Histogram,
 }
 
-impl Delivery {
+impl<P: Pusher> Delivery<P> {
     /// Runs until shutdown, then flushes until the queue is empty or the
     /// deadline passes; what is left is counted as dropped.
     pub async fn run(mut self) {
@@ -153,23 +177,24 @@ impl Delivery {
     /// and the request went back into the queue.
     async fn attempt(
         &mut self,
-        mut item: Pending,
+        mut item: Pending<P::Request>,
         timeout: Duration,
         backoff: &mut Backoff,
     ) -> Option<Duration> {
         if item.attempts > 0 {
-            Stats::inc(&self.stats.remote_send_retries);
+            self.tally.retry();
         }
         let request = item.request.clone();
         let started = Instant::now();
-        let answer = tokio::time::timeout(timeout, self.client.write_raw(request)).await;
+        let answer = tokio::time::timeout(timeout, self.client.push(request)).await;
         self.push_duration.observe(started.elapsed().as_secs_f64());
         let status = match answer {
             Ok(Ok(_)) => {
-                Stats::add(&self.stats.remote_profiles_sent, item.profiles as u64);
+                self.tally.sent(item.profiles as u64);
                 self.queue.settled(item.profiles);
                 if item.attempts > 0 {
                     info!(
+                        destination = self.tally.name(),
                         server = self.address,
                         profiles = item.profiles,
                         failed_attempts = item.attempts,
@@ -189,23 +214,25 @@ impl Delivery {
             Ok(Err(status)) => status,
             Err(_) => Status::deadline_exceeded(format!("no answer within {timeout:?}")),
         };
-        Stats::inc(&self.stats.remote_send_failures);
+        self.tally.failure();
         let reason = describe(&status);
         if classify(status.code()) == Failure::Reject {
-            Stats::add(&self.stats.remote_profiles_rejected, item.profiles as u64);
+            self.tally.rejected(item.profiles as u64);
             self.queue.settled(item.profiles);
             error!(
+                destination = self.tally.name(),
                 server = self.address,
                 profiles = item.profiles,
                 error = %reason,
                 "the server rejected the profiles{}",
-                hint(status.code())
+                hint(status.code(), self.client.credentials_hint())
             );
             return None;
         }
         item.attempts += 1;
         let wait = backoff.wait();
         warn!(
+            destination = self.tally.name(),
             server = self.address,
             profiles = item.profiles,
             attempt = item.attempts,
@@ -216,10 +243,10 @@ impl Delivery {
         let profiles = item.profiles;
         let dropped = self.queue.push_front(item);
         if dropped.profiles > 0 {
-            Stats::add(&self.stats.remote_profiles_dropped, profiles as u64);
+            self.tally.dropped(profiles as u64);
             warn!(
-                profiles,
-                "profiles dropped: the queue is full (--remote-store-queue-bytes)"
+                destination = self.tally.name(),
+                profiles, "profiles dropped: the destination's queue is full"
             );
         }
         Some(wait)
@@ -231,10 +258,12 @@ impl Delivery {
             profiles += item.profiles;
         }
         if profiles > 0 {
-            Stats::add(&self.stats.remote_profiles_dropped, profiles as u64);
+            self.tally.dropped(profiles as u64);
             warn!(
+                destination = self.tally.name(),
                 server = self.address,
-                profiles, "profiles not sent before the shutdown deadline"
+                profiles,
+                "profiles not sent before the shutdown deadline"
             );
         }
     }

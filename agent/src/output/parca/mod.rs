@@ -13,11 +13,11 @@
 
 mod budget;
 mod config;
-mod connect;
+pub(super) mod connect;
 mod debugfile;
 mod debuginfo;
-mod delivery;
-mod queue;
+pub(super) mod delivery;
+pub(super) mod queue;
 
 use std::{
     sync::{Arc, mpsc as std_mpsc},
@@ -38,7 +38,9 @@ use self::{
     profilestore::{Label, LabelSet, RawProfileSeries, RawSample, WriteRawRequest},
     queue::{Pending, SharedQueue},
 };
-use super::{ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, SeriesProfile};
+use super::{
+    ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, SeriesProfile, destination::Tally,
+};
 use crate::{
     process::ObjectFile,
     stats::{
@@ -114,14 +116,14 @@ pub enum ParcaError {
 pub struct ParcaExporter {
     address: String,
     series_labels: Vec<Label>,
-    queue: Arc<SharedQueue>,
+    queue: Arc<SharedQueue<WriteRawRequest>>,
     uploads: Option<mpsc::Sender<Arc<ObjectFile>>>,
     /// Offer the objects firn named in full as well.
     upload_symbolized: bool,
     shutdown: watch::Sender<Option<Instant>>,
     done: std_mpsc::Receiver<()>,
     thread: thread::JoinHandle<()>,
-    stats: Arc<Stats>,
+    tally: Tally,
 }
 
 impl ParcaExporter {
@@ -131,14 +133,14 @@ impl ParcaExporter {
     pub fn start(
         remote: &RemoteStoreConfig,
         debuginfo: &DebuginfoConfig,
-        stats: Arc<Stats>,
+        tally: Tally,
         push_duration: Histogram,
     ) -> Result<Self, ParcaError> {
         let request_metadata = RequestMetadata::new(remote)?;
         let target = connect::target(remote)?;
         let queue = Arc::new(SharedQueue::new(
             usize::try_from(remote.queue_bytes).unwrap_or(usize::MAX),
-            stats.clone(),
+            tally.clone(),
         ));
         let (shutdown, shutdown_receiver) = watch::channel(None);
         let uploads = if debuginfo.upload {
@@ -146,7 +148,7 @@ impl ParcaExporter {
             let debuginfo = debuginfo.clone();
             let target = target.clone();
             let request_metadata = request_metadata.clone();
-            let stats = stats.clone();
+            let stats = tally.total().clone();
             thread::Builder::new()
                 .name("firn-upload".into())
                 .spawn(move || {
@@ -161,7 +163,7 @@ impl ParcaExporter {
         let thread = {
             let remote = remote.clone();
             let queue = queue.clone();
-            let stats = stats.clone();
+            let tally = tally.clone();
             thread::Builder::new()
                 .name("firn-parca".into())
                 .spawn(move || {
@@ -171,7 +173,7 @@ impl ParcaExporter {
                         request_metadata,
                         queue,
                         shutdown_receiver,
-                        stats,
+                        tally,
                         push_duration,
                     );
                     let _ = done_sender.send(());
@@ -187,7 +189,7 @@ impl ParcaExporter {
             shutdown,
             done,
             thread,
-            stats,
+            tally,
         })
     }
 }
@@ -198,7 +200,7 @@ fn requests(
     series_labels: &[Label],
     profiles: Vec<SeriesProfile>,
     max_bytes: usize,
-) -> Vec<Pending> {
+) -> Vec<Pending<WriteRawRequest>> {
     let empty = || Pending {
         request: WriteRawRequest::default(),
         bytes: 0,
@@ -263,13 +265,14 @@ impl Exporter for ParcaExporter {
             bytes: 0,
         };
         // Counted per series, the unit of sent, dropped and queued.
-        Stats::add(&self.stats.profiles_written, batch.profiles.len() as u64);
+        self.tally.written(batch.profiles.len() as u64);
         for request in requests(&self.series_labels, batch.profiles, MAX_REQUEST_BYTES) {
             receipt.bytes += request.bytes;
             let dropped = self.queue.push_back(request);
             if dropped.profiles > 0 {
-                Stats::add(&self.stats.remote_profiles_dropped, dropped.profiles as u64);
+                self.tally.dropped(dropped.profiles as u64);
                 warn!(
+                    destination = self.tally.name(),
                     profiles = dropped.profiles,
                     server = self.address,
                     "profiles dropped: the queue of unsent profiles is full (--remote-store-queue-bytes)"
@@ -284,7 +287,7 @@ impl Exporter for ParcaExporter {
             };
             for object in batch.debuginfo_candidates.into_iter().chain(symbolized) {
                 if uploads.try_send(object).is_err() {
-                    Stats::inc(&self.stats.debuginfo_uploads_skipped);
+                    Stats::inc(&self.tally.total().debuginfo_uploads_skipped);
                     debug!("debuginfo candidate skipped: the upload backlog is full");
                 }
             }
@@ -309,9 +312,9 @@ fn network_thread(
     remote: &RemoteStoreConfig,
     target: connect::Target,
     request_metadata: RequestMetadata,
-    queue: Arc<SharedQueue>,
+    queue: Arc<SharedQueue<WriteRawRequest>>,
     shutdown: watch::Receiver<Option<Instant>>,
-    stats: Arc<Stats>,
+    tally: Tally,
     push_duration: Histogram,
 ) {
     cpu::account_thread(CpuStage::Push);
@@ -337,7 +340,7 @@ fn network_thread(
             shutdown,
             request_timeout: remote.request_timeout,
             address: remote.address.clone(),
-            stats,
+            tally,
             push_duration,
         }
         .run()

@@ -2,20 +2,18 @@
 //! request does not fit, the oldest waiting ones are dropped (and counted),
 //! so a server that is down costs memory up to the bound and no more.
 
-use std::{
-    collections::VecDeque,
-    sync::{Arc, Mutex},
-};
+#[cfg(test)]
+use std::sync::Arc;
+use std::{collections::VecDeque, sync::Mutex};
 
 use tokio::sync::Notify;
 
-use super::profilestore::WriteRawRequest;
-use crate::stats::Stats;
+use crate::output::destination::Tally;
 
-/// One push: a request and what it weighs.
+/// One push: a request (Parca's or Pyroscope's) and what it weighs.
 #[derive(Clone, Debug)]
-pub struct Pending {
-    pub request: WriteRawRequest,
+pub struct Pending<R> {
+    pub request: R,
     pub bytes: usize,
     /// Profiles (series) in the request.
     pub profiles: usize,
@@ -32,8 +30,8 @@ pub struct Dropped {
 
 /// The bookkeeping, apart from locking and waking so it is tested alone.
 #[derive(Debug)]
-pub struct ByteQueue {
-    items: VecDeque<Pending>,
+pub struct ByteQueue<R> {
+    items: VecDeque<Pending<R>>,
     bytes: usize,
     limit: usize,
     /// Profiles in `items`.
@@ -43,7 +41,7 @@ pub struct ByteQueue {
     in_flight: usize,
 }
 
-impl ByteQueue {
+impl<R> ByteQueue<R> {
     pub fn new(limit: usize) -> Self {
         Self {
             items: VecDeque::new(),
@@ -75,7 +73,7 @@ impl ByteQueue {
 
     /// Adds the newest request, dropping the oldest ones while it does not
     /// fit; a request larger than the whole bound is dropped itself.
-    pub fn push_back(&mut self, item: Pending) -> Dropped {
+    pub fn push_back(&mut self, item: Pending<R>) -> Dropped {
         let mut dropped = Dropped::default();
         if item.bytes > self.limit {
             dropped.requests += 1;
@@ -97,7 +95,7 @@ impl ByteQueue {
 
     /// Puts back a request whose push failed: it is the oldest, so it is
     /// the first to go if newer ones need the room.
-    pub fn push_front(&mut self, item: Pending) -> Dropped {
+    pub fn push_front(&mut self, item: Pending<R>) -> Dropped {
         if self.bytes + item.bytes > self.limit {
             return Dropped {
                 requests: 1,
@@ -110,7 +108,7 @@ impl ByteQueue {
         Dropped::default()
     }
 
-    pub fn pop_front(&mut self) -> Option<Pending> {
+    pub fn pop_front(&mut self) -> Option<Pending<R>> {
         let item = self.items.pop_front()?;
         self.bytes -= item.bytes;
         self.profiles -= item.profiles;
@@ -120,42 +118,42 @@ impl ByteQueue {
 
 /// The queue shared by the builder thread (which pushes, never waiting on
 /// the network) and the delivery task (which waits for work).
-/// Keeps the `remote_queue_bytes` and `remote_queue_profiles` gauges up
-/// to date.
-pub struct SharedQueue {
-    inner: Mutex<ByteQueue>,
+/// Keeps the destination's queue gauges, and its share of the
+/// `remote_queue_bytes` and `remote_queue_profiles` totals, up to date.
+pub struct SharedQueue<R> {
+    inner: Mutex<ByteQueue<R>>,
     ready: Notify,
-    stats: Arc<Stats>,
+    tally: Tally,
 }
 
-impl SharedQueue {
-    pub fn new(limit: usize, stats: Arc<Stats>) -> Self {
+impl<R> SharedQueue<R> {
+    pub fn new(limit: usize, tally: Tally) -> Self {
         Self {
             inner: Mutex::new(ByteQueue::new(limit)),
             ready: Notify::new(),
-            stats,
+            tally,
         }
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut ByteQueue) -> T) -> T {
+    fn with<T>(&self, f: impl FnOnce(&mut ByteQueue<R>) -> T) -> T {
         let mut queue = self
             .inner
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let result = f(&mut queue);
-        Stats::set(&self.stats.remote_queue_bytes, queue.bytes() as u64);
-        Stats::set(&self.stats.remote_queue_profiles, queue.profiles() as u64);
+        self.tally
+            .queue_level(queue.bytes() as u64, queue.profiles() as u64);
         result
     }
 
-    pub fn push_back(&self, item: Pending) -> Dropped {
+    pub fn push_back(&self, item: Pending<R>) -> Dropped {
         let dropped = self.with(|queue| queue.push_back(item));
         self.ready.notify_one();
         dropped
     }
 
     /// Puts back a request [`Self::next`] handed out whose push failed.
-    pub fn push_front(&self, item: Pending) -> Dropped {
+    pub fn push_front(&self, item: Pending<R>) -> Dropped {
         self.with(|queue| {
             queue.in_flight = queue.in_flight.saturating_sub(item.profiles);
             queue.push_front(item)
@@ -167,13 +165,13 @@ impl SharedQueue {
         self.with(|queue| queue.in_flight = queue.in_flight.saturating_sub(profiles));
     }
 
-    pub fn pop_front(&self) -> Option<Pending> {
+    pub fn pop_front(&self) -> Option<Pending<R>> {
         self.with(ByteQueue::pop_front)
     }
 
     /// Waits for a request and takes it; it counts as queued until
     /// [`Self::settled`] or [`Self::push_front`].
-    pub async fn next(&self) -> Pending {
+    pub async fn next(&self) -> Pending<R> {
         loop {
             // Registered before looking, so a push in between still wakes us.
             let notified = self.ready.notified();
@@ -190,13 +188,21 @@ impl SharedQueue {
     }
 }
 
+impl<R> Drop for SharedQueue<R> {
+    /// The totals over all destinations lose this queue's share.
+    fn drop(&mut self) {
+        self.tally.queue_level(0, 0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{output::destination::DestinationStats, stats::Stats};
 
-    fn item(bytes: usize, profiles: usize) -> Pending {
+    fn item(bytes: usize, profiles: usize) -> Pending<()> {
         Pending {
-            request: WriteRawRequest::default(),
+            request: (),
             bytes,
             profiles,
             attempts: 0,
@@ -248,7 +254,7 @@ mod tests {
     #[tokio::test]
     async fn the_consumer_wakes_for_a_push_and_the_gauge_follows() {
         let stats = Arc::new(Stats::default());
-        let queue = Arc::new(SharedQueue::new(1000, stats.clone()));
+        let queue = Arc::new(SharedQueue::new(1000, tally(&stats)));
         let waiter = {
             let queue = queue.clone();
             tokio::spawn(async move { queue.next().await.profiles })
@@ -263,7 +269,7 @@ mod tests {
     #[tokio::test]
     async fn profiles_being_sent_still_count_as_queued() {
         let stats = Arc::new(Stats::default());
-        let queue = SharedQueue::new(1000, stats.clone());
+        let queue = SharedQueue::new(1000, tally(&stats));
         queue.push_back(item(10, 3));
         queue.push_back(item(10, 2));
         let queued = || stats.snapshot().remote_queue_profiles;
@@ -276,9 +282,15 @@ mod tests {
         queue.settled(first.profiles);
         assert_eq!(queued(), 2, "sent");
         // Dropped to make room: out of the gauge (the caller counts it).
-        let small = SharedQueue::new(15, stats.clone());
+        let small = SharedQueue::new(15, tally(&stats));
         small.push_back(item(10, 4));
         assert_eq!(small.push_back(item(10, 1)).profiles, 4);
-        assert_eq!(queued(), 1);
+        assert_eq!(queued(), 3, "the total over both queues");
+        drop(queue);
+        assert_eq!(queued(), 1, "a queue gone takes its share along");
+    }
+
+    fn tally(stats: &Arc<Stats>) -> Tally {
+        Tally::new(stats.clone(), Arc::new(DestinationStats::new("test")))
     }
 }

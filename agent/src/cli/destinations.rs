@@ -1,0 +1,145 @@
+//! The config file's `destinations`: several servers at once, each entry
+//! the Parca (`remote-store-*`) or Pyroscope (`pyroscope-*`) flags without
+//! their dashes, and a `name` for its metrics and log lines. Each entry is
+//! read by the flags' own parsers, environment variables left out (they
+//! would apply to every entry alike).
+
+use std::path::Path;
+
+use clap::{CommandFactory, FromArgMatches, Parser};
+
+use super::{PyroscopeArgs, RemoteStoreArgs, remote::ConfigError};
+use crate::{
+    config::DestinationConfig,
+    config_file::{ConfigFileError, SettingValue},
+};
+
+/// One entry of `destinations`.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "destinations", no_binary_name = true, disable_help_flag = true)]
+pub struct DestinationArgs {
+    /// The `destination` label of its metrics (default `parca` or
+    /// `pyroscope`).
+    #[arg(long)]
+    pub name: Option<String>,
+
+    #[command(flatten)]
+    pub remote_store: RemoteStoreArgs,
+
+    #[command(flatten)]
+    pub pyroscope: PyroscopeArgs,
+}
+
+impl DestinationArgs {
+    /// Reads one entry, `index` naming it in errors.
+    pub fn from_entry(
+        entry: &[(String, SettingValue)],
+        path: &Path,
+        index: usize,
+    ) -> Result<Self, ConfigFileError> {
+        let mut argv = Vec::new();
+        for (key, value) in entry {
+            match value {
+                SettingValue::Bool(true) => argv.push(format!("--{key}")),
+                SettingValue::Bool(false) => {}
+                SettingValue::One(text) => argv.push(format!("--{key}={text}")),
+                SettingValue::Many(items) => {
+                    argv.extend(items.iter().map(|item| format!("--{key}={item}")));
+                }
+            }
+        }
+        let mut command = Self::command();
+        let ids: Vec<String> = command
+            .get_arguments()
+            .map(|arg| arg.get_id().to_string())
+            .collect();
+        for id in ids {
+            command = command.mut_arg(id, |arg| arg.env(None));
+        }
+        let error = |reason: String| ConfigFileError::Destination {
+            path: path.to_path_buf(),
+            index,
+            reason,
+        };
+        let matches = command
+            .try_get_matches_from(argv)
+            .map_err(|e| error(first_line(&e.to_string())))?;
+        Self::from_arg_matches(&matches).map_err(|e| error(first_line(&e.to_string())))
+    }
+
+    /// The server this entry names: exactly one of a Parca address and a
+    /// Pyroscope URL.
+    pub fn config(&self, index: usize) -> Result<DestinationConfig, ConfigError> {
+        let parca = self.remote_store.config()?;
+        let name = |default: &str| self.name.clone().unwrap_or_else(|| default.to_owned());
+        let pyroscope = self.pyroscope.config(&name("pyroscope"))?;
+        match (parca, pyroscope) {
+            (Some(store), None) => Ok(DestinationConfig::Parca {
+                store,
+                name: name("parca"),
+            }),
+            (None, Some(pyroscope)) => Ok(DestinationConfig::Pyroscope(pyroscope)),
+            _ => Err(ConfigError::DestinationKind { index }),
+        }
+    }
+}
+
+fn first_line(text: &str) -> String {
+    text.lines()
+        .find(|line| !line.trim().is_empty())
+        .unwrap_or(text)
+        .trim_start_matches("error: ")
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(key: &str, value: &str) -> (String, SettingValue) {
+        (key.to_owned(), SettingValue::One(value.to_owned()))
+    }
+
+    #[test]
+    fn entries_are_read_by_the_flags_parsers() {
+        let path = Path::new("firn.yaml");
+        let pyroscope = DestinationArgs::from_entry(
+            &[
+                one("name", "grafana-cloud"),
+                one("pyroscope-url", "profiles.example.com"),
+                one("pyroscope-tenant-id", "team-a"),
+                (
+                    "pyroscope-headers".into(),
+                    SettingValue::Many(vec!["X-Extra=1".into()]),
+                ),
+            ],
+            path,
+            0,
+        )
+        .expect("valid");
+        let DestinationConfig::Pyroscope(config) = pyroscope.config(0).expect("config") else {
+            panic!("a Pyroscope destination");
+        };
+        assert_eq!(config.name, "grafana-cloud");
+        assert_eq!(config.url, "https://profiles.example.com");
+        assert!(config.tls.is_some(), "https by default");
+        let parca = DestinationArgs::from_entry(
+            &[
+                one("remote-store-address", "parca:7070"),
+                ("remote-store-insecure".into(), SettingValue::Bool(true)),
+            ],
+            path,
+            1,
+        )
+        .expect("valid");
+        assert!(matches!(
+            parca.config(1),
+            Ok(DestinationConfig::Parca { name, .. }) if name == "parca"
+        ));
+        let error = DestinationArgs::from_entry(&[one("pyroscope-urll", "x")], path, 2)
+            .expect_err("a typo");
+        assert!(error.to_string().contains("destinations[2]"), "{error}");
+        let neither = DestinationArgs::from_entry(&[one("name", "x")], path, 3).expect("parses");
+        assert!(neither.config(3).is_err());
+    }
+}

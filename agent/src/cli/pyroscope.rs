@@ -1,0 +1,251 @@
+//! The agent's flags for a Pyroscope server or Grafana Cloud Profiles,
+//! named after Grafana Alloy's `pyroscope.write` endpoint arguments.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::Args;
+
+use super::{
+    parse_period, parse_store_bytes,
+    remote::{
+        ConfigError, KeyValues, flatten_unique, parse_headers, read_certificates, read_token,
+    },
+};
+use crate::output::{
+    parca::{Secret, TlsConfig},
+    pyroscope::{BasicAuth, PyroscopeConfig},
+};
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct PyroscopeArgs {
+    /// A Pyroscope server or Grafana Cloud Profiles URL
+    /// (https://profiles-prod-001.grafana.net, http://localhost:4040);
+    /// `https://` is assumed without a scheme. With --remote-store-address
+    /// too, profiles go to both.
+    #[arg(long, value_name = "URL", value_parser = parse_url)]
+    pub pyroscope_url: Option<String>,
+
+    /// The basic auth user (for Grafana Cloud: the stack's user id).
+    #[arg(long, value_name = "USER", env = "PYROSCOPE_BASIC_AUTH_USERNAME")]
+    pub pyroscope_basic_auth_username: Option<String>,
+
+    /// The basic auth password (for Grafana Cloud: an access token).
+    #[arg(
+        long,
+        value_name = "PASSWORD",
+        env = "PYROSCOPE_BASIC_AUTH_PASSWORD",
+        hide_env_values = true,
+        conflicts_with = "pyroscope_basic_auth_password_file"
+    )]
+    pub pyroscope_basic_auth_password: Option<String>,
+
+    /// A file holding the basic auth password.
+    #[arg(long, value_name = "FILE")]
+    pub pyroscope_basic_auth_password_file: Option<PathBuf>,
+
+    /// Sent as `Authorization: Bearer <token>` (instead of basic auth).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "PYROSCOPE_BEARER_TOKEN",
+        hide_env_values = true,
+        conflicts_with_all = ["pyroscope_bearer_token_file", "pyroscope_basic_auth_username"]
+    )]
+    pub pyroscope_bearer_token: Option<String>,
+
+    /// A file holding the bearer token.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with = "pyroscope_basic_auth_username"
+    )]
+    pub pyroscope_bearer_token_file: Option<PathBuf>,
+
+    /// The tenant, sent as `X-Scope-OrgID` (Pyroscope with multitenancy on).
+    #[arg(long, value_name = "TENANT")]
+    pub pyroscope_tenant_id: Option<String>,
+
+    /// HTTP headers sent with every push: `key=value;key2=value2`.
+    #[arg(long, value_name = "HEADERS", value_parser = parse_headers)]
+    pub pyroscope_headers: Vec<KeyValues>,
+
+    /// TLS without checking the server's certificate.
+    #[arg(long)]
+    pub pyroscope_insecure_skip_verify: bool,
+
+    /// PEM certificates trusted on top of the system's roots.
+    #[arg(long, value_name = "FILE")]
+    pub pyroscope_ca_file: Option<PathBuf>,
+
+    /// Unsent profiles kept while the server is slow or down; the oldest
+    /// are dropped (and counted) beyond this (at least 1KiB).
+    #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_store_bytes)]
+    pub pyroscope_queue_bytes: u64,
+
+    /// Longest a single push may take before it is retried (at least 1s).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_period)]
+    pub pyroscope_remote_timeout: Duration,
+}
+
+impl PyroscopeArgs {
+    /// `None` without `--pyroscope-url`.
+    pub fn config(&self, name: &str) -> Result<Option<PyroscopeConfig>, ConfigError> {
+        let Some(url) = &self.pyroscope_url else {
+            return self.refuse_without_url().map(|()| None);
+        };
+        let password = match (
+            &self.pyroscope_basic_auth_password,
+            &self.pyroscope_basic_auth_password_file,
+        ) {
+            (Some(password), _) => Some(Secret::new(password.trim().to_owned())),
+            (None, Some(path)) => Some(read_token(path)?),
+            (None, None) => None,
+        };
+        let basic_auth = match (&self.pyroscope_basic_auth_username, password) {
+            (Some(username), Some(password)) => Some(BasicAuth {
+                username: username.clone(),
+                password,
+            }),
+            (None, None) => None,
+            (Some(_), None) => {
+                return Err(ConfigError::Incomplete {
+                    given: "--pyroscope-basic-auth-username",
+                    missing: "--pyroscope-basic-auth-password or --pyroscope-basic-auth-password-file",
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::Incomplete {
+                    given: "a basic auth password",
+                    missing: "--pyroscope-basic-auth-username",
+                });
+            }
+        };
+        let bearer_token = match (
+            &self.pyroscope_bearer_token,
+            &self.pyroscope_bearer_token_file,
+        ) {
+            (Some(token), _) => Some(Secret::new(token.trim().to_owned())),
+            (None, Some(path)) => Some(read_token(path)?),
+            (None, None) => None,
+        };
+        let tls = if url.starts_with("http://") {
+            if self.pyroscope_ca_file.is_some() || self.pyroscope_insecure_skip_verify {
+                return Err(ConfigError::Incomplete {
+                    given: "--pyroscope-ca-file or --pyroscope-insecure-skip-verify",
+                    missing: "an https:// --pyroscope-url",
+                });
+            }
+            None
+        } else {
+            Some(TlsConfig {
+                extra_roots: match &self.pyroscope_ca_file {
+                    Some(path) => read_certificates(path)?,
+                    None => Vec::new(),
+                },
+                skip_verify: self.pyroscope_insecure_skip_verify,
+            })
+        };
+        let headers = flatten_unique("--pyroscope-headers", &self.pyroscope_headers)?
+            .into_iter()
+            .map(|(key, value)| (key, Secret::new(value)))
+            .collect();
+        Ok(Some(PyroscopeConfig {
+            name: name.to_owned(),
+            url: url.clone(),
+            tls,
+            basic_auth,
+            bearer_token,
+            tenant_id: self.pyroscope_tenant_id.clone(),
+            headers,
+            queue_bytes: self.pyroscope_queue_bytes,
+            request_timeout: self.pyroscope_remote_timeout,
+        }))
+    }
+
+    fn refuse_without_url(&self) -> Result<(), ConfigError> {
+        let given = [
+            (
+                self.pyroscope_basic_auth_username.is_some(),
+                "pyroscope-basic-auth-username",
+            ),
+            (
+                self.pyroscope_basic_auth_password_file.is_some(),
+                "pyroscope-basic-auth-password-file",
+            ),
+            (
+                self.pyroscope_bearer_token_file.is_some(),
+                "pyroscope-bearer-token-file",
+            ),
+            (self.pyroscope_tenant_id.is_some(), "pyroscope-tenant-id"),
+            (!self.pyroscope_headers.is_empty(), "pyroscope-headers"),
+            (self.pyroscope_ca_file.is_some(), "pyroscope-ca-file"),
+            (
+                self.pyroscope_insecure_skip_verify,
+                "pyroscope-insecure-skip-verify",
+            ),
+        ];
+        match given.iter().find(|(present, _)| *present) {
+            Some(&(_, flag)) => Err(ConfigError::NeedsPyroscope { flag }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// An `http(s)://` URL with a host; `https://` when no scheme is written.
+fn parse_url(text: &str) -> Result<String, String> {
+    let trimmed = text.trim();
+    let url = if trimmed.contains("://") {
+        trimmed.to_owned()
+    } else {
+        format!("https://{trimmed}")
+    };
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| format!("`{text}` is not a URL (e.g. https://profiles.example.com)"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("`{text}`: only http:// and https:// URLs")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("`{text}` has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("`{text}`: a query string is not allowed"));
+    }
+    Ok(url.trim_end_matches('/').to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_default_to_https() {
+        assert_eq!(
+            parse_url("profiles.example.com").as_deref(),
+            Ok("https://profiles.example.com")
+        );
+        assert_eq!(
+            parse_url("http://localhost:4040/").as_deref(),
+            Ok("http://localhost:4040")
+        );
+        assert!(parse_url("grpc://x:1").is_err());
+        assert!(parse_url("https://").is_err());
+    }
+
+    #[test]
+    fn basic_auth_needs_both_halves() {
+        let args = PyroscopeArgs {
+            pyroscope_url: Some("https://p.example.com".into()),
+            pyroscope_basic_auth_username: Some("1".into()),
+            ..PyroscopeArgs::default()
+        };
+        let error = args.config("pyroscope").expect_err("incomplete");
+        assert!(error.to_string().contains("password"), "{error}");
+        let args = PyroscopeArgs {
+            pyroscope_tenant_id: Some("t".into()),
+            ..PyroscopeArgs::default()
+        };
+        assert!(args.config("pyroscope").is_err(), "tenant without a URL");
+    }
+}
