@@ -168,8 +168,11 @@ fn a_server_that_never_answers_costs_drops_not_sampling_or_exit() {
             "1s",
             "--remote-store-rpc-unary-timeout",
             "2s",
+            // Room for a few of the host's one-second requests (tens of
+            // KB each), so one is pushed (and hangs) while the next ones
+            // fill the queue.
             "--remote-store-queue-bytes",
-            "16KiB",
+            "256KiB",
         ],
     );
     firn.wait_until("profiles queued", Duration::from_secs(30), || {
@@ -182,8 +185,8 @@ fn a_server_that_never_answers_costs_drops_not_sampling_or_exit() {
     );
     let queued = value(metrics, "firn_queue_bytes");
     assert!(
-        queued <= 16.0 * 1024.0,
-        "queue bytes {queued} with a 16 KiB queue:\n{}",
+        queued <= 256.0 * 1024.0,
+        "queue bytes {queued} with a 256 KiB queue:\n{}",
         firn.log()
     );
     assert_sampling(&firn, metrics);
