@@ -474,6 +474,19 @@ mod tests {
         }
     }
 
+    /// An `auto` policy with a 8 KiB copy over a map that records every
+    /// size written, in order.
+    fn auto_policy(stats: Arc<Stats>) -> (UnwindPolicy, Arc<Mutex<Vec<(u32, u32)>>>) {
+        let entries = Arc::new(Mutex::new(Vec::new()));
+        let map = FakeMap {
+            entries: entries.clone(),
+            full: false,
+        };
+        let policy =
+            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats).with_map(Box::new(map), LEAF);
+        (policy, entries)
+    }
+
     fn setup() -> (Arc<Stats>, ProcessTable, Unwinder) {
         let stats = Arc::new(Stats::default());
         let processes = ProcessTable::new(
@@ -541,13 +554,7 @@ mod tests {
     #[test]
     fn auto_decides_from_the_objects_and_writes_the_map() {
         let (stats, mut processes, mut unwinder) = setup();
-        let entries = Arc::new(Mutex::new(Vec::new()));
-        let map = FakeMap {
-            entries: entries.clone(),
-            full: false,
-        };
-        let mut policy = UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone())
-            .with_map(Box::new(map), LEAF);
+        let (mut policy, entries) = auto_policy(stats.clone());
 
         let framed = Child::spawn(agent_fixtures::CHAIN);
         let image = processes.image(framed.0.id(), "chain");
@@ -588,13 +595,7 @@ mod tests {
     #[test]
     fn the_copy_is_fitted_to_the_stacks_unwinds_need() {
         let (stats, mut processes, mut unwinder) = setup();
-        let entries = Arc::new(Mutex::new(Vec::new()));
-        let map = FakeMap {
-            entries: entries.clone(),
-            full: false,
-        };
-        let mut policy = UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone())
-            .with_map(Box::new(map), LEAF);
+        let (mut policy, entries) = auto_policy(stats.clone());
         let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
         let pid = frameless.0.id();
         let image = processes.image(pid, "chain_inline");
@@ -638,13 +639,7 @@ mod tests {
     #[test]
     fn the_next_process_of_an_executable_starts_with_the_copy_it_needed() {
         let (stats, mut processes, mut unwinder) = setup();
-        let entries = Arc::new(Mutex::new(Vec::new()));
-        let map = FakeMap {
-            entries: entries.clone(),
-            full: false,
-        };
-        let mut policy =
-            UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats).with_map(Box::new(map), LEAF);
+        let (mut policy, entries) = auto_policy(stats);
         let first = Child::spawn(agent_fixtures::CHAIN_INLINE);
         let image = processes.image(first.0.id(), "chain_inline");
         policy.decide(&image, &mut processes, &mut unwinder);
@@ -674,13 +669,7 @@ mod tests {
     #[test]
     fn a_deep_process_grows_then_fits_its_deepest_stacks() {
         let (stats, mut processes, mut unwinder) = setup();
-        let entries = Arc::new(Mutex::new(Vec::new()));
-        let map = FakeMap {
-            entries: entries.clone(),
-            full: false,
-        };
-        let mut policy = UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone())
-            .with_map(Box::new(map), LEAF);
+        let (mut policy, entries) = auto_policy(stats.clone());
         let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
         let image = processes.image(frameless.0.id(), "chain_inline");
         policy.decide(&image, &mut processes, &mut unwinder);
@@ -696,13 +685,7 @@ mod tests {
     #[test]
     fn stacks_without_frame_pointers_switch_a_process_to_dwarf() {
         let (stats, mut processes, mut unwinder) = setup();
-        let entries = Arc::new(Mutex::new(Vec::new()));
-        let map = FakeMap {
-            entries: entries.clone(),
-            full: false,
-        };
-        let mut policy = UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone())
-            .with_map(Box::new(map), LEAF);
+        let (mut policy, entries) = auto_policy(stats.clone());
         let framed = Child::spawn(agent_fixtures::CHAIN);
         let image = processes.image(framed.0.id(), "chain");
         policy.decide(&image, &mut processes, &mut unwinder);
