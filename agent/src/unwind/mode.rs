@@ -474,9 +474,12 @@ mod tests {
         }
     }
 
+    /// The (tgid, bytes) a `FakeMap` was given, in order.
+    type Written = Arc<Mutex<Vec<(u32, u32)>>>;
+
     /// An `auto` policy with a 8 KiB copy over a map that records every
     /// size written, in order.
-    fn auto_policy(stats: Arc<Stats>) -> (UnwindPolicy, Arc<Mutex<Vec<(u32, u32)>>>) {
+    fn auto_policy(stats: Arc<Stats>) -> (UnwindPolicy, Written) {
         let entries = Arc::new(Mutex::new(Vec::new()));
         let map = FakeMap {
             entries: entries.clone(),
