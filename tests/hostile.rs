@@ -269,12 +269,15 @@ fn a_fuse_mount_that_never_answers_does_not_stall_the_agent() {
     std::fs::create_dir_all(&private).expect("mount point");
     std::fs::create_dir_all("/usr/lib/debug").expect("/usr/lib/debug");
     // Python keeps /dev/fuse open across the exec: the workload holds the
-    // connection, which nobody serves.
+    // connection, which nobody serves. `mount -i`: the mount system call
+    // itself, not fuse3's `mount.fuse` helper (present once fuse3 is
+    // installed, as docker.io pulls it in), which would take the source
+    // for a program to run.
     let hang = r#"
 import os, subprocess, sys
 fd = os.open("/dev/fuse", os.O_RDWR)
 os.set_inheritable(fd, True)
-subprocess.run(["mount", "-t", "fuse", "-o",
+subprocess.run(["mount", "-i", "-t", "fuse", "-o",
                 f"fd={fd},rootmode=40000,user_id=0,group_id=0",
                 "firn-hang", "/usr/lib/debug"], pass_fds=[fd], check=True)
 os.execv(sys.argv[1], [sys.argv[1]])
