@@ -238,7 +238,13 @@ fn deep_stacks_grow_their_copy_and_are_complete() {
     );
     let depth = 100;
     let workload = TestProcess::spawn(Command::new(&binary).arg(depth.to_string()));
-    wait_a_moment();
+    let maps = format!("/proc/{}/maps", workload.pid());
+    wait_for(
+        "the workload to map libc",
+        Duration::from_secs(10),
+        || std::fs::read_to_string(&maps).is_ok_and(|maps| maps.contains("libc")),
+        String::new,
+    );
     let pid = workload.pid().to_string();
 
     let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);

@@ -437,7 +437,7 @@ fn classify(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
+    use std::{path::PathBuf, sync::Mutex};
 
     use super::*;
     use crate::{
@@ -527,8 +527,8 @@ mod tests {
     }
 
     /// A fixture binary running as a child (killed on drop), and the
-    /// directory its file lives in.
-    struct Child(std::process::Child, tempfile::TempDir);
+    /// directory its file lives in (when it wrote the file).
+    struct Child(std::process::Child, Option<tempfile::TempDir>);
 
     impl Child {
         fn spawn(bytes: &[u8]) -> Self {
@@ -537,13 +537,39 @@ mod tests {
             let path = dir.path().join("workload");
             std::fs::write(&path, bytes).expect("write the fixture");
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-            let child = std::process::Command::new(&path)
-                .arg("1000")
-                .spawn()
-                .expect("the fixture runs");
-            // Until the loader has mapped libc, the image is incomplete.
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            Self(child, dir)
+            let mut child = Self::run(&path);
+            child.1 = Some(dir);
+            child
+        }
+
+        /// Runs `path` and waits (at most 5 s) until the loader has mapped
+        /// libc: until then the image is incomplete.
+        fn run(path: &Path) -> Self {
+            let child = Self(
+                std::process::Command::new(path)
+                    .arg("1000")
+                    .spawn()
+                    .expect("the fixture runs"),
+                None,
+            );
+            let maps = format!("/proc/{}/maps", child.0.id());
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while !std::fs::read_to_string(&maps).is_ok_and(|maps| maps.contains("libc")) {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the fixture did not map libc within 5 s"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            child
+        }
+
+        fn path(&self) -> PathBuf {
+            self.1
+                .as_ref()
+                .expect("a fixture file")
+                .path()
+                .join("workload")
         }
     }
 
@@ -648,23 +674,16 @@ mod tests {
         policy.decide(&image, &mut processes, &mut unwinder);
         policy.observe_stack(&image, StackNeed::MoreThanCopied, 8192);
         // The same file run again.
-        let path = first.1.path().join("workload");
-        let mut second = std::process::Command::new(&path)
-            .arg("1000")
-            .spawn()
-            .expect("runs again");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let image = processes.image(second.id(), "chain_inline");
+        let second = Child::run(&first.path());
+        let image = processes.image(second.0.id(), "chain_inline");
         policy.decide(&image, &mut processes, &mut unwinder);
-        let _ = second.kill();
-        let _ = second.wait();
         let max = MAX_STACK_COPY as u32;
         assert_eq!(
             *entries.lock().expect("lock"),
             [
                 (first.0.id(), 8192),
                 (first.0.id(), max),
-                (second.id(), max)
+                (second.0.id(), max)
             ]
         );
     }
