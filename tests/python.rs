@@ -305,6 +305,9 @@ fn processes_started_before_and_after_firn_are_named() {
     assert_all("before and after", checks);
 }
 
+/// Samples whose Python walk the BPF walker program never ran for.
+const WALKER_UNAVAILABLE_METRIC: &str = "firn_python_walker_unavailable_total";
+
 /// What firn's /metrics calls stacks cut at 128 Python frames.
 const TRUNCATED_METRIC: &str = "firn_python_stacks_truncated_total";
 
@@ -363,6 +366,14 @@ fn deep_recursion_keeps_the_innermost_frames() {
         "{TRUNCATED_METRIC} {:?}",
         metric(address, TRUNCATED_METRIC)
     )));
+    // The walk runs as a chain of the walker program calling itself; a
+    // call the kernel refused would leave samples without Python frames.
+    checks.push(match metric(address, WALKER_UNAVAILABLE_METRIC) {
+        Some(0.0) => Ok(format!("{WALKER_UNAVAILABLE_METRIC} 0")),
+        found => Err(format!(
+            "{WALKER_UNAVAILABLE_METRIC} is {found:?}, wanted 0"
+        )),
+    });
     let stopped = agent.stop();
     assert!(stopped.status.success(), "{}", stopped.log);
     let profiles = stored_profiles(&store);

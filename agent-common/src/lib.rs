@@ -67,6 +67,16 @@ pub mod names {
     pub const PROG_EXEC: &str = "process_exec";
     pub const PROG_EXIT: &str = "process_exit";
     pub const PROG_FORK: &str = "follow_fork";
+    pub const PROG_PYTHON_WALK: &str = "python_walk";
+    pub const TAIL_CALLS: &str = "TAIL_CALLS";
+}
+
+/// Indexes of the `TAIL_CALLS` program array.
+pub mod tail_calls {
+    /// `python_walk`: walks the interpreter stack of a sample, then writes
+    /// the sample (`sample_cpu` hands over to it for CPython processes).
+    pub const PYTHON_WALK: u32 = 0;
+    pub const COUNT: u32 = 1;
 }
 
 /// First field of every ring buffer record.
@@ -125,9 +135,11 @@ pub struct UserRegs {
     pub bp: u64,
 }
 
-/// One CPU sample. It is followed in the ring buffer by
-/// `interpreter_frames` [`InterpreterFrame`]s, then by `stack_copy_len`
-/// bytes copied from the user stack, starting at `user_regs.sp`.
+/// One CPU sample, sized to what was taken: the record is followed in the
+/// ring buffer by `kernel_frames` then `user_frames` addresses (u64,
+/// innermost first), then `stack_copy_len` bytes copied from the user
+/// stack from `user_regs.sp` on, then `interpreter_frames`
+/// [`InterpreterFrame`]s (innermost first).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct SampleRecord {
@@ -146,14 +158,14 @@ pub struct SampleRecord {
     pub kernel_frames: u32,
     pub user_frames: u32,
     pub stack_copy_len: u32,
-    /// Interpreter frames following the record (before the stack copy),
-    /// innermost first.
+    /// Interpreter frames at the end of the record, innermost first.
     pub interpreter_frames: u32,
     pub reserved: u32,
     pub user_regs: UserRegs,
-    pub kernel_stack: [u64; MAX_STACK_DEPTH],
-    pub user_stack: [u64; MAX_STACK_DEPTH],
 }
+
+/// Room for both stacks' addresses in one sample.
+pub const STACKS_BYTES: usize = 2 * MAX_STACK_DEPTH * core::mem::size_of::<u64>();
 
 /// What identifies one interpreter frame at sample time; the daemon names
 /// it later from the process's memory.
@@ -271,9 +283,9 @@ pub struct ProcessRecord {
 #[repr(C)]
 pub struct SampleScratch {
     pub record: SampleRecord,
-    /// The interpreter frames, then the stack copy right after the last
-    /// of them.
-    pub tail: [u8; INTERPRETER_BYTES + MAX_STACK_COPY],
+    /// What follows the record, packed: the kernel's and the user's
+    /// frames, the stack copy and the interpreter frames.
+    pub tail: [u8; STACKS_BYTES + MAX_STACK_COPY + INTERPRETER_BYTES],
     /// Where the walker reads one interpreter frame before picking its
     /// fields.
     pub frame: [u64; INTERPRETER_FRAME_READ / 8],
@@ -282,8 +294,27 @@ pub struct SampleScratch {
     pub code: [u64; INTERPRETER_CODE_READ / 8],
     /// The interpreter walk's progress. Kept in the map, not on the BPF
     /// stack: the verifier tracks no map contents, so each step of the
-    /// unrolled walk is checked once, not once per count of frames so far.
+    /// unrolled walk is checked once, not once per count of frames so far;
+    /// and the walk goes on across the walker's tail calls.
     pub walk: InterpreterWalk,
+    /// The user stack copy's progress, kept in the map for the same
+    /// reason: each chunk of the copy loop is checked once, whichever way
+    /// the sample got there.
+    pub copy: StackCopy,
+}
+
+/// See [`SampleScratch::copy`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct StackCopy {
+    /// Where in `SampleScratch::tail` the copy goes: after the stacks.
+    pub base: u32,
+    /// Bytes asked for.
+    pub wanted: u32,
+    /// The user stack pointer, where the copy starts.
+    pub sp: u64,
+    /// Bytes copied so far.
+    pub copied: u64,
 }
 
 /// See [`SampleScratch::walk`].
@@ -298,6 +329,11 @@ pub struct InterpreterWalk {
     pub recorded: u32,
     /// `sample_flags` to add to the record.
     pub flags: u32,
+    /// Where in `SampleScratch::tail` the frames go: after the stacks and
+    /// the stack copy.
+    pub base: u32,
+    /// Steps taken so far, shims included.
+    pub steps: u32,
 }
 
 /// Room for the interpreter frames of one sample.
@@ -352,10 +388,13 @@ pub enum Counter {
     /// Samples not recorded because the only stack left on (user or
     /// kernel, see `BpfConfig::stacks_off`) was empty.
     NoStackLeft = 18,
+    /// Samples of an interpreter process whose interpreter stack was not
+    /// walked: the walker program could not be called (not expected).
+    InterpreterWalkerUnavailable = 19,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 19;
+    pub const COUNT: u32 = 20;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Self::SamplesSeen,
         Self::SamplesWritten,
@@ -376,6 +415,7 @@ impl Counter {
         Self::InterpreterNoThreadState,
         Self::PidFilterFull,
         Self::NoStackLeft,
+        Self::InterpreterWalkerUnavailable,
     ];
 }
 
@@ -429,7 +469,7 @@ mod user {
 
 // Layout checks: the daemon decodes records by these sizes.
 const _: () = assert!(core::mem::size_of::<UserRegs>() == 24);
-const _: () = assert!(core::mem::size_of::<SampleRecord>() == 96 + 2 * 8 * MAX_STACK_DEPTH);
+const _: () = assert!(core::mem::size_of::<SampleRecord>() == 96);
 const _: () = assert!(core::mem::size_of::<InterpreterFrame>() == 32);
 const _: () = assert!(core::mem::size_of::<PythonProcess>() == 48);
 const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 32);

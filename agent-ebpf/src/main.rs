@@ -28,13 +28,16 @@
 
 mod python;
 
-use core::{ffi::c_void, mem::size_of, ptr::addr_of_mut};
+use core::{
+    ffi::c_void,
+    mem::size_of,
+    ptr::{addr_of, addr_of_mut, read_volatile, write_volatile},
+};
 
 use agent_common::{
-    BpfConfig, COMM_LEN, Counter, INTERPRETER_BYTES, InterpreterFrame, LOG_TARGET,
-    MAX_INTERPRETER_FRAMES, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES,
-    ProcessRecord, RecordKind, STACK_READ_BYTES, SampleRecord, SampleScratch, UserRegs,
-    sample_flags, stacks_off,
+    BpfConfig, COMM_LEN, Counter, LOG_TARGET, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH,
+    MAX_UNWIND_PROCESSES, ProcessRecord, RecordKind, STACK_READ_BYTES, STACKS_BYTES, SampleRecord,
+    SampleScratch, StackCopy, UserRegs, sample_flags, stacks_off, tail_calls,
 };
 use aya_ebpf::{
     EbpfContext,
@@ -49,7 +52,7 @@ use aya_ebpf::{
         },
     },
     macros::{map, perf_event, raw_tracepoint, tracepoint},
-    maps::{Array, HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, ProgramArray, RingBuf},
     programs::{PerfEventContext, RawTracePointContext, TracePointContext},
 };
 
@@ -90,6 +93,11 @@ static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 
 /// `CONFIG.stack_copy_bytes` (those unwound with DWARF).
 #[map]
 static UNWIND_COPY: HashMap<u32, u32> = HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
+
+/// The programs `sample_cpu` hands a sample over to (`tail_calls`); the
+/// daemon fills it after loading them.
+#[map]
+static TAIL_CALLS: ProgramArray = ProgramArray::with_max_entries(tail_calls::COUNT, 0);
 
 const STACK_BYTES: u32 = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
 const RECORD_BYTES: usize = size_of::<SampleRecord>();
@@ -200,22 +208,20 @@ unsafe fn record_sample(
     let raw_ctx = ctx.as_ptr();
     let kernel_on = config.stacks_off & stacks_off::KERNEL == 0;
     let user_on = config.stacks_off & stacks_off::USER == 0;
-    // SAFETY: `raw_ctx` is this run's context and the buffer is the
-    // record's kernel stack array, exactly STACK_BYTES long.
+    // SAFETY: only the field's address is taken; `scratch` is valid (the
+    // caller's promise).
+    let tail = unsafe { addr_of_mut!((*scratch).tail) } as *mut u8;
+    // SAFETY: `raw_ctx` is this run's context and the tail has room for
+    // both stacks, STACK_BYTES each.
     let kernel = if kernel_on {
-        unsafe {
-            bpf_get_stack(
-                raw_ctx,
-                record.kernel_stack.as_mut_ptr().cast(),
-                STACK_BYTES,
-                0,
-            )
-        }
+        unsafe { bpf_get_stack(raw_ctx, tail.cast(), STACK_BYTES, 0) }
     } else {
         0
     };
+    let mut kernel_bytes = 0usize;
     if kernel >= 0 {
-        record.kernel_frames = (kernel as u32) / 8;
+        kernel_bytes = stack_bytes(kernel);
+        record.kernel_frames = (kernel_bytes / 8) as u32;
     } else {
         record.flags |= sample_flags::KERNEL_STACK_FAILED;
         count(Counter::KernelStackFailed);
@@ -227,12 +233,13 @@ unsafe fn record_sample(
             kernel
         );
     }
-    // SAFETY: as above, with the record's user stack array.
+    // SAFETY: as above; the user's frames follow the kernel's, and
+    // `kernel_bytes` is at most STACK_BYTES, so they fit as well.
     let user = if user_on {
         unsafe {
             bpf_get_stack(
                 raw_ctx,
-                record.user_stack.as_mut_ptr().cast(),
+                tail.add(kernel_bytes).cast(),
                 STACK_BYTES,
                 BPF_F_USER_STACK as u64,
             )
@@ -240,8 +247,10 @@ unsafe fn record_sample(
     } else {
         0
     };
+    let mut user_bytes = 0usize;
     if user >= 0 {
-        record.user_frames = (user as u32) / 8;
+        user_bytes = stack_bytes(user);
+        record.user_frames = (user_bytes / 8) as u32;
     } else {
         record.flags |= sample_flags::USER_STACK_FAILED;
         count(Counter::UserStackFailed);
@@ -259,26 +268,23 @@ unsafe fn record_sample(
         count(Counter::NoStackLeft);
         return;
     }
-    // SAFETY: `scratch` is ours alone (the caller's promise).
-    let interpreted = if user_on {
-        unsafe { python::walk(scratch, tgid, &mut record.flags) }
-    } else {
-        0
+    // SAFETY: a field of the valid scratch slot, which `record` does not
+    // cover.
+    let copy = unsafe { addr_of_mut!((*scratch).copy) };
+    // SAFETY (these accesses of `copy`): as above.
+    unsafe {
+        write_volatile(
+            copy,
+            StackCopy {
+                base: (kernel_bytes + user_bytes) as u32,
+                wanted: 0,
+                sp: 0,
+                copied: 0,
+            },
+        )
     };
-    record.interpreter_frames = interpreted;
-    // Read back from the map: the verifier tracks no map contents, so the
-    // walk's many outcomes continue as one state instead of one each.
-    // SAFETY: a field of the record, valid for reads.
-    let interpreted = unsafe { core::ptr::read_volatile(&record.interpreter_frames) };
-    // The stack copy follows the interpreter frames.
-    let mut base = interpreted as usize & (MAX_INTERPRETER_FRAMES * 2 - 1);
-    if base > MAX_INTERPRETER_FRAMES {
-        base = MAX_INTERPRETER_FRAMES;
-    }
-    let base = base * size_of::<InterpreterFrame>();
 
     // Kernel threads have no user side; nothing more to capture.
-    let mut copied = 0usize;
     if record.user_frames > 0 {
         // SAFETY: `ctx` is this run's context (the caller's promise).
         if let Some(regs) = unsafe { user_regs(ctx, record) } {
@@ -290,17 +296,72 @@ unsafe fn record_sample(
                 Some(&bytes) => bytes,
                 None => config.stack_copy_bytes,
             };
+            unsafe {
+                write_volatile(addr_of_mut!((*copy).wanted), wanted);
+                write_volatile(addr_of_mut!((*copy).sp), regs.sp);
+            }
             // SAFETY: `scratch` is valid and ours alone (the caller's
-            // promise); the copy writes only its `stack` field, which
-            // `record` does not cover.
-            copied = unsafe { copy_user_stack(ctx, scratch, base, tgid, regs.sp, wanted) };
-            record.stack_copy_len = copied as u32;
+            // promise); the copy writes only the tail after the stacks and
+            // `copy`, which `record` does not cover.
+            unsafe { copy_user_stack(ctx, scratch) };
         } else {
             count(Counter::UserRegsFailed);
         }
     }
+    // Read back from the map, bounded: whichever way the sample came here,
+    // what follows is checked once.
+    let mut copied = unsafe { read_volatile(addr_of_mut!((*copy).copied)) } as usize;
+    if copied > MAX_STACK_COPY {
+        copied = MAX_STACK_COPY;
+    }
+    let mut stacks = unsafe { read_volatile(addr_of_mut!((*copy).base)) } as usize;
+    if stacks > STACKS_BYTES {
+        stacks = STACKS_BYTES;
+    }
+    record.stack_copy_len = copied as u32;
+    let body = stacks + copied;
 
-    let mut len = RECORD_BYTES + base + copied;
+    // A CPython process: the walker program records its interpreter frames
+    // after the copy and writes the sample. It is a program of its own so
+    // that the verifier checks a few of its steps, not all of them, in
+    // one program.
+    // SAFETY: `scratch` is ours alone (the caller's promise).
+    if user_on && unsafe { python::start(scratch, tgid, body) } {
+        // SAFETY: `ctx` is this run's context; a successful tail call does
+        // not return.
+        unsafe { TAIL_CALLS.tail_call(ctx, tail_calls::PYTHON_WALK) };
+        count(Counter::InterpreterWalkerUnavailable);
+    }
+    // SAFETY: as above.
+    unsafe { submit(ctx, config, scratch, body) };
+}
+
+/// The bytes `bpf_get_stack` wrote, from what it returned (non-negative),
+/// as whole frames and at most one stack's room.
+#[inline(always)]
+fn stack_bytes(returned: i64) -> usize {
+    let mut bytes = returned as usize & !7;
+    if bytes > STACK_BYTES as usize {
+        bytes = STACK_BYTES as usize;
+    }
+    bytes
+}
+
+/// Writes the record in `scratch` and the first `body` bytes of its tail
+/// to the ring buffer.
+///
+/// # Safety
+///
+/// `scratch` points to a `SampleScratch` nobody else reads or writes until
+/// this returns.
+#[inline(always)]
+unsafe fn submit<C: EbpfContext>(
+    ctx: &C,
+    config: &BpfConfig,
+    scratch: *mut SampleScratch,
+    body: usize,
+) {
+    let mut len = RECORD_BYTES + body;
     if len > size_of::<SampleScratch>() {
         len = size_of::<SampleScratch>();
     }
@@ -314,12 +375,39 @@ unsafe fn record_sample(
             failed!(
                 ctx,
                 "sample of tgid {} lost: ring buffer output of {} bytes returned {}",
-                tgid,
+                // SAFETY: a field of the valid scratch slot.
+                unsafe { (*scratch).record.tgid },
                 len,
                 error
             );
         }
     }
+}
+
+/// Walks the interpreter stack of the sample `sample_cpu` handed over
+/// (`python::start`), a few steps per run, calling itself for the next
+/// steps until the walk is over, then writes the sample.
+#[perf_event]
+pub fn python_walk(ctx: PerfEventContext) -> u32 {
+    // SAFETY: a helper without arguments or preconditions.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let Some(scratch) = SCRATCH.get_ptr_mut(cpu) else {
+        count(Counter::ScratchUnavailable);
+        return 0;
+    };
+    // SAFETY: this CPU's slot, which `sample_cpu` filled and handed over
+    // on this CPU without returning; nothing else uses it until this
+    // program chain returns.
+    unsafe {
+        if python::steps(scratch) {
+            TAIL_CALLS.tail_call(&ctx, tail_calls::PYTHON_WALK);
+            // Only past the kernel's tail call limit: the walk ends here,
+            // flagged as cut short.
+        }
+        let body = python::finish(scratch);
+        submit(&ctx, &config(), scratch, body);
+    }
+    0
 }
 
 /// The task's user registers: the interrupted registers when the sample hit
@@ -387,41 +475,50 @@ unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option
     })
 }
 
-/// Copies up to `wanted` bytes of user stack from `sp` up into the
-/// scratch tail from `base` (at most `INTERPRETER_BYTES`) on, a page at a
-/// time, stopping at the first page that cannot be read (the end of the
-/// stack mapping). The first read runs up to the next page boundary, so
-/// later reads never straddle the end of the mapping and nothing readable
-/// is left behind. Returns the number of bytes copied.
+/// Copies up to `copy.wanted` bytes of user stack from `copy.sp` up into
+/// the scratch tail from `copy.base` (after the stacks, at most
+/// `STACKS_BYTES`) on, a page at a time, stopping at the first page that
+/// cannot be read (the end of the stack mapping). The first read runs up
+/// to the next page boundary, so later reads never straddle the end of the
+/// mapping and nothing readable is left behind. Leaves the bytes copied in
+/// `copy.copied`.
+///
+/// Every value the loop uses is read from the map at the top of each
+/// iteration and written back there, not kept in registers: the verifier
+/// tracks no map contents, so each iteration starts from the same state
+/// whatever the earlier reads returned and however the sample got here, and
+/// the loop is checked once per iteration rather than once per combination
+/// (kept in registers, it cost 150 ms of verification at every start).
 ///
 /// # Safety
 ///
 /// `scratch` points to a `SampleScratch` nobody else reads or writes until
 /// this returns.
 #[inline(always)]
-unsafe fn copy_user_stack(
-    ctx: &PerfEventContext,
-    scratch: *mut SampleScratch,
-    base: usize,
-    tgid: u32,
-    sp: u64,
-    wanted: u32,
-) -> usize {
-    let wanted = wanted as usize;
-    if base > INTERPRETER_BYTES {
-        return 0;
-    }
-    // SAFETY: only the field's address is taken; `scratch` is valid (the
-    // caller's promise), and `base` lies within the tail.
-    let stack = unsafe { (addr_of_mut!((*scratch).tail) as *mut u8).add(base) };
-    let head = (STACK_READ_BYTES - (sp as usize & (STACK_READ_BYTES - 1))) & (STACK_READ_BYTES - 1);
-    let mut copied = 0usize;
+unsafe fn copy_user_stack(ctx: &PerfEventContext, scratch: *mut SampleScratch) {
+    // SAFETY: only field addresses are taken; `scratch` is valid (the
+    // caller's promise).
+    let tail = unsafe { addr_of_mut!((*scratch).tail) } as *mut u8;
+    let copy = unsafe { addr_of_mut!((*scratch).copy) };
     for _ in 0..(MAX_STACK_COPY / STACK_READ_BYTES + 1) {
-        // The bound keeps every read inside the buffer for the verifier; it
-        // only bites when more than MAX_STACK_COPY - a page is wanted.
-        if copied >= wanted || copied > MAX_STACK_COPY - STACK_READ_BYTES {
+        // SAFETY (the volatile accesses of `copy`): fields of the valid
+        // scratch slot.
+        let (base, wanted, sp, copied) = unsafe {
+            (
+                read_volatile(addr_of!((*copy).base)) as usize,
+                read_volatile(addr_of!((*copy).wanted)) as usize,
+                read_volatile(addr_of!((*copy).sp)),
+                read_volatile(addr_of!((*copy).copied)) as usize,
+            )
+        };
+        // The bounds keep every read inside the buffer for the verifier;
+        // the second only bites when more than MAX_STACK_COPY - a page is
+        // wanted.
+        if base > STACKS_BYTES || copied >= wanted || copied > MAX_STACK_COPY - STACK_READ_BYTES {
             break;
         }
+        let head =
+            (STACK_READ_BYTES - (sp as usize & (STACK_READ_BYTES - 1))) & (STACK_READ_BYTES - 1);
         let mut size = if copied == 0 && head != 0 {
             head
         } else {
@@ -431,13 +528,13 @@ unsafe fn copy_user_stack(
             size = wanted - copied;
         }
         let from = sp + copied as u64;
-        // SAFETY: the bound above keeps `copied + size` within
-        // MAX_STACK_COPY, and `base` within INTERPRETER_BYTES, so the
-        // destination stays inside the scratch tail; the helper checks the user address itself and fails on
-        // an unmapped one instead of faulting.
+        // SAFETY: the bounds above keep `copied + size` within
+        // MAX_STACK_COPY and `base` within STACKS_BYTES, so the destination
+        // stays inside the scratch tail; the helper checks the user address
+        // itself and fails on an unmapped one instead of faulting.
         let ret = unsafe {
             bpf_probe_read_user(
-                stack.add(copied) as *mut c_void,
+                tail.add(base + copied) as *mut c_void,
                 size as u32,
                 from as *const c_void,
             )
@@ -447,7 +544,8 @@ unsafe fn copy_user_stack(
             failed!(
                 ctx,
                 "user stack copy of tgid {} stopped short: bpf_probe_read_user of {} bytes at 0x{:x} returned {}; {} of {} bytes copied",
-                tgid,
+                // SAFETY: a field of the valid scratch slot.
+                unsafe { (*scratch).record.tgid },
                 size,
                 from,
                 ret,
@@ -456,9 +554,8 @@ unsafe fn copy_user_stack(
             );
             break;
         }
-        copied += size;
+        unsafe { write_volatile(addr_of_mut!((*copy).copied), (copied + size) as u64) };
     }
-    copied
 }
 
 /// Wake the reader only once enough has accumulated; it also drains on a

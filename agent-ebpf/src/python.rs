@@ -18,9 +18,9 @@ use core::{
 
 use agent_common::{
     Counter, INTERPRETER_CODE_READ, INTERPRETER_FRAME_READ, InterpreterFrame,
-    MAX_INTERPRETER_FRAMES, MAX_INTERPRETER_PROCESSES, PYTHON_NO_OFFSET, PYTHON_OWNER_CSTACK,
-    PythonEntry, PythonInstruction, PythonProcess, SampleScratch, interpreter_frame_flags,
-    sample_flags,
+    MAX_INTERPRETER_FRAMES, MAX_INTERPRETER_PROCESSES, MAX_STACK_COPY, PYTHON_NO_OFFSET,
+    PYTHON_OWNER_CSTACK, PythonEntry, PythonInstruction, PythonProcess, STACKS_BYTES,
+    SampleScratch, interpreter_frame_flags, sample_flags,
 };
 use aya_ebpf::{
     helpers::{
@@ -42,6 +42,15 @@ pub static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
 /// recorded, one per call of the interpreter loop.
 const MAX_STEPS: u32 = 2 * MAX_INTERPRETER_FRAMES as u32;
 
+/// Steps per run of the walker program, which calls itself for the next
+/// ones: the verifier checks these, not all MAX_STEPS, and the kernel's
+/// limit of 33 tail calls leaves room for the whole walk.
+const STEPS_PER_RUN: u32 = 32;
+
+/// Where the frames may start in the tail at the latest: after both
+/// stacks and the largest stack copy.
+const MAX_BASE: usize = STACKS_BYTES + MAX_STACK_COPY;
+
 /// glibc keeps the first 32 keys' values in the thread descriptor itself.
 const TSD_FIRST_BLOCK_KEYS: u32 = 32;
 const TSD_ENTRY_BYTES: u64 = 16;
@@ -52,23 +61,25 @@ const TSD_DATA_OFFSET: u64 = 8;
 /// allow the full read, so a failed full read is retried with this many.
 const FRAME_READ_SHORT: u32 = 72;
 
-/// The interpreter frames of the current thread, written at the start of
-/// `scratch.tail`. Returns how many, and adds to `flags` what went wrong.
+/// Sets up the walk of the current thread's interpreter frames when `tgid`
+/// is a registered interpreter and the thread has a frame; the frames will
+/// be written from `base` in `scratch.tail` on. False when there is
+/// nothing to walk (counted).
 ///
 /// # Safety
 ///
 /// `scratch` is this CPU's scratch slot, owned by the sampling program
 /// until it returns.
 #[inline(always)]
-pub unsafe fn walk(scratch: *mut SampleScratch, tgid: u32, flags: &mut u32) -> u32 {
+pub unsafe fn start(scratch: *mut SampleScratch, tgid: u32, base: usize) -> bool {
     // SAFETY: copied out at once; the daemon replacing the entry meanwhile
     // only means this sample walks with the old layout.
     let Some(layout) = (unsafe { PYTHON_PROCESSES.get(&tgid) }).copied() else {
-        return 0;
+        return false;
     };
     count(Counter::InterpreterWalks);
     let Some(first) = (unsafe { first_frame(&layout) }) else {
-        return 0;
+        return false;
     };
     // SAFETY: the caller's promise; `walk` is plain data.
     let walk = unsafe { &mut *addr_of_mut!((*scratch).walk) };
@@ -76,14 +87,43 @@ pub unsafe fn walk(scratch: *mut SampleScratch, tgid: u32, flags: &mut u32) -> u
     walk.frame = first;
     walk.recorded = 0;
     walk.flags = 0;
-    for _ in 0..MAX_STEPS {
-        // SAFETY: as above.
+    walk.base = base as u32;
+    walk.steps = 0;
+    true
+}
+
+/// Takes up to STEPS_PER_RUN steps of the walk; true when it is not over.
+///
+/// # Safety
+///
+/// As [`start`], for the walker program, with a walk set up by it.
+#[inline(always)]
+pub unsafe fn steps(scratch: *mut SampleScratch) -> bool {
+    for _ in 0..STEPS_PER_RUN {
+        // SAFETY: the caller's promise.
         if !unsafe { step(scratch) } {
-            break;
+            return false;
         }
     }
-    // SAFETY: as above; re-read, the steps wrote through the pointer.
+    // SAFETY: a field of the valid scratch slot.
+    let taken = unsafe { addr_of_mut!((*scratch).walk.steps) };
+    let steps = unsafe { read_volatile(taken) } + STEPS_PER_RUN;
+    unsafe { write_volatile(taken, steps) };
+    steps < MAX_STEPS
+}
+
+/// Ends the walk: its flags and frame count go into the record, and what
+/// went wrong is counted. Returns the tail bytes the sample carries: the
+/// stacks, the stack copy and the frames.
+///
+/// # Safety
+///
+/// As [`steps`].
+#[inline(always)]
+pub unsafe fn finish(scratch: *mut SampleScratch) -> usize {
+    // SAFETY: the caller's promise; both are plain data.
     let walk = unsafe { &mut *addr_of_mut!((*scratch).walk) };
+    let record = unsafe { &mut *addr_of_mut!((*scratch).record) };
     let failed = walk.flags & sample_flags::INTERPRETER_READ_FAILED != 0;
     if walk.frame != 0 && !failed {
         walk.flags |= sample_flags::INTERPRETER_TRUNCATED;
@@ -92,13 +132,18 @@ pub unsafe fn walk(scratch: *mut SampleScratch, tgid: u32, flags: &mut u32) -> u
     if failed {
         count(Counter::InterpreterReadFailed);
     }
-    *flags |= walk.flags;
-    let recorded = walk.recorded;
-    count_by(Counter::InterpreterFrames, recorded as u64);
-    if recorded as usize > MAX_INTERPRETER_FRAMES {
-        return MAX_INTERPRETER_FRAMES as u32;
+    record.flags |= walk.flags;
+    let mut recorded = walk.recorded as usize;
+    if recorded > MAX_INTERPRETER_FRAMES {
+        recorded = MAX_INTERPRETER_FRAMES;
     }
-    recorded
+    count_by(Counter::InterpreterFrames, recorded as u64);
+    record.interpreter_frames = recorded as u32;
+    let mut base = walk.base as usize;
+    if base > MAX_BASE {
+        base = MAX_BASE;
+    }
+    base + recorded * size_of::<InterpreterFrame>()
 }
 
 /// The innermost frame of the current thread, or `None` (counted) when the
@@ -179,7 +224,8 @@ unsafe fn step(scratch: *mut SampleScratch) -> bool {
     // SAFETY (the volatile loads below): fields of the valid scratch slot.
     let frame = unsafe { read_volatile(addr_of!((*walk).frame)) };
     let recorded = unsafe { read_volatile(addr_of!((*walk).recorded)) };
-    if frame == 0 || recorded >= MAX_INTERPRETER_FRAMES as u32 {
+    let base = unsafe { read_volatile(addr_of!((*walk).base)) } as usize;
+    if frame == 0 || recorded >= MAX_INTERPRETER_FRAMES as u32 || base > MAX_BASE {
         return false;
     }
     // SAFETY: only the field's address is taken.
@@ -208,15 +254,15 @@ unsafe fn step(scratch: *mut SampleScratch) -> bool {
         // A shim: the frame recorded before it was its loop's entry.
         if recorded > 0 {
             // SAFETY: the caller's promise.
-            unsafe { mark_entry(scratch, recorded - 1) };
+            unsafe { mark_entry(scratch, base, recorded - 1) };
         }
         return true;
     }
     let index = recorded as usize & (MAX_INTERPRETER_FRAMES - 1);
-    // SAFETY: `index` < MAX_INTERPRETER_FRAMES keeps the slot inside the
-    // tail's interpreter part.
+    // SAFETY: `base` <= MAX_BASE and `index` < MAX_INTERPRETER_FRAMES keep
+    // the slot inside the tail.
     let slot = unsafe {
-        (addr_of_mut!((*scratch).tail) as *mut u8).add(index * size_of::<InterpreterFrame>())
+        (addr_of_mut!((*scratch).tail) as *mut u8).add(base + index * size_of::<InterpreterFrame>())
     } as *mut InterpreterFrame;
     let code = frame_field(unsafe { addr_of!((*layout).frame_code) });
     // Only a code object makes a frame: a read that raced the interpreter
@@ -314,18 +360,18 @@ unsafe fn field(buffer: *const u64, offset: u16) -> u64 {
 
 /// # Safety
 ///
-/// As [`write_frame`].
+/// As [`step`], with `base` at most MAX_BASE.
 #[inline(always)]
-unsafe fn mark_entry(scratch: *mut SampleScratch, index: u32) {
+unsafe fn mark_entry(scratch: *mut SampleScratch, base: usize, index: u32) {
     let index = index as usize & (MAX_INTERPRETER_FRAMES * 2 - 1);
-    if index >= MAX_INTERPRETER_FRAMES {
+    if index >= MAX_INTERPRETER_FRAMES || base > MAX_BASE {
         return;
     }
     const FLAGS: usize = 24;
-    // SAFETY: as in `write_frame`; the flags field lies inside the slot.
+    // SAFETY: as in `step`; the flags field lies inside the slot.
     unsafe {
         let tail = addr_of_mut!((*scratch).tail) as *mut u8;
-        let flags = tail.add(index * size_of::<InterpreterFrame>() + FLAGS) as *mut u32;
+        let flags = tail.add(base + index * size_of::<InterpreterFrame>() + FLAGS) as *mut u32;
         write_volatile(flags, read_volatile(flags) | interpreter_frame_flags::ENTRY);
     }
 }

@@ -11,10 +11,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::{BpfConfig, Counter, MAX_PID_FILTER, names};
+use agent_common::{BpfConfig, Counter, MAX_PID_FILTER, names, tail_calls};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap as BpfHashMap, IterableMap, Map, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap as BpfHashMap, IterableMap, Map, MapData, PerCpuArray, ProgramArray, RingBuf},
     programs::{
         PerfEvent, RawTracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
@@ -257,9 +257,11 @@ impl BpfSampler {
             (names::PROG_EXIT, "sched_process_exit"),
         ] {
             let program: &mut RawTracePoint = program_mut(&mut self.ebpf, name)?;
+            let started = Instant::now();
             program
                 .load()
                 .map_err(|source| program_error(name, source))?;
+            log_loaded(name, started, program.info());
             program
                 .attach(tracepoint)
                 .map_err(|source| program_error(name, source))?;
@@ -267,12 +269,47 @@ impl BpfSampler {
         Ok(())
     }
 
-    fn attach_sampler(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
-        let name = names::PROG_SAMPLE;
+    /// Loads the programs `sample_cpu` hands samples over to and puts them
+    /// in its program array; without them it writes samples itself.
+    fn load_tail_calls(&mut self) -> Result<(), BpfError> {
+        let name = names::PROG_PYTHON_WALK;
         let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?;
+        let started = Instant::now();
         program
             .load()
             .map_err(|source| program_error(name, source))?;
+        log_loaded(name, started, program.info());
+        let walker = program
+            .fd()
+            .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::IOError))
+            .map_err(|source| program_error(name, source))?;
+        let map_name = names::TAIL_CALLS;
+        let mut calls =
+            ProgramArray::try_from(self.ebpf.map_mut(map_name).ok_or(BpfError::Missing {
+                kind: "map",
+                name: map_name,
+            })?)
+            .map_err(|source| BpfError::Map {
+                name: map_name,
+                source,
+            })?;
+        calls
+            .set(tail_calls::PYTHON_WALK, &walker, 0)
+            .map_err(|source| BpfError::Map {
+                name: map_name,
+                source,
+            })
+    }
+
+    fn attach_sampler(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
+        self.load_tail_calls()?;
+        let name = names::PROG_SAMPLE;
+        let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?;
+        let started = Instant::now();
+        program
+            .load()
+            .map_err(|source| program_error(name, source))?;
+        log_loaded(name, started, program.info());
         for &cpu in &self.cpus {
             program
                 .attach(
@@ -481,6 +518,9 @@ fn load_object(
 ) -> Result<Ebpf, BpfError> {
     let mut loader = EbpfLoader::new();
     loader
+        // The object carries no BTF relocations, so the kernel's BTF (5 MB,
+        // ~15 ms to parse) would be read for nothing.
+        .btf(None)
         .override_global(names::CONFIG, bpf_config, true)
         // Always written: the object's default level logs everything.
         .override_global(aya_log::LEVEL, &log_level, true)
@@ -608,6 +648,22 @@ fn is_permission_denied(error: &aya::programs::ProgramError) -> bool {
         source = current.source();
     }
     false
+}
+
+/// How long the kernel took to check a program, and how much it looked at:
+/// verification is most of firn's start-up.
+fn log_loaded(
+    name: &str,
+    started: Instant,
+    info: Result<aya::programs::ProgramInfo, aya::programs::ProgramError>,
+) {
+    let verified_instructions = info.ok().and_then(|info| info.verified_instruction_count());
+    debug!(
+        program = name,
+        load_ms = started.elapsed().as_secs_f64() * 1e3,
+        verified_instructions,
+        "BPF program loaded"
+    );
 }
 
 fn program_error(name: &'static str, source: aya::programs::ProgramError) -> BpfError {

@@ -201,26 +201,35 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample<'_>, DecodeError> {
             frames: record.interpreter_frames,
         });
     }
+    // The record is followed by the kernel's and the user's frames, the
+    // stack copy and the interpreter frames, each as long as it says.
+    let kernel_bytes = record.kernel_frames as usize * size_of::<u64>();
+    let user_bytes = record.user_frames as usize * size_of::<u64>();
     let tail = &bytes[size_of::<SampleRecord>()..];
-    let interpreter_bytes = record.interpreter_frames as usize * size_of::<InterpreterFrame>();
-    if tail.len() < interpreter_bytes {
-        return Err(DecodeError::TooShort {
-            len: bytes.len(),
-            needed: size_of::<SampleRecord>() + interpreter_bytes,
+    let Some((kernel, tail)) = tail.split_at_checked(kernel_bytes) else {
+        return Err(too_short(bytes, kernel_bytes));
+    };
+    let Some((user, tail)) = tail.split_at_checked(user_bytes) else {
+        return Err(too_short(bytes, kernel_bytes + user_bytes));
+    };
+    let claimed = record.stack_copy_len;
+    let Some((copy, tail)) = tail.split_at_checked(claimed as usize) else {
+        return Err(DecodeError::StackCopyTruncated {
+            claimed,
+            carried: tail.len(),
         });
-    }
-    let (frames, copy) = tail.split_at(interpreter_bytes);
+    };
+    let interpreter_bytes = record.interpreter_frames as usize * size_of::<InterpreterFrame>();
+    let Some(frames) = tail.get(..interpreter_bytes) else {
+        return Err(too_short(
+            bytes,
+            kernel_bytes + user_bytes + claimed as usize + interpreter_bytes,
+        ));
+    };
     let interpreter = frames
         .chunks_exact(size_of::<InterpreterFrame>())
         .map(read_struct::<InterpreterFrame>)
         .collect::<Result<Vec<_>, _>>()?;
-    let claimed = record.stack_copy_len;
-    if copy.len() < claimed as usize {
-        return Err(DecodeError::StackCopyTruncated {
-            claimed,
-            carried: copy.len(),
-        });
-    }
     let regs_valid = record.flags & sample_flags::USER_REGS_VALID != 0;
     Ok(RawSample {
         timestamp_ns: record.timestamp_ns,
@@ -229,19 +238,35 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample<'_>, DecodeError> {
         tid: record.tid,
         cgroup_id: record.cgroup_id,
         comm: Comm(record.comm),
-        kernel_stack: record.kernel_stack[..record.kernel_frames as usize].to_vec(),
-        user_stack: record.user_stack[..record.user_frames as usize].to_vec(),
+        kernel_stack: addresses(kernel),
+        user_stack: addresses(user),
         kernel_stack_failed: record.flags & sample_flags::KERNEL_STACK_FAILED != 0,
         user_stack_failed: record.flags & sample_flags::USER_STACK_FAILED != 0,
         user_regs: regs_valid.then_some(record.user_regs),
-        stack_copy: if regs_valid {
-            &copy[..claimed as usize]
-        } else {
-            &[]
-        },
+        stack_copy: if regs_valid { copy } else { &[] },
         interpreter,
         interpreter_truncated: record.flags & sample_flags::INTERPRETER_TRUNCATED != 0,
     })
+}
+
+/// `bytes` ends before the part of its tail that ends `tail_bytes` in.
+fn too_short(bytes: &[u8], tail_bytes: usize) -> DecodeError {
+    DecodeError::TooShort {
+        len: bytes.len(),
+        needed: size_of::<SampleRecord>() + tail_bytes,
+    }
+}
+
+/// Frame addresses as the BPF program wrote them, eight bytes each.
+fn addresses(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(size_of::<u64>())
+        .map(|word| {
+            let mut address = [0; size_of::<u64>()];
+            address.copy_from_slice(word);
+            u64::from_ne_bytes(address)
+        })
+        .collect()
 }
 
 fn decode_process(bytes: &[u8]) -> Result<ProcessEvent, DecodeError> {
@@ -299,11 +324,10 @@ mod tests {
             .to_vec()
     }
 
+    const KERNEL: [u64; 2] = [0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020];
+    const USER: [u64; 3] = [0x401000, 0x401100, 0x401200];
+
     fn sample_record() -> SampleRecord {
-        let mut kernel_stack = [0u64; MAX_STACK_DEPTH];
-        let mut user_stack = [0u64; MAX_STACK_DEPTH];
-        kernel_stack[..2].copy_from_slice(&[0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020]);
-        user_stack[..3].copy_from_slice(&[0x401000, 0x401100, 0x401200]);
         SampleRecord {
             kind: RecordKind::Sample as u32,
             cpu: 1,
@@ -313,8 +337,8 @@ mod tests {
             cgroup_id: 7,
             comm: *b"worker\0\0\0\0\0\0\0\0\0\0",
             flags: sample_flags::USER_REGS_VALID,
-            kernel_frames: 2,
-            user_frames: 3,
+            kernel_frames: KERNEL.len() as u32,
+            user_frames: USER.len() as u32,
             stack_copy_len: 8,
             interpreter_frames: 0,
             reserved: 0,
@@ -323,13 +347,20 @@ mod tests {
                 sp: 0x7ffc_0000,
                 bp: 0x7ffc_0100,
             },
-            kernel_stack,
-            user_stack,
         }
     }
 
+    /// The record followed by its frames, as the BPF program writes it.
+    fn with_stacks(record: &SampleRecord) -> Vec<u8> {
+        let mut bytes = as_bytes(record);
+        for address in KERNEL.iter().chain(&USER) {
+            bytes.extend_from_slice(&address.to_ne_bytes());
+        }
+        bytes
+    }
+
     #[test]
-    fn interpreter_frames_sit_between_the_record_and_the_stack_copy() {
+    fn interpreter_frames_follow_the_stack_copy() {
         let mut record = sample_record();
         record.interpreter_frames = 2;
         record.flags |= sample_flags::INTERPRETER_TRUNCATED;
@@ -349,26 +380,27 @@ mod tests {
                 reserved: 0,
             },
         ];
-        let mut bytes = as_bytes(&record);
+        let mut bytes = with_stacks(&record);
+        bytes.extend_from_slice(&0x401234u64.to_ne_bytes());
         for frame in &frames {
             bytes.extend_from_slice(&as_bytes(frame));
         }
-        bytes.extend_from_slice(&0x401234u64.to_ne_bytes());
         let Ok(Record::Sample(sample)) = decode(&bytes) else {
             panic!("expected a sample");
         };
         assert_eq!(sample.interpreter, frames);
         assert!(sample.interpreter_truncated);
         assert_eq!(sample.stack_copy, 0x401234u64.to_ne_bytes());
+        assert_eq!(sample.user_stack, USER);
 
         // Frames claimed but not carried.
-        bytes.truncate(size_of::<SampleRecord>() + 16);
-        assert!(decode(&bytes).is_err());
+        bytes.truncate(bytes.len() - 16);
+        assert!(matches!(decode(&bytes), Err(DecodeError::TooShort { .. })));
     }
 
     #[test]
     fn sample_decodes_with_its_stack_copy() {
-        let mut bytes = as_bytes(&sample_record());
+        let mut bytes = with_stacks(&sample_record());
         bytes.extend_from_slice(&0x401234u64.to_ne_bytes());
         let Ok(Record::Sample(sample)) = decode(&bytes) else {
             panic!("expected a sample");
@@ -376,8 +408,8 @@ mod tests {
         assert_eq!(sample.tgid, 100);
         assert_eq!(sample.tid, 101);
         assert_eq!(sample.comm.to_string(), "worker");
-        assert_eq!(sample.kernel_stack.len(), 2);
-        assert_eq!(sample.user_stack, vec![0x401000, 0x401100, 0x401200]);
+        assert_eq!(sample.kernel_stack, KERNEL);
+        assert_eq!(sample.user_stack, USER);
         assert_eq!(sample.user_regs.map(|r| r.sp), Some(0x7ffc_0000));
         assert_eq!(sample.stack_copy, 0x401234u64.to_ne_bytes());
     }
@@ -389,9 +421,14 @@ mod tests {
             decode(&9u32.to_ne_bytes()),
             Err(DecodeError::UnknownKind { kind: 9 })
         ));
-        let bytes = as_bytes(&sample_record());
+        let bytes = with_stacks(&sample_record());
         assert!(matches!(
-            decode(&bytes[..100]),
+            decode(&bytes[..90]),
+            Err(DecodeError::TooShort { .. })
+        ));
+        // Claims five frames but carries four.
+        assert!(matches!(
+            decode(&bytes[..bytes.len() - 8]),
             Err(DecodeError::TooShort { .. })
         ));
         // Claims 8 bytes of stack copy but carries none.

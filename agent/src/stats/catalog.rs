@@ -631,6 +631,15 @@ declare_metrics! {
             InterpreterWalks {},
         ],
     }
+    python_walker_unavailable: Counter,
+        "Samples of CPython processes whose interpreter stack was not walked because the \
+        BPF walker program could not be called (not expected; the samples are kept, \
+        without Python frames)."
+    {
+        bpf: [
+            InterpreterWalkerUnavailable {},
+        ],
+    }
     python_threads_without_state: Counter,
         "Samples of CPython processes whose thread had no interpreter state (a native \
         thread, or before the interpreter started)."
