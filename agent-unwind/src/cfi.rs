@@ -12,7 +12,9 @@ use gimli::{
     FrameDescriptionEntry, LittleEndian, RegisterRule, UnwindContext, UnwindSection,
     UnwindTableRow, X86_64,
 };
-use object::{CompressionFormat, Object, ObjectSection};
+use object::{CompressionFormat, Object, ObjectSection, ObjectSymbol};
+
+use crate::gopclntab::GoTable;
 
 pub(crate) type Reader<'a> = EndianSlice<'a, LittleEndian>;
 
@@ -128,6 +130,8 @@ pub struct CfiSource<D> {
     eh_frame_index: Vec<FdeEntry>,
     /// `.debug_frame`, possibly decompressed, with its index.
     debug_frame: Option<(Vec<u8>, Vec<FdeEntry>)>,
+    /// Go's own table, which stands in for its `.debug_frame`.
+    go: Option<GoTable>,
     /// Link-time addresses of `.text`.
     text: Option<Range<u64>>,
 }
@@ -143,11 +147,17 @@ impl CfiSource<agent_elf::Bytes> {
 impl<D: Deref<Target = [u8]>> CfiSource<D> {
     /// Reads the section headers of the ELF object in `data`.
     pub fn new(data: D) -> Result<Self, CfiError> {
-        Self::build(data, true)
+        Self::build(data, true, true)
     }
 
-    fn build(data: D, use_header_table: bool) -> Result<Self, CfiError> {
-        let (bases, eh_frame, eh_frame_hdr, debug_frame, text) = {
+    /// Like [`Self::new`], but a Go binary is read from its `.debug_frame`
+    /// rather than its own table (to check one against the other).
+    pub fn without_go_table(data: D) -> Result<Self, CfiError> {
+        Self::build(data, true, false)
+    }
+
+    fn build(data: D, use_header_table: bool, use_go_table: bool) -> Result<Self, CfiError> {
+        let (bases, eh_frame, eh_frame_hdr, debug_frame, text, go) = {
             let file = object::File::parse(&*data).map_err(|source| CfiError::Elf { source })?;
             let section = |name: &str| {
                 let section = file.section_by_name(name)?;
@@ -172,12 +182,19 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
                 bases = bases.clone().set_eh_frame_hdr(address);
                 section
             });
+            let go = section(".gopclntab")
+                .filter(|_| use_go_table)
+                .and_then(|(section, _)| {
+                    let base = go_text_base(&file, eh_frame.is_some(), text.as_ref());
+                    GoTable::parse(&data[..], section.range, base)
+                });
             let debug_frame = file
                 .section_by_name(".debug_frame")
+                .filter(|_| go.is_none())
                 .filter(inflated_size_is_plausible)
                 .and_then(|s| s.uncompressed_data().ok())
                 .map(|bytes| bytes.into_owned());
-            (bases, eh_frame, eh_frame_hdr, debug_frame, text)
+            (bases, eh_frame, eh_frame_hdr, debug_frame, text, go)
         };
         let mut source = Self {
             data,
@@ -186,6 +203,7 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
             eh_frame_hdr: if use_header_table { eh_frame_hdr } else { None },
             eh_frame_index: Vec::new(),
             debug_frame: None,
+            go,
             text,
         };
         if !source.has_header_table() {
@@ -239,9 +257,16 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
             })
     }
 
-    /// The rules at link-time address `vaddr`, if any FDE covers it.
+    /// The rules at link-time address `vaddr`, if any FDE (or Go's table)
+    /// covers it.
     pub fn row(&self, vaddr: u64, context: &mut CfiContext) -> Option<UnwindRow> {
         self.visit_fde(vaddr, context, &mut RowAt(vaddr))
+            .or_else(|| self.go.as_ref()?.row(&self.data[..], vaddr))
+    }
+
+    /// Whether Go's table stands in for the object's `.debug_frame`.
+    pub fn has_go_table(&self) -> bool {
+        self.go.is_some()
     }
 
     /// The object's bytes.
@@ -298,6 +323,25 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
         let fde = fde_from_index(&debug_frame, &self.bases, index, vaddr)?;
         visitor.visit(&debug_frame, &self.bases, &fde, context)
     }
+}
+
+/// Where a Go binary's functions start (`runtime.text`), for a
+/// `.gopclntab` whose header leaves it out: from the symbol, else, in a
+/// binary Go linked alone (no C objects, so no `.eh_frame`), the start of
+/// `.text`. A binary with C code and no symbols gets none: its C text may
+/// come first.
+fn go_text_base(
+    file: &object::File<'_>,
+    has_eh_frame: bool,
+    text: Option<&Range<u64>>,
+) -> Option<u64> {
+    file.symbol_by_name("runtime.text")
+        .map(|symbol| symbol.address())
+        .or_else(|| {
+            (!has_eh_frame)
+                .then(|| text.map(|text| text.start))
+                .flatten()
+        })
 }
 
 /// The smallest `.eh_frame_hdr` table row: two 2-byte pointers.
@@ -467,7 +511,7 @@ mod tests {
 
     #[test]
     fn leaf_without_frame_pointer_has_rsp_based_cfa() {
-        for source in [CfiSource::new(CHAIN), CfiSource::build(CHAIN, false)] {
+        for source in [CfiSource::new(CHAIN), CfiSource::build(CHAIN, false, true)] {
             let source = source.expect("CFI parses");
             let leaf = function("burn_leaf");
             let row = row(&source, leaf + 4).expect("burn_leaf has an FDE");
@@ -480,7 +524,7 @@ mod tests {
     #[test]
     fn header_table_and_index_agree() {
         let with_header = CfiSource::new(CHAIN).expect("parses");
-        let with_index = CfiSource::build(CHAIN, false).expect("parses");
+        let with_index = CfiSource::build(CHAIN, false, true).expect("parses");
         assert!(
             with_header.eh_frame_index.is_empty(),
             "the header table is used"
@@ -532,7 +576,7 @@ mod tests {
         }
         let probe = |data: &[u8]| {
             for use_header in [true, false] {
-                if let Ok(source) = CfiSource::build(data, use_header) {
+                if let Ok(source) = CfiSource::build(data, use_header, true) {
                     for vaddr in (0..0x3000).step_by(7) {
                         let _ = row(&source, vaddr);
                     }

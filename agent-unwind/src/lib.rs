@@ -21,6 +21,7 @@
 
 mod cfi;
 mod dwarf;
+mod gopclntab;
 mod leaf;
 mod survey;
 mod unwinder;

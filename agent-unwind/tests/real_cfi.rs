@@ -1,5 +1,6 @@
 //! The CFI of real objects, as their toolchains wrote it: Debian 12's
-//! `libc.so.6`, a Go binary (`.debug_frame` only, compressed), a clang
+//! `libc.so.6`, a Go binary (`.debug_frame` only, compressed; and its own
+//! `.gopclntab`), a clang
 //! `-O2` binary, node's 2.7 MB `.eh_frame`. Functions are found by name in
 //! each object's symbol table, never by address, and their rows checked
 //! against what their code does. How each object was made:
@@ -195,6 +196,52 @@ fn go_debug_frame_covers_every_function_on_rsp_alone() {
             .all(|row| row.rbp == Rule::Same)
     );
     assert_eq!(go.verdict(), ObjectFrames::NoFramePointers);
+}
+
+/// Go's own table (`.gopclntab`) and the `.debug_frame` Go's linker writes
+/// from it agree on where the return address is at every byte of every
+/// function; the table also says where the caller's rbp was saved.
+#[test]
+fn go_table_agrees_with_go_debug_frame_at_every_byte() {
+    let data = inflate(agent_fixtures::GO_CHAIN_PCLNTAB_EXTRACT).expect("go_chain");
+    let table = Cfi::new(data.clone());
+    assert!(table.source.has_go_table(), "the table is read");
+    let debug_frame = CfiSource::without_go_table(data).expect("the CFI parses");
+    assert!(!debug_frame.has_go_table());
+    let mut context = CfiContext::new();
+    let mut compared = 0usize;
+    for function in table.functions.iter().filter(|f| f.size > 1) {
+        for vaddr in function.address..function.address + function.size {
+            let Some(expected) = debug_frame.row(vaddr, &mut context) else {
+                continue;
+            };
+            let row = table.row(vaddr).unwrap_or_else(|| {
+                panic!(
+                    "no row at {}+{:#x}",
+                    function.name,
+                    vaddr - function.address
+                )
+            });
+            assert_eq!(
+                (row.cfa, row.ra),
+                (expected.cfa, expected.ra),
+                "{}+{:#x}",
+                function.name,
+                vaddr - function.address
+            );
+            compared += 1;
+        }
+    }
+    assert!(compared > 100_000, "{compared} addresses compared");
+    // Inside a frame the caller's rbp is right below the return address.
+    let rows = table.rows("main.level_three");
+    assert_eq!(rows[0], ENTRY);
+    assert!(
+        rows.iter()
+            .filter(|row| row.cfa != Cfa::RspOffset(8))
+            .all(|row| row.rbp == Rule::CfaOffset(-16))
+    );
+    assert!(table.rows("main.burn_leaf").iter().all(|row| *row == ENTRY));
 }
 
 #[test]

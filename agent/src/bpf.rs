@@ -631,9 +631,12 @@ impl CopySizeMap for BpfCopySizeMap {
     }
 }
 
+/// 1 MiB per CPU, at least 2 MiB: records are sized to their stacks (a
+/// frame-pointer sample takes about 1.5 KiB), and the ring's pages count
+/// twice in firn's RSS (the kernel maps them twice, so records may wrap).
 fn default_ring_buffer_bytes(cpus: usize) -> u32 {
     let wanted = (cpus.max(1) as u64) << 20;
-    let bytes = wanted.clamp(4 << 20, 256 << 20).next_power_of_two();
+    let bytes = wanted.clamp(2 << 20, 256 << 20).next_power_of_two();
     u32::try_from(bytes).unwrap_or(256 << 20)
 }
 

@@ -111,7 +111,7 @@ pub struct SamplingArgs {
     pub pids: Vec<u32>,
 
     /// Ring buffer size between the BPF program and firn (e.g. 8MiB); a
-    /// power of two. Default: 1 MiB per CPU, at least 4 MiB.
+    /// power of two. Default: 1 MiB per CPU, at least 2 MiB.
     #[arg(long, value_name = "BYTES", value_parser = parse_ring_buffer_size)]
     pub ring_buffer_size: Option<u32>,
 

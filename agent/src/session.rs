@@ -323,8 +323,7 @@ impl Session {
         stats: Arc<Stats>,
     ) -> Result<Self, SessionError> {
         raise_open_file_limit();
-        // Beside the BPF verification, which takes about as long.
-        let thread_pointer = pipeline.python.enabled.then(ThreadPointerLookup::start);
+        let thread_pointer = pipeline.python.enabled.then(ThreadPointerLookup::default);
         let mut bpf = BpfSampler::load(sampling)?;
         let ring = bpf.take_ring_buffer()?;
         let reader = RingReader::new(ring).map_err(|source| SessionError::Ring { source })?;

@@ -2,7 +2,7 @@
 //! its frames read, as a small ELF file. Kept as they are: the `PT_LOAD`
 //! program headers (so file offsets in a maps text still translate to the
 //! same addresses), the notes (build id, Go's), `.eh_frame`,
-//! `.eh_frame_hdr` and `.debug_frame` (compressed or not). The code
+//! `.eh_frame_hdr`, `.debug_frame` (compressed or not) and Go's `.gopclntab`. The code
 //! sections stay as headers without bytes (`SHT_NOBITS`, their addresses
 //! and sizes), and `.symtab` holds function symbols: for each start
 //! address, the one name firn's reader shows there.
@@ -135,7 +135,14 @@ fn parts(data: &[u8]) -> Result<Parts<'_>> {
         .map(|segment| ProgramHeader::from_raw(endian, segment))
         .collect();
     let table = header.sections(endian, data)?;
-    let copied = [&b".eh_frame"[..], b".eh_frame_hdr", b".debug_frame"];
+    // `.gopclntab` is Go's own unwind table, read in place of its
+    // `.debug_frame`.
+    let copied = [
+        &b".eh_frame"[..],
+        b".eh_frame_hdr",
+        b".debug_frame",
+        b".gopclntab",
+    ];
     let mut sections = Vec::new();
     for section in table.iter() {
         let name = table.section_name(endian, section)?;

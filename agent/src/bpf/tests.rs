@@ -2,8 +2,9 @@ use super::*;
 
 #[test]
 fn ring_buffer_scales_with_cpus_within_bounds() {
-    assert_eq!(default_ring_buffer_bytes(1), 4 << 20);
-    assert_eq!(default_ring_buffer_bytes(2), 4 << 20);
+    assert_eq!(default_ring_buffer_bytes(1), 2 << 20);
+    assert_eq!(default_ring_buffer_bytes(2), 2 << 20);
+    assert_eq!(default_ring_buffer_bytes(3), 4 << 20);
     assert_eq!(default_ring_buffer_bytes(6), 8 << 20);
     assert_eq!(default_ring_buffer_bytes(64), 64 << 20);
     assert_eq!(default_ring_buffer_bytes(4096), 256 << 20);
