@@ -95,7 +95,14 @@ pub struct DwarfInfo {
     units_seen: HashSet<u64>,
     heap_bytes: usize,
     shape: DwarfShape,
+    /// Bytes of units parsed since the file pages were last let go.
+    touched_bytes: usize,
 }
+
+/// The file pages the units parsed for lookups have touched are let go
+/// after this many bytes of units: a large object's DWARF (firn's own, 50 MB
+/// of it) would otherwise sit in RSS until the profile is built.
+const RELEASE_AFTER_BYTES: usize = 8 << 20;
 
 /// How big an object's DWARF is, which predicts what parsing it costs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -270,6 +277,7 @@ impl DwarfInfo {
             units_seen: HashSet::new(),
             heap_bytes,
             shape,
+            touched_bytes: 0,
         })
     }
 
@@ -313,6 +321,10 @@ impl DwarfInfo {
                 .heap_bytes
                 .saturating_add(info / PARSED_INFO_BYTES_PER_COST)
                 .saturating_add(lines.saturating_mul(PARSED_COST_PER_LINE_BYTE));
+            self.touched_bytes = self
+                .touched_bytes
+                .saturating_add(info)
+                .saturating_add(lines);
         }
         let mut iter = self
             .context
@@ -337,6 +349,11 @@ impl DwarfInfo {
                 (location.file.map(str::to_owned), location.line)
             });
             frames.push(DwarfFrame { name, file, line });
+        }
+        // After the lookup: the unit it parsed is in the heap now.
+        if self.touched_bytes >= RELEASE_AFTER_BYTES {
+            self.touched_bytes = 0;
+            self.bytes.release_pages();
         }
         Ok(frames)
     }

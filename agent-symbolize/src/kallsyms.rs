@@ -49,81 +49,10 @@ impl Kallsyms {
     /// Like [`Self::parse`], over bytes: the file is ~10 MB on a common
     /// kernel, and only the names kept need to be valid UTF-8.
     pub fn parse_bytes(text: &[u8]) -> Result<Self, KallsymsError> {
-        let mut table = Self::default();
-        let mut saw_symbols = false;
-        // ~45 bytes a line on common kernels; reserving avoids regrowing
-        // megabytes a few times over.
-        table.entries.reserve(text.len() / 48);
-        table.names.reserve(text.len() / 2);
-        let mut start = 0;
-        for end in memchr::memchr_iter(b'\n', text).chain(std::iter::once(text.len())) {
-            let line = &text[start..end];
-            start = end + 1;
-            let mut fields = Fields(line);
-            let (Some(address), Some(kind), Some(name)) =
-                (fields.next(), fields.next(), fields.next())
-            else {
-                continue;
-            };
-            saw_symbols = true;
-            if !matches!(kind, b"t" | b"T" | b"w" | b"W") {
-                continue;
-            }
-            let Some(address) = parse_hex(address) else {
-                continue;
-            };
-            let Ok(name) = std::str::from_utf8(name) else {
-                continue;
-            };
-            if address == 0 {
-                continue;
-            }
-            let module = fields
-                .next()
-                .and_then(|m| std::str::from_utf8(m).ok())
-                .and_then(|m| m.strip_prefix('[')?.strip_suffix(']'))
-                .map_or(u16::MAX, |module| table.module_index(module));
-            let (Ok(name_start), Ok(name_len)) =
-                (u32::try_from(table.names.len()), u16::try_from(name.len()))
-            else {
-                continue;
-            };
-            table.names.push_str(name);
-            table.entries.push(Entry {
-                address,
-                name_start,
-                name_len,
-                module,
-            });
-        }
-        if table.entries.is_empty() {
-            return Err(if saw_symbols {
-                KallsymsError::Restricted
-            } else {
-                KallsymsError::Empty
-            });
-        }
-        // The kernel lists its own symbols in address order; only modules
-        // may break it.
-        if !table.entries.is_sorted_by_key(|e| e.address) {
-            table.entries.sort_by_key(|e| e.address);
-        }
-        table.entries.shrink_to_fit();
-        table.names.shrink_to_fit();
-        Ok(table)
+        let mut builder = KallsymsBuilder::default();
+        builder.push_lines(text);
+        builder.finish()
     }
-
-    fn module_index(&mut self, module: &str) -> u16 {
-        if let Some(index) = self.modules.iter().position(|m| m == module) {
-            return u16::try_from(index).unwrap_or(u16::MAX);
-        }
-        if self.modules.len() >= usize::from(u16::MAX - 1) {
-            return u16::MAX;
-        }
-        self.modules.push(module.to_owned());
-        u16::try_from(self.modules.len() - 1).unwrap_or(u16::MAX)
-    }
-
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -154,6 +83,99 @@ impl Kallsyms {
                 .map(String::as_str),
             address: entry.address,
         })
+    }
+}
+
+/// Builds a [`Kallsyms`] from the text of /proc/kallsyms a piece at a
+/// time, so the caller never holds the whole file (5 MB and more) beside
+/// the table.
+#[derive(Debug, Default)]
+pub struct KallsymsBuilder {
+    table: Kallsyms,
+    saw_symbols: bool,
+}
+
+impl KallsymsBuilder {
+    /// Takes whole lines (a last line without its newline counts as one).
+    pub fn push_lines(&mut self, text: &[u8]) {
+        let mut start = 0;
+        for end in memchr::memchr_iter(b'\n', text).chain(std::iter::once(text.len())) {
+            let line = &text[start..end];
+            start = end + 1;
+            self.push_line(line);
+        }
+    }
+
+    fn push_line(&mut self, line: &[u8]) {
+        let mut fields = Fields(line);
+        let (Some(address), Some(kind), Some(name)) = (fields.next(), fields.next(), fields.next())
+        else {
+            return;
+        };
+        self.saw_symbols = true;
+        if !matches!(kind, b"t" | b"T" | b"w" | b"W") {
+            return;
+        }
+        let Some(address) = parse_hex(address) else {
+            return;
+        };
+        let Ok(name) = std::str::from_utf8(name) else {
+            return;
+        };
+        if address == 0 {
+            return;
+        }
+        let table = &mut self.table;
+        let module = fields
+            .next()
+            .and_then(|m| std::str::from_utf8(m).ok())
+            .and_then(|m| m.strip_prefix('[')?.strip_suffix(']'))
+            .map_or(u16::MAX, |module| table.module_index(module));
+        let (Ok(name_start), Ok(name_len)) =
+            (u32::try_from(table.names.len()), u16::try_from(name.len()))
+        else {
+            return;
+        };
+        table.names.push_str(name);
+        table.entries.push(Entry {
+            address,
+            name_start,
+            name_len,
+            module,
+        });
+    }
+
+    /// The table, sorted by address.
+    pub fn finish(self) -> Result<Kallsyms, KallsymsError> {
+        let mut table = self.table;
+        if table.entries.is_empty() {
+            return Err(if self.saw_symbols {
+                KallsymsError::Restricted
+            } else {
+                KallsymsError::Empty
+            });
+        }
+        // The kernel lists its own symbols in address order; only modules
+        // may break it.
+        if !table.entries.is_sorted_by_key(|e| e.address) {
+            table.entries.sort_by_key(|e| e.address);
+        }
+        table.entries.shrink_to_fit();
+        table.names.shrink_to_fit();
+        Ok(table)
+    }
+}
+
+impl Kallsyms {
+    fn module_index(&mut self, module: &str) -> u16 {
+        if let Some(index) = self.modules.iter().position(|m| m == module) {
+            return u16::try_from(index).unwrap_or(u16::MAX);
+        }
+        if self.modules.len() >= usize::from(u16::MAX - 1) {
+            return u16::MAX;
+        }
+        self.modules.push(module.to_owned());
+        u16::try_from(self.modules.len() - 1).unwrap_or(u16::MAX)
     }
 }
 

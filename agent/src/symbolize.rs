@@ -3,12 +3,17 @@
 //! perf maps opened through [`crate::untrusted`]), its counts published
 //! into [`Stats`], and the heap given back after every profile.
 
-use std::{io, path::Path, sync::Arc};
+use std::{
+    io::{self, Read},
+    path::Path,
+    sync::Arc,
+};
 
 use agent_elf::BuildId;
 pub use agent_symbolize::{FrameSymbolizer, Line, ObjectSource, PerfMapSource};
 use agent_symbolize::{
-    Kallsyms, KallsymsError, SymbolConfig, Symbolizer, SymbolizerCounts, parse_build_id_note,
+    Kallsyms, KallsymsBuilder, KallsymsError, SymbolConfig, Symbolizer, SymbolizerCounts,
+    parse_build_id_note,
 };
 use tracing::{debug, warn};
 
@@ -26,13 +31,49 @@ enum KernelSymbolsError {
     Parse(#[from] KallsymsError),
 }
 
+/// Most of a kallsyms file read: the largest kernels list a few hundred
+/// thousand symbols, tens of MB.
+const MAX_KALLSYMS_BYTES: u64 = 256 << 20;
+/// Kallsyms is read and parsed this much at a time, never held whole.
+const KALLSYMS_CHUNK: usize = 256 << 10;
+
 /// Kernel symbols from the kallsyms file at `path`.
 fn read_kallsyms(path: &Path) -> Result<Kallsyms, KernelSymbolsError> {
-    let text = std::fs::read(path).map_err(|source| KernelSymbolsError::Read {
+    let read_error = |source| KernelSymbolsError::Read {
         path: path.display().to_string(),
         source,
-    })?;
-    Ok(Kallsyms::parse_bytes(&text)?)
+    };
+    let mut file = std::fs::File::open(path)
+        .map_err(read_error)?
+        .take(MAX_KALLSYMS_BYTES);
+    let mut builder = KallsymsBuilder::default();
+    let mut buffer = vec![0u8; KALLSYMS_CHUNK];
+    let mut filled = 0;
+    loop {
+        let read = match file.read(&mut buffer[filled..]) {
+            Ok(read) => read,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => return Err(read_error(error)),
+        };
+        if read == 0 {
+            builder.push_lines(&buffer[..filled]);
+            break;
+        }
+        filled += read;
+        // Whole lines go to the table; the last, partial one waits for the
+        // rest of it.
+        match buffer[..filled].iter().rposition(|&byte| byte == b'\n') {
+            Some(newline) => {
+                builder.push_lines(&buffer[..newline]);
+                buffer.copy_within(newline + 1..filled, 0);
+                filled -= newline + 1;
+            }
+            // A line longer than the buffer is no kallsyms line.
+            None if filled == buffer.len() => filled = 0,
+            None => {}
+        }
+    }
+    Ok(builder.finish()?)
 }
 
 /// The running kernel's build id, from its notes.
@@ -134,13 +175,43 @@ mod tests {
 
     #[test]
     fn this_kernel_has_symbols() {
-        let table =
-            read_kallsyms(&Host::system().kallsyms_path()).expect("kallsyms readable as root");
+        let path = Host::system().kallsyms_path();
+        let table = read_kallsyms(&path).expect("kallsyms readable as root");
         assert!(table.len() > 1000);
+        // Read a piece at a time, it is the table of the whole text.
+        let whole =
+            Kallsyms::parse_bytes(&std::fs::read(&path).expect("readable")).expect("parses");
+        assert_eq!(table.len(), whole.len());
+        assert_eq!(table.range(), whole.range());
         assert!(matches!(
             read_kallsyms(Path::new("/nonexistent/kallsyms")),
             Err(KernelSymbolsError::Read { .. })
         ));
+    }
+
+    /// Lines cut by the chunk boundaries are put back together, and a
+    /// last line without its newline counts.
+    #[test]
+    fn kallsyms_read_in_chunks_keeps_every_line() {
+        let mut text = String::new();
+        let lines = 3 * KALLSYMS_CHUNK / 40;
+        for index in 0..lines {
+            text.push_str(&format!(
+                "{:016x} T function_{index}\n",
+                0x1000 + 16 * index
+            ));
+        }
+        text.push_str(&format!("{:016x} t last_one [module]", 0x1000 + 16 * lines));
+        let mut file = tempfile::NamedTempFile::new().expect("temp file");
+        file.write_all(text.as_bytes()).expect("written");
+        let table = read_kallsyms(file.path()).expect("parses");
+        assert_eq!(table.len(), lines + 1);
+        for index in (0..lines).step_by(997) {
+            let symbol = table.lookup(0x1000 + 16 * index as u64).expect("found");
+            assert_eq!(symbol.name, format!("function_{index}"));
+        }
+        let last = table.lookup(0x1000 + 16 * lines as u64 - 8).expect("found");
+        assert_eq!(last.name, format!("function_{}", lines - 1));
     }
 
     /// Counts reach the stats when a profile ends.
