@@ -135,9 +135,11 @@ impl fmt::Debug for DwarfInfo {
     }
 }
 
-/// What indexing will take at least, known from the section headers alone:
-/// the compressed sections inflated, and the abbreviations' index.
-fn index_cost_lower_bound(file: &object::File<'_>) -> u64 {
+/// What indexing will take at least, known before the large sections are
+/// inflated: the compressed sections inflated, the abbreviations' and line
+/// programs' index, and a unit's cost for each unit `.debug_aranges` lists
+/// (every unit with code has its set there; that section is small).
+pub(crate) fn index_cost_lower_bound(file: &object::File<'_>, endian: gimli::RunTimeEndian) -> u64 {
     let mut inflated = 0u64;
     let mut lower_bound = 0u64;
     for id in NEEDED {
@@ -150,13 +152,44 @@ fn index_cost_lower_bound(file: &object::File<'_>) -> u64 {
         if range.format != CompressionFormat::None {
             inflated = inflated.saturating_add(range.uncompressed_size);
         }
-        if id == gimli::SectionId::DebugAbbrev {
-            lower_bound = range
-                .uncompressed_size
-                .saturating_mul(INDEX_COST_PER_ABBREV_BYTE as u64);
-        }
+        let per_byte = match id {
+            gimli::SectionId::DebugAbbrev => INDEX_COST_PER_ABBREV_BYTE,
+            gimli::SectionId::DebugLine => INDEX_COST_PER_LINE_BYTE,
+            _ => continue,
+        };
+        lower_bound =
+            lower_bound.saturating_add(range.uncompressed_size.saturating_mul(per_byte as u64));
     }
-    lower_bound.saturating_add(inflated)
+    let units = listed_units(file, endian) as u64;
+    lower_bound
+        .saturating_add(inflated)
+        .saturating_add(units.saturating_mul(INDEX_COST_PER_UNIT as u64))
+}
+
+/// Most of `.debug_aranges` inflated to count its units.
+const MAX_ARANGES_BYTES: u64 = 16 << 20;
+
+/// The units with address sets in `.debug_aranges` (0 without one).
+pub(crate) fn listed_units(file: &object::File<'_>, endian: gimli::RunTimeEndian) -> usize {
+    let Some(section) = file.section_by_name(gimli::SectionId::DebugAranges.name()) else {
+        return 0;
+    };
+    let plausible = section.compressed_file_range().is_ok_and(|range| {
+        range.uncompressed_size <= MAX_ARANGES_BYTES
+            && range.uncompressed_size <= range.compressed_size.saturating_mul(1032)
+    });
+    let Some(data) = plausible
+        .then(|| section.uncompressed_data().ok())
+        .flatten()
+    else {
+        return 0;
+    };
+    let mut headers = gimli::DebugAranges::new(&data, endian).headers();
+    let mut units = 0;
+    while let Ok(Some(_)) = headers.next() {
+        units += 1;
+    }
+    units
 }
 
 /// Section `id` of `file`: a range of `whole` when stored plainly, or
@@ -233,7 +266,7 @@ impl DwarfInfo {
         let whole = Reader::new(bytes.clone(), endian);
         // Refuse before inflating anything: what the compressed sections
         // and the abbreviations alone will take.
-        let lower_bound = index_cost_lower_bound(&file);
+        let lower_bound = index_cost_lower_bound(&file, endian);
         if lower_bound > max_bytes as u64 {
             return Err(DwarfError::TooLarge {
                 bytes: lower_bound,

@@ -454,3 +454,26 @@ fn kernel_frames_need_kallsyms() {
         "no kallsyms loaded"
     );
 }
+
+/// The units `.debug_aranges` lists count before anything large is
+/// inflated: an object over the limit is refused at that bound, which the
+/// full estimate never undercuts.
+#[test]
+fn dwarf_over_the_limit_is_refused_before_its_sections_are_inflated() {
+    let file = object::File::parse(INLINE_CHAIN_COMPRESSED).expect("fixture parses");
+    let endian = gimli::RunTimeEndian::Little;
+    assert_eq!(crate::dwarf::listed_units(&file, endian), 1);
+    let bound = crate::dwarf::index_cost_lower_bound(&file, endian);
+    let parse = |limit| {
+        DwarfInfo::parse(
+            Bytes::new(Arc::new(INLINE_CHAIN_COMPRESSED.to_vec())),
+            limit,
+        )
+    };
+    let full = parse(usize::MAX).expect("parses").shape().index_cost() as u64;
+    assert!(bound <= full, "{bound} > {full}");
+    match parse(bound as usize - 1) {
+        Err(DwarfError::TooLarge { bytes, .. }) => assert_eq!(bytes, bound),
+        other => panic!("not refused at the bound: {other:?}"),
+    }
+}

@@ -280,12 +280,12 @@ impl Exporter for ParcaExporter {
             }
         }
         if let Some(uploads) = &self.uploads {
-            let symbolized = if self.upload_symbolized {
-                batch.symbolized_objects
-            } else {
-                Vec::new()
-            };
-            for object in batch.debuginfo_candidates.into_iter().chain(symbolized) {
+            let offered = offered_for_upload(
+                batch.debuginfo_candidates,
+                batch.symbolized_objects,
+                self.upload_symbolized,
+            );
+            for object in offered {
                 if uploads.try_send(object).is_err() {
                     Stats::inc(&self.tally.total().debuginfo_uploads_skipped);
                     debug!("debuginfo candidate skipped: the upload backlog is full");
@@ -385,9 +385,52 @@ fn upload_thread(
     runtime.shutdown_background();
 }
 
+/// The objects a batch offers for upload: those with frames firn could not
+/// name, and with `upload_symbolized` the others too. The server keeps
+/// named frames as they were sent, and offering a large object costs about
+/// a millisecond of CPU per MB to read and hash.
+fn offered_for_upload(
+    unnamed: Vec<Arc<ObjectFile>>,
+    named: Vec<Arc<ObjectFile>>,
+    upload_symbolized: bool,
+) -> Vec<Arc<ObjectFile>> {
+    let mut offered = unnamed;
+    if upload_symbolized {
+        offered.extend(named);
+    }
+    offered
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// By default (the CLI's and the config's) only objects with frames
+    /// firn could not name are offered; named ones only when asked for.
+    #[test]
+    fn only_objects_with_unnamed_frames_are_offered_by_default() {
+        let object = |path: &str| {
+            Arc::new(
+                ObjectFile::from_memory(
+                    crate::process::ObjectKey::Vdso,
+                    path,
+                    agent_fixtures::CHAIN.into(),
+                )
+                .expect("fixture"),
+            )
+        };
+        let paths = |objects: Vec<Arc<ObjectFile>>| -> Vec<String> {
+            objects.iter().map(|o| o.path.clone()).collect()
+        };
+        let (unnamed, named) = (object("/unnamed"), object("/named"));
+        let default = DebuginfoConfig::default().upload_symbolized;
+        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(["firn"]).expect("no flags");
+        assert!(!default && !cli.agent.debuginfo.debuginfo_upload_symbolized);
+        let offered = offered_for_upload(vec![unnamed.clone()], vec![named.clone()], default);
+        assert_eq!(paths(offered), ["/unnamed"]);
+        let offered = offered_for_upload(vec![unnamed], vec![named], true);
+        assert_eq!(paths(offered), ["/unnamed", "/named"]);
+    }
 
     fn profile(pid: &str, bytes: usize) -> SeriesProfile {
         SeriesProfile {
