@@ -333,7 +333,15 @@ unsafe fn record_sample(
         count(Counter::InterpreterWalkerUnavailable);
     }
     // SAFETY: as above.
-    unsafe { submit(ctx, config, scratch, body) };
+    if let Err((len, error)) = unsafe { submit(config, scratch, body) } {
+        failed!(
+            ctx,
+            "sample of tgid {} lost: ring buffer output of {} bytes returned {}",
+            tgid,
+            len,
+            error
+        );
+    }
 }
 
 /// The bytes `bpf_get_stack` wrote, from what it returned (non-negative),
@@ -348,19 +356,21 @@ fn stack_bytes(returned: i64) -> usize {
 }
 
 /// Writes the record in `scratch` and the first `body` bytes of its tail
-/// to the ring buffer.
+/// to the ring buffer. On failure (no room), counted here and handed back
+/// (the length and the error) for the caller to log: one log site per
+/// program keeps the logging code inlined, so the object holds no symbol
+/// named after its build path.
 ///
 /// # Safety
 ///
 /// `scratch` points to a `SampleScratch` nobody else reads or writes until
 /// this returns.
 #[inline(always)]
-unsafe fn submit<C: EbpfContext>(
-    ctx: &C,
+unsafe fn submit(
     config: &BpfConfig,
     scratch: *mut SampleScratch,
     body: usize,
-) {
+) -> Result<(), (usize, i32)> {
     let mut len = RECORD_BYTES + body;
     if len > size_of::<SampleScratch>() {
         len = size_of::<SampleScratch>();
@@ -369,17 +379,13 @@ unsafe fn submit<C: EbpfContext>(
     // valid for reads and not written while the slice lives.
     let bytes = unsafe { core::slice::from_raw_parts(scratch as *const u8, len) };
     match EVENTS.output::<[u8]>(bytes, wakeup_flag(config)) {
-        Ok(()) => count(Counter::SamplesWritten),
+        Ok(()) => {
+            count(Counter::SamplesWritten);
+            Ok(())
+        }
         Err(error) => {
             count(Counter::SamplesLostRingFull);
-            failed!(
-                ctx,
-                "sample of tgid {} lost: ring buffer output of {} bytes returned {}",
-                // SAFETY: a field of the valid scratch slot.
-                unsafe { (*scratch).record.tgid },
-                len,
-                error
-            );
+            Err((len, error))
         }
     }
 }
@@ -405,7 +411,15 @@ pub fn python_walk(ctx: PerfEventContext) -> u32 {
             // flagged as cut short.
         }
         let body = python::finish(scratch);
-        submit(&ctx, &config(), scratch, body);
+        if let Err((len, error)) = submit(&config(), scratch, body) {
+            failed!(
+                &ctx,
+                "sample of tgid {} lost: ring buffer output of {} bytes returned {}",
+                (*scratch).record.tgid,
+                len,
+                error
+            );
+        }
     }
     0
 }

@@ -58,3 +58,24 @@ fn counter_deltas_saturate() {
     assert_eq!(delta.get(Counter::SamplesWritten), 3);
     assert_eq!(earlier.since(&later).get(Counter::SamplesSeen), 0);
 }
+
+/// A function the compiler left out of line keeps its mangled name, and
+/// that name hashes the path the object was built at: a fresh clone would
+/// build a different object, and `cargo xtask build-ebpf --check` fail.
+#[test]
+fn the_bpf_object_names_no_function_after_its_build_path() {
+    use object::{Object, ObjectSymbol};
+    let file = object::File::parse(OBJECT).expect("the BPF object parses");
+    let mangled: Vec<String> = file
+        .symbols()
+        .filter_map(|symbol| symbol.name().ok().map(str::to_owned))
+        .filter(|name| name.starts_with("_R") || name.starts_with("_ZN"))
+        .collect();
+    assert!(mangled.is_empty(), "out-of-line functions: {mangled:?}");
+    let programs: Vec<&str> = file
+        .symbols()
+        .filter_map(|symbol| symbol.name().ok())
+        .filter(|name| [names::PROG_SAMPLE, names::PROG_PYTHON_WALK].contains(name))
+        .collect();
+    assert_eq!(programs.len(), 2, "{programs:?}");
+}
