@@ -323,7 +323,8 @@ impl Session {
         stats: Arc<Stats>,
     ) -> Result<Self, SessionError> {
         raise_open_file_limit();
-        let thread_pointer = pipeline.python.enabled.then(ThreadPointerLookup::default);
+        // Beside the BPF verification, which takes about as long.
+        let thread_pointer = pipeline.python.enabled.then(ThreadPointerLookup::start);
         let mut bpf = BpfSampler::load(sampling)?;
         let ring = bpf.take_ring_buffer()?;
         let reader = RingReader::new(ring).map_err(|source| SessionError::Ring { source })?;

@@ -6,7 +6,7 @@ use std::{
     collections::HashMap,
     ops::Range,
     path::Path,
-    sync::{Arc, Once, OnceLock},
+    sync::{Arc, OnceLock},
 };
 
 use agent_common::{InterpreterFrame, PythonProcess, interpreter_frame_flags};
@@ -139,6 +139,11 @@ impl PythonRuntime {
         if image.gone || image.mappings.is_empty() {
             return;
         }
+        // Until the thread pointer's offset is known nothing can be
+        // registered; the process is looked at again on its next sample.
+        let Some(thread_pointer) = self.thread_pointer.get() else {
+            return;
+        };
         let tgid = image.tgid;
         if let Some(entry) = self.processes.get(&tgid)
             && std::ptr::eq(entry.image, Arc::as_ptr(image))
@@ -160,12 +165,7 @@ impl PythonRuntime {
         {
             self.namer.forget(old.key);
         }
-        // An interpreter found before the thread pointer's offset is known
-        // (it is looked up at the first one) is looked at again on its
-        // next sample.
-        let Some(state) = self.inspect(image, processes) else {
-            return;
-        };
+        let state = self.inspect(image, processes, thread_pointer);
         if !matches!(state, ProcessState::Python(_)) {
             // An entry of an earlier image must not walk this one.
             self.map.remove(tgid);
@@ -179,34 +179,22 @@ impl PythonRuntime {
         );
     }
 
-    /// What the image is; `None` while the thread pointer's offset is
-    /// being looked up.
     fn inspect(
         &mut self,
         image: &ProcessImage,
         processes: &mut ProcessTable,
-    ) -> Option<ProcessState> {
+        thread_pointer: Option<u32>,
+    ) -> ProcessState {
         let Some((index, object)) = self.find_interpreter(image, processes) else {
-            return Some(ProcessState::NotPython);
+            return ProcessState::NotPython;
         };
         let object = match object {
             Ok(object) => object,
-            Err(reason) => return Some(self.skip(image, reason, None)),
+            Err(reason) => return self.skip(image, reason, None),
         };
-        let Some(thread_pointer) = self.thread_pointer.get()? else {
-            return Some(self.skip(image, SkipReason::NoThreadPointer, Some(object.version)));
+        let Some(thread_pointer) = thread_pointer else {
+            return self.skip(image, SkipReason::NoThreadPointer, Some(object.version));
         };
-        Some(self.register(image, processes, index, object, thread_pointer))
-    }
-
-    fn register(
-        &mut self,
-        image: &ProcessImage,
-        processes: &mut ProcessTable,
-        index: usize,
-        object: PythonObject,
-        thread_pointer: u32,
-    ) -> ProcessState {
         let tsd_first_block = match self.find_libc(image, processes) {
             Ok(offset) => offset,
             Err(reason) => return self.skip(image, reason, Some(object.version)),
@@ -479,31 +467,20 @@ impl PythonRuntime {
 }
 
 /// `task_struct`'s thread pointer offset, read from the kernel's BTF on a
-/// thread of its own when the first interpreter is found: parsing the BTF
-/// takes milliseconds of CPU and megabytes for a while, which a host
-/// without Python never pays.
+/// thread of its own from the start, beside the BPF programs'
+/// verification. Not when the first interpreter is found: the processes
+/// started meanwhile would go without Python frames for as long as the
+/// lookup takes (measured: a fifth of a short-lived process's samples on a
+/// loaded machine), against a few milliseconds of CPU saved on a host
+/// without Python.
 #[derive(Clone)]
-pub struct ThreadPointerLookup(Arc<(Once, OnceLock<Option<u32>>)>);
-
-impl Default for ThreadPointerLookup {
-    /// A lookup not started yet.
-    fn default() -> Self {
-        Self(Arc::new((Once::new(), OnceLock::new())))
-    }
-}
+pub struct ThreadPointerLookup(Arc<OnceLock<Option<u32>>>);
 
 impl ThreadPointerLookup {
-    /// The offset once looked up (`Some(None)` if the BTF did not tell);
-    /// `None` while it is looked up, which the first call starts.
-    pub fn get(&self) -> Option<Option<u32>> {
-        let (started, cell) = &*self.0;
-        started.call_once(|| self.start());
-        cell.get().copied()
-    }
-
     /// Starts the lookup (here if no thread can be started).
-    fn start(&self) {
-        let lookup = self.0.clone();
+    pub fn start() -> Self {
+        let cell = Arc::new(OnceLock::new());
+        let filler = cell.clone();
         let look_up = move || {
             let offset = match btf::task_thread_pointer_offset(Path::new(btf::VMLINUX_BTF)) {
                 Ok(offset) => Some(offset),
@@ -515,7 +492,7 @@ impl ThreadPointerLookup {
                     None
                 }
             };
-            let _ = lookup.1.set(offset);
+            let _ = filler.set(offset);
         };
         if let Err(error) = std::thread::Builder::new().name("firn-btf".into()).spawn({
             let look_up = look_up.clone();
@@ -527,6 +504,12 @@ impl ThreadPointerLookup {
             debug!(%error, "no thread for the BTF lookup; done here");
             look_up();
         }
+        Self(cell)
+    }
+
+    /// The offset once looked up: `Some(None)` if the BTF did not tell.
+    pub fn get(&self) -> Option<Option<u32>> {
+        self.0.get().copied()
     }
 }
 
