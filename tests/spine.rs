@@ -99,8 +99,12 @@ fn write_heavy_process_shows_named_kernel_write_path() {
         })
         .map(|(_, count)| count)
         .sum();
+    // dd splits its time between reading /dev/zero and writing to
+    // /dev/null, whose write is nearly free: the write path's share of
+    // its samples measured 9–14% across runs, so the bar is one in twenty
+    // (unnamed kernel frames give none).
     assert!(
-        in_write * 10 >= total,
+        in_write * 20 >= total,
         "expected named kernel write-path frames (ksys_write/vfs_write under \
          entry_SYSCALL_64) in dd's samples; {in_write} of {total}:\n{}",
         describe(&stacks)
