@@ -257,11 +257,7 @@ impl BpfSampler {
             (names::PROG_EXIT, "sched_process_exit"),
         ] {
             let program: &mut RawTracePoint = program_mut(&mut self.ebpf, name)?;
-            let started = Instant::now();
-            program
-                .load()
-                .map_err(|source| program_error(name, source))?;
-            log_loaded(name, started, program.info());
+            load_logged(program, name, RawTracePoint::load, RawTracePoint::info)?;
             program
                 .attach(tracepoint)
                 .map_err(|source| program_error(name, source))?;
@@ -274,11 +270,7 @@ impl BpfSampler {
     fn load_tail_calls(&mut self) -> Result<(), BpfError> {
         let name = names::PROG_PYTHON_WALK;
         let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?;
-        let started = Instant::now();
-        program
-            .load()
-            .map_err(|source| program_error(name, source))?;
-        log_loaded(name, started, program.info());
+        load_logged(program, name, PerfEvent::load, PerfEvent::info)?;
         let walker = program
             .fd()
             .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::IOError))
@@ -305,11 +297,7 @@ impl BpfSampler {
         self.load_tail_calls()?;
         let name = names::PROG_SAMPLE;
         let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?;
-        let started = Instant::now();
-        program
-            .load()
-            .map_err(|source| program_error(name, source))?;
-        log_loaded(name, started, program.info());
+        load_logged(program, name, PerfEvent::load, PerfEvent::info)?;
         for &cpu in &self.cpus {
             program
                 .attach(
@@ -518,8 +506,10 @@ fn load_object(
 ) -> Result<Ebpf, BpfError> {
     let mut loader = EbpfLoader::new();
     loader
-        // The object carries no BTF relocations, so the kernel's BTF (5 MB,
-        // ~15 ms to parse) would be read for nothing.
+        // `EbpfLoader::new` has parsed the kernel's BTF already (aya 0.14
+        // always does); the object carries no BTF relocations to apply with
+        // it, so its ~8 MB are let go now rather than kept until the
+        // programs are loaded.
         .btf(None)
         .override_global(names::CONFIG, bpf_config, true)
         // Always written: the object's default level logs everything.
@@ -653,20 +643,27 @@ fn is_permission_denied(error: &aya::programs::ProgramError) -> bool {
     false
 }
 
-/// How long the kernel took to check a program, and how much it looked at:
-/// verification is most of firn's start-up.
-fn log_loaded(
-    name: &str,
-    started: Instant,
-    info: Result<aya::programs::ProgramInfo, aya::programs::ProgramError>,
-) {
-    let verified_instructions = info.ok().and_then(|info| info.verified_instruction_count());
+/// Loads `program` into the kernel, logging how long the kernel took to
+/// check it and how much it looked at: verification is most of firn's
+/// start-up.
+fn load_logged<P>(
+    program: &mut P,
+    name: &'static str,
+    load: impl FnOnce(&mut P) -> Result<(), aya::programs::ProgramError>,
+    info: impl FnOnce(&P) -> Result<aya::programs::ProgramInfo, aya::programs::ProgramError>,
+) -> Result<(), BpfError> {
+    let started = Instant::now();
+    load(program).map_err(|source| program_error(name, source))?;
+    let verified_instructions = info(program)
+        .ok()
+        .and_then(|info| info.verified_instruction_count());
     debug!(
         program = name,
         load_ms = started.elapsed().as_secs_f64() * 1e3,
         verified_instructions,
         "BPF program loaded"
     );
+    Ok(())
 }
 
 fn program_error(name: &'static str, source: aya::programs::ProgramError) -> BpfError {

@@ -6,7 +6,7 @@
 use aya::{Ebpf, programs::TracePoint};
 use tracing::{debug, warn};
 
-use super::{program_error, program_mut};
+use super::{load_logged, program_error, program_mut};
 use agent_common::names;
 
 /// Where tracefs is found (aya looks in the same places to attach).
@@ -38,9 +38,8 @@ fn try_attach(ebpf: &mut Ebpf) -> Result<(), String> {
     check_format(&format)?;
     let name = names::PROG_FORK;
     let program: &mut TracePoint = program_mut(ebpf, name).map_err(|error| error.to_string())?;
-    program
-        .load()
-        .map_err(|source| program_error(name, source).to_string())?;
+    load_logged(program, name, TracePoint::load, TracePoint::info)
+        .map_err(|error| error.to_string())?;
     program
         .attach("task", "task_newtask")
         .map_err(|source| program_error(name, source).to_string())?;
