@@ -156,7 +156,7 @@ impl Measurement {
             truncated: labelled(TRUNCATED),
             sent: total(SENT),
             uploads: labelled(UPLOADS),
-            scrapes_failed: series.points.len() - scraped.len(),
+            scrapes_failed: series.points.iter().filter(|p| p.scraping).count() - scraped.len(),
             ..Self::default()
         }
     }

@@ -324,7 +324,10 @@ fn print_memory_over_time(series: &Series) {
         max_of(points, |c| c.push_failures),
         max_of(points, |c| c.events_lost),
     );
-    let scrapes_failed = points.iter().filter(|p| p.counters.is_none()).count();
+    let scrapes_failed = points
+        .iter()
+        .filter(|p| p.scraping && p.counters.is_none())
+        .count();
     if scrapes_failed > 0 {
         println!("/metrics did not answer {scrapes_failed} times");
     }
