@@ -36,7 +36,7 @@ const UPLOADS: &str = "firn_debuginfo_uploads_total";
 #[derive(Clone, Debug, Default)]
 pub struct Window {
     pub seconds: f64,
-    /// firn's user and system CPU (`/proc/PID/stat`).
+    /// firn's user and system CPU (its CPU-time clock).
     pub cpu_seconds: f64,
     pub samples: f64,
     /// None when firn does not expose the BPF run time.
@@ -156,7 +156,11 @@ impl Measurement {
             truncated: labelled(TRUNCATED),
             sent: total(SENT),
             uploads: labelled(UPLOADS),
-            scrapes_failed: series.points.iter().filter(|p| p.scraping).count() - scraped.len(),
+            scrapes_failed: series
+                .points
+                .iter()
+                .filter(|p| p.scraping && p.scrape.is_none())
+                .count(),
             ..Self::default()
         }
     }
@@ -214,7 +218,19 @@ mod tests {
             cpu_seconds: cpu,
             rss_kb,
             hwm_kb: rss_kb + 1024,
+            scraping: true,
             scrape: Some(Arc::new(Scrape::parse(metrics))),
+            ..Point::default()
+        }
+    }
+
+    /// A look at `/proc` only, between scrapes.
+    fn proc_only(at: f64, cpu: f64, rss_kb: u64) -> Point {
+        Point {
+            at,
+            cpu_seconds: cpu,
+            rss_kb,
+            hwm_kb: rss_kb + 1024,
             ..Point::default()
         }
     }
@@ -264,6 +280,35 @@ mod tests {
             measurement.truncated,
             [("stack=\"user\",reason=\"max_depth\"".to_owned(), 3.0)]
         );
+    }
+
+    /// Windows run between scrapes; the looks between them count only
+    /// towards memory, and a scrape without an answer is counted.
+    #[test]
+    fn looks_without_a_scrape_give_memory_only() {
+        let unanswered = Point {
+            scraping: true,
+            ..proc_only(70.0, 2.5, 40_960)
+        };
+        let series = Series {
+            points: vec![
+                point(0.0, 0.0, 10_240, &metrics(0, 0.0, 0.0)),
+                proc_only(30.0, 1.0, 51_200),
+                point(60.0, 2.0, 20_480, &metrics(12_000, 1.0, 0.02)),
+                unanswered,
+                point(90.0, 3.0, 20_480, &metrics(18_000, 1.5, 0.03)),
+            ],
+            phases: Vec::new(),
+            end: 90.0,
+            unanswered: 0,
+        };
+        let measurement = Measurement::from_series(&series, 0.1);
+        let first = measurement.first.expect("a first window");
+        assert_eq!((first.seconds, first.samples), (60.1, 12_000.0));
+        let steady = measurement.steady.expect("a steady window");
+        assert_eq!((steady.seconds, steady.samples), (30.0, 6_000.0));
+        assert_eq!(measurement.peak_rss_mb, 51.0, "from a look between scrapes");
+        assert_eq!(measurement.scrapes_failed, 1);
     }
 
     #[test]

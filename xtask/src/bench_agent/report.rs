@@ -132,7 +132,7 @@ fn print_window(
         }),
     );
     row(
-        "  userspace CPU (/proc), us per sample",
+        "  userspace CPU (process clock), us per sample",
         each(&|w| w.per_sample(w.cpu_seconds)),
     );
     row("  BPF program, us per tick", each(&|w| w.bpf_per_sample()));

@@ -272,6 +272,7 @@ fn look(pid: u32, metrics: Option<SocketAddr>) -> Option<Point> {
     };
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let ticks_seconds = (ticks(11) + ticks(12)) / hz;
     let rss_kb = field(&status, "VmRSS");
     let anon_kb = field(&rollup, "Anonymous");
     let scrape = metrics
@@ -282,7 +283,7 @@ fn look(pid: u32, metrics: Option<SocketAddr>) -> Option<Point> {
         hwm_kb: field(&status, "VmHWM"),
         anon_kb,
         file_kb: field(&rollup, "Rss").saturating_sub(anon_kb),
-        cpu_seconds: (ticks(11) + ticks(12)) / hz,
+        cpu_seconds: process_cpu_seconds(pid).unwrap_or(ticks_seconds),
         scraping: metrics.is_some(),
         counters: scrape.as_deref().map(Counters::from_scrape),
         scrape,
@@ -291,6 +292,27 @@ fn look(pid: u32, metrics: Option<SocketAddr>) -> Option<Point> {
 }
 
 /// A GET over plain HTTP/1.1 with short deadlines: the body on a 200.
+/// The process's CPU time (user and system, every thread, exited ones
+/// included) to the nanosecond, from its CPU-time clock. `/proc/PID/stat`
+/// counts in ticks of 10 ms: over a 30 s steady window at 100 Hz that is
+/// 1.7 µs a sample.
+fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `clock` is a valid place for the id.
+    if unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) } != 0 {
+        return None;
+    }
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid place for the time.
+    if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
+        return None;
+    }
+    Some(now.tv_sec as f64 + now.tv_nsec as f64 * 1e-9)
+}
+
 pub fn get(address: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
