@@ -361,6 +361,57 @@ fn go_program_has_complete_stacks_with_go_names() {
     }
 }
 
+/// A Go binary stripped of its symbol table and DWARF (`-ldflags=-s -w`,
+/// common in containers) is named from its `.gopclntab`, with the file and
+/// line of each frame of the chain.
+#[test]
+fn stripped_go_program_is_named_from_its_own_table() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = dir.path().join("go_chain_stripped");
+    let status = Command::new("go")
+        .args(["build", "-ldflags=-s -w", "-o"])
+        .arg(&binary)
+        .arg("main.go")
+        .current_dir(workloads_dir().join("go_chain"))
+        .env("GOFLAGS", "-buildvcs=false")
+        .status()
+        .unwrap_or_else(|error| {
+            panic!("Go is needed to build the Go workload (cargo xtask setup installs it): {error}")
+        });
+    assert!(status.success(), "go build failed for go_chain");
+    let sections = Command::new("readelf")
+        .args(["-S", "-W"])
+        .arg(&binary)
+        .output()
+        .expect("readelf (binutils) runs");
+    let sections = String::from_utf8_lossy(&sections.stdout);
+    assert!(
+        !sections.contains(".symtab") && !sections.contains(".debug_info"),
+        "the binary is stripped:\n{sections}"
+    );
+    let workload = spawn_spinning(&binary);
+    let pid = workload.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
+    assert_complete(&stacks_of(&profile, workload.pid()), &GO_CHAIN, 0.90);
+    // Each function of the chain has its file and a line in it.
+    let pid = workload.pid().to_string();
+    let placed = Reader::new(&profile)
+        .samples()
+        .filter(|sample| sample.label("pid") == Some(pid.as_str()))
+        .flat_map(|sample| sample.frames())
+        .filter(|frame| frame.name.is_some_and(|name| GO_CHAIN.contains(&name)))
+        .filter(|frame| frame.file.ends_with("go_chain/main.go") && frame.line > 0)
+        .filter_map(|frame| frame.name)
+        .collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(
+        placed,
+        GO_CHAIN.iter().copied().collect(),
+        "functions of the chain with their file and line"
+    );
+}
+
 #[test]
 fn frame_pointer_processes_pay_nothing_extra_in_auto() {
     require_root();

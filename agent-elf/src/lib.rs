@@ -4,6 +4,7 @@
 //! and corrupt inputs without root.
 
 pub mod debug_files;
+pub mod gopclntab;
 
 use std::{fmt, io, ops::Deref, sync::Arc};
 

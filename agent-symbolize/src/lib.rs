@@ -13,6 +13,7 @@
 mod demangle;
 mod dwarf;
 mod kallsyms;
+mod names;
 mod perfmap;
 mod symbolizer;
 

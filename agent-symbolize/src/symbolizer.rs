@@ -12,6 +12,7 @@ use crate::{
     CacheBytes, DemangleMode, FrameSymbolizer, Kallsyms, Line, ObjectSource, PerfMapSource,
     PerfMapTable, SymbolConfig, SymbolizerCounts, demangle,
     dwarf::{DwarfError, DwarfFrame, DwarfInfo},
+    names::{FunctionName, FunctionNames},
 };
 
 /// The name of an inlined function DWARF does not name.
@@ -24,7 +25,9 @@ pub struct Symbolizer {
     kernel: Option<Kallsyms>,
     kernel_build_id: Option<BuildId>,
     demangle: DemangleMode,
-    symbols: ByteBoundedCache<ContentKey, Arc<SymbolTable>>,
+    /// Names where DWARF gives none: a Go binary's own table, else the
+    /// ELF symbols.
+    symbols: ByteBoundedCache<ContentKey, Arc<FunctionNames>>,
     /// `None`: the object has no usable DWARF (remembered, cheaply).
     dwarf: ByteBoundedCache<ContentKey, Option<DwarfInfo>>,
     /// Which of an object's debug file candidates matched, if any.
@@ -117,11 +120,11 @@ impl Symbolizer {
         chosen.map(|(_, bytes)| bytes)
     }
 
-    fn symbols(&mut self, object: &dyn ObjectSource) -> Option<Arc<SymbolTable>> {
+    fn names(&mut self, object: &dyn ObjectSource) -> Option<Arc<FunctionNames>> {
         let key = ContentKey::of(object.key(), object.layout());
-        if let Some(table) = self.symbols.get(&key) {
+        if let Some(names) = self.symbols.get(&key) {
             self.counts.symbols.hits += 1;
-            return Some(table.clone());
+            return Some(names.clone());
         }
         self.counts.symbols.misses += 1;
         let bytes = match object.bytes() {
@@ -131,6 +134,19 @@ impl Symbolizer {
                 return None;
             }
         };
+        let names = match FunctionNames::go(&bytes) {
+            Some(names) => names,
+            None => FunctionNames::symbols(self.symbol_table(object, bytes)),
+        };
+        let names = Arc::new(names);
+        let evicted = self
+            .symbols
+            .insert(key, names.clone(), names.heap_bytes() + 64);
+        self.counts.symbols.evictions += evicted as u64;
+        Some(names)
+    }
+
+    fn symbol_table(&mut self, object: &dyn ObjectSource, bytes: Bytes) -> SymbolTable {
         let mut inputs = vec![bytes];
         // A stripped object keeps its full symbol table in the debug file.
         if !object.layout().has_symtab
@@ -143,20 +159,25 @@ impl Symbolizer {
         for input in &inputs {
             input.release_pages();
         }
-        let table = match table {
+        match table {
             Ok(table) => table,
             Err(error) => {
                 self.counts.symbol_table_errors += 1;
                 debug!(path = object.path(), %error, "no symbols");
                 SymbolTable::default()
             }
-        };
-        let table = Arc::new(table);
-        let evicted = self
-            .symbols
-            .insert(key, table.clone(), table.heap_bytes() + 64);
+        }
+    }
+
+    /// The function at `vaddr` as its object's tables name it.
+    fn function_name(&mut self, object: &dyn ObjectSource, vaddr: u64) -> Option<FunctionName> {
+        let names = self.names(object)?;
+        let found = names.lookup(vaddr);
+        // A Go binary's symbol table, read for its C code, counts from now.
+        let key = ContentKey::of(object.key(), object.layout());
+        let evicted = self.symbols.set_bytes(&key, names.heap_bytes() + 64);
         self.counts.symbols.evictions += evicted as u64;
-        Some(table)
+        found
     }
 
     fn load_dwarf(&mut self, object: &dyn ObjectSource) -> Option<DwarfInfo> {
@@ -220,17 +241,24 @@ impl Symbolizer {
         // The symbol table names what DWARF does not: code without debug
         // info, or a unit with line tables but no function entries.
         let symbol = if frames.last().is_none_or(|frame| frame.name.is_none()) {
-            self.symbols(object)
-                .and_then(|table| table.lookup(vaddr).map(|hit| hit.name.to_owned()))
+            self.function_name(object, vaddr)
         } else {
             None
         };
         let mode = self.demangle;
         if frames.is_empty() {
             return symbol
-                .map(|name| vec![Line::demangled(&name, mode)])
+                .map(|symbol| {
+                    vec![Line {
+                        function: demangle(&symbol.name, mode),
+                        system_name: symbol.name,
+                        file: symbol.file,
+                        line: symbol.line,
+                    }]
+                })
                 .unwrap_or_default();
         }
+        let symbol = symbol.map(|symbol| symbol.name);
         let outermost = frames.len() - 1;
         frames
             .into_iter()
@@ -311,8 +339,8 @@ impl FrameSymbolizer for Symbolizer {
         for info in self.dwarf.values().flatten() {
             info.release_pages();
         }
-        for table in self.symbols.values() {
-            table.release_pages();
+        for names in self.symbols.values() {
+            names.release_pages();
         }
     }
 }

@@ -477,3 +477,34 @@ fn dwarf_over_the_limit_is_refused_before_its_sections_are_inflated() {
         other => panic!("not refused at the bound: {other:?}"),
     }
 }
+
+/// A Go binary is named by its `.gopclntab`, file and line included, and
+/// its 4,000-entry symbol table is never read: a lookup is a search in the
+/// mapped table.
+#[test]
+fn go_functions_are_named_by_the_go_table_with_file_and_line() {
+    let data = agent_fixtures::inflate(agent_fixtures::GO_CHAIN_PCLNTAB_EXTRACT)
+        .expect("go_chain extract");
+    let (address, size) = function_range(&data, "main.level_three");
+    let go = object(41, &data);
+    let mut symbolizer = fresh();
+    for vaddr in [address, address + size / 2] {
+        let lines = symbolizer.user(&go, vaddr);
+        let [line] = lines.as_slice() else {
+            panic!("one frame expected: {lines:?}");
+        };
+        assert_eq!(line.function, "main.level_three");
+        assert!(
+            line.file
+                .as_deref()
+                .is_some_and(|f| f.ends_with("/main.go")),
+            "{line:?}"
+        );
+        assert!(line.line.is_some_and(|l| l > 0), "{line:?}");
+    }
+    assert!(
+        symbolizer.cache_bytes().symbols < 4096,
+        "no symbol table held: {:?}",
+        symbolizer.cache_bytes().symbols
+    );
+}

@@ -7,14 +7,13 @@
 
 use std::ops::{Deref, Range};
 
+use agent_elf::gopclntab::GoTable;
 use gimli::{
     BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EhFrameHdr, EhFrameOffset, EndianSlice,
     FrameDescriptionEntry, LittleEndian, RegisterRule, UnwindContext, UnwindSection,
     UnwindTableRow, X86_64,
 };
-use object::{CompressionFormat, Object, ObjectSection, ObjectSymbol};
-
-use crate::gopclntab::GoTable;
+use object::{CompressionFormat, Object, ObjectSection};
 
 pub(crate) type Reader<'a> = EndianSlice<'a, LittleEndian>;
 
@@ -182,12 +181,9 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
                 bases = bases.clone().set_eh_frame_hdr(address);
                 section
             });
-            let go = section(".gopclntab")
-                .filter(|_| use_go_table)
-                .and_then(|(section, _)| {
-                    let base = go_text_base(&file, eh_frame.is_some(), text.as_ref());
-                    GoTable::parse(&data[..], section.range, base)
-                });
+            let go = use_go_table
+                .then(|| GoTable::find(&file, &data[..]))
+                .flatten();
             let debug_frame = file
                 .section_by_name(".debug_frame")
                 .filter(|_| go.is_none())
@@ -261,7 +257,7 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
     /// covers it.
     pub fn row(&self, vaddr: u64, context: &mut CfiContext) -> Option<UnwindRow> {
         self.visit_fde(vaddr, context, &mut RowAt(vaddr))
-            .or_else(|| self.go.as_ref()?.row(&self.data[..], vaddr))
+            .or_else(|| go_row(self.go.as_ref()?.sp_delta(&self.data[..], vaddr)?))
     }
 
     /// Whether Go's table stands in for the object's `.debug_frame`.
@@ -325,23 +321,27 @@ impl<D: Deref<Target = [u8]>> CfiSource<D> {
     }
 }
 
-/// Where a Go binary's functions start (`runtime.text`), for a
-/// `.gopclntab` whose header leaves it out: from the symbol, else, in a
-/// binary Go linked alone (no C objects, so no `.eh_frame`), the start of
-/// `.text`. A binary with C code and no symbols gets none: its C text may
-/// come first.
-fn go_text_base(
-    file: &object::File<'_>,
-    has_eh_frame: bool,
-    text: Option<&Range<u64>>,
-) -> Option<u64> {
-    file.symbol_by_name("runtime.text")
-        .map(|symbol| symbol.address())
-        .or_else(|| {
-            (!has_eh_frame)
-                .then(|| text.map(|text| text.start))
-                .flatten()
-        })
+/// The unwind rules where a Go function's stack pointer is `delta` below
+/// where it was at its entry (`.gopclntab`'s `pcsp`).
+fn go_row(delta: i64) -> Option<UnwindRow> {
+    // Negative only in assembly that pops its own return address
+    // (`syscall.rawVforkSyscall`); the row is then what Go's `.debug_frame`
+    // says there, wrong as it is.
+    let delta = i32::try_from(delta).ok()?;
+    Some(UnwindRow {
+        // The return address sits above the frame the function made.
+        cfa: Cfa::RspOffset(delta.checked_add(8)?),
+        ra: Rule::CfaOffset(-8),
+        // A function with a frame pushes rbp first thing (`PUSHQ BP; MOVQ
+        // SP, BP; SUBQ $n, SP`) and pops it last, so once the stack has
+        // grown the caller's rbp is right below the return address;
+        // before, rbp is still the caller's.
+        rbp: if delta <= 0 {
+            Rule::Same
+        } else {
+            Rule::CfaOffset(-16)
+        },
+    })
 }
 
 /// The smallest `.eh_frame_hdr` table row: two 2-byte pointers.
@@ -491,6 +491,19 @@ fn compile_rule(rule: Option<RegisterRule<usize>>) -> Rule {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn go_rows_follow_the_stack_pointer_delta() {
+        let row = |delta| go_row(delta).map(|row| (row.cfa, row.ra, row.rbp));
+        let ra = Rule::CfaOffset(-8);
+        assert_eq!(row(0), Some((Cfa::RspOffset(8), ra, Rule::Same)));
+        assert_eq!(
+            row(24),
+            Some((Cfa::RspOffset(32), ra, Rule::CfaOffset(-16)))
+        );
+        assert_eq!(row(-8), Some((Cfa::RspOffset(0), ra, Rule::Same)));
+        assert_eq!(row(i64::from(i32::MAX)), None);
+    }
     use agent_fixtures::CHAIN;
 
     fn function(name: &str) -> u64 {

@@ -21,7 +21,6 @@
 
 mod cfi;
 mod dwarf;
-mod gopclntab;
 mod leaf;
 mod survey;
 mod unwinder;

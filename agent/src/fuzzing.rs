@@ -29,6 +29,7 @@ use crate::{
 use agent_elf::{
     self as elf, Bytes, ElfLayout,
     debug_files::{self, DebugFileKind},
+    gopclntab::GoTable,
 };
 use agent_symbolize::{
     DemangleMode, DwarfInfo, Kallsyms, PerfMapTable, demangle, parse_build_id_note,
@@ -170,10 +171,19 @@ pub fn elf_object(data: &[u8]) {
         }
     }
     let _ = unwind::is_go(data);
+    let addresses = layout.as_ref().map(probe_addresses).unwrap_or_default();
     if let Ok(table) = elf::read_symbols(&shared(data)) {
-        let addresses = layout.as_ref().map(probe_addresses).unwrap_or_default();
-        for address in addresses {
+        for &address in &addresses {
             let _ = table.lookup(address);
+        }
+    }
+    // A Go binary's own table names its functions, files and lines.
+    if let Ok(file) = object::File::parse(data)
+        && let Some(go) = GoTable::find(&file, data)
+    {
+        for &address in &addresses {
+            let _ = go.function(data, address);
+            let _ = go.sp_delta(data, address);
         }
     }
 }
