@@ -328,14 +328,13 @@ fn rust_release_binary_without_frame_pointers_is_complete_and_demangled() {
     assert_complete(&stacks, &RUST_CHAIN, 0.95);
 }
 
-#[test]
-fn go_program_has_complete_stacks_with_go_names() {
-    require_root();
-    let _serial = serial();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let binary = dir.path().join("go_chain");
+/// `tests/workloads/go_chain` built into `dir/name` with `flags`.
+fn build_go_chain(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
+    let binary = dir.join(name);
     let status = Command::new("go")
-        .args(["build", "-o"])
+        .arg("build")
+        .args(flags)
+        .arg("-o")
         .arg(&binary)
         .arg("main.go")
         .current_dir(workloads_dir().join("go_chain"))
@@ -344,7 +343,16 @@ fn go_program_has_complete_stacks_with_go_names() {
         .unwrap_or_else(|error| {
             panic!("Go is needed to build the Go workload (cargo xtask setup installs it): {error}")
         });
-    assert!(status.success(), "go build failed for go_chain");
+    assert!(status.success(), "go build failed for {name}");
+    binary
+}
+
+#[test]
+fn go_program_has_complete_stacks_with_go_names() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = build_go_chain(dir.path(), "go_chain", &[]);
     let workload = spawn_spinning(&binary);
     let pid = workload.pid().to_string();
     // Go keeps frame pointers: `auto` walks them; DWARF (.debug_frame)
@@ -369,18 +377,7 @@ fn stripped_go_program_is_named_from_its_own_table() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let binary = dir.path().join("go_chain_stripped");
-    let status = Command::new("go")
-        .args(["build", "-ldflags=-s -w", "-o"])
-        .arg(&binary)
-        .arg("main.go")
-        .current_dir(workloads_dir().join("go_chain"))
-        .env("GOFLAGS", "-buildvcs=false")
-        .status()
-        .unwrap_or_else(|error| {
-            panic!("Go is needed to build the Go workload (cargo xtask setup installs it): {error}")
-        });
-    assert!(status.success(), "go build failed for go_chain");
+    let binary = build_go_chain(dir.path(), "go_chain_stripped", &["-ldflags=-s -w"]);
     let sections = Command::new("readelf")
         .args(["-S", "-W"])
         .arg(&binary)
