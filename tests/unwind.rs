@@ -328,6 +328,17 @@ fn rust_release_binary_without_frame_pointers_is_complete_and_demangled() {
     assert_complete(&stacks, &RUST_CHAIN, 0.95);
 }
 
+/// The samples of the Go workload taken in the chain's leaf. The runtime's
+/// own threads (`sysmon`, preemption through `mcall`) take a share of the
+/// process's samples that varies from run to run (10-17%); their stacks
+/// are whole but are not the chain.
+fn chain_samples(profile: &Profile, pid: u32) -> Vec<(Vec<String>, i64)> {
+    stacks_of(profile, pid)
+        .into_iter()
+        .filter(|(names, _)| names.iter().any(|name| name == GO_CHAIN[0]))
+        .collect()
+}
+
 /// `tests/workloads/go_chain` built into `dir/name` with `flags`.
 fn build_go_chain(dir: &Path, name: &str, flags: &[&str]) -> PathBuf {
     let binary = dir.join(name);
@@ -362,10 +373,7 @@ fn go_program_has_complete_stacks_with_go_names() {
             dir.path(),
             &["--duration", "3s", "--pid", &pid, "--unwind", unwind],
         );
-        let stacks = stacks_of(&profile, workload.pid());
-        // The Go runtime preempts long-running goroutines with signals;
-        // a few samples land in that machinery.
-        assert_complete(&stacks, &GO_CHAIN, 0.90);
+        assert_complete(&chain_samples(&profile, workload.pid()), &GO_CHAIN, 0.95);
     }
 }
 
@@ -391,7 +399,7 @@ fn stripped_go_program_is_named_from_its_own_table() {
     let workload = spawn_spinning(&binary);
     let pid = workload.pid().to_string();
     let (_, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
-    assert_complete(&stacks_of(&profile, workload.pid()), &GO_CHAIN, 0.90);
+    assert_complete(&chain_samples(&profile, workload.pid()), &GO_CHAIN, 0.95);
     // Each function of the chain has its file and a line in it.
     let pid = workload.pid().to_string();
     let placed = Reader::new(&profile)
