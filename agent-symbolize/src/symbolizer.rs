@@ -172,11 +172,14 @@ impl Symbolizer {
     /// The function at `vaddr` as its object's tables name it.
     fn function_name(&mut self, object: &dyn ObjectSource, vaddr: u64) -> Option<FunctionName> {
         let names = self.names(object)?;
+        let held = names.heap_bytes();
         let found = names.lookup(vaddr);
         // A Go binary's symbol table, read for its C code, counts from now.
-        let key = ContentKey::of(object.key(), object.layout());
-        let evicted = self.symbols.set_bytes(&key, names.heap_bytes() + 64);
-        self.counts.symbols.evictions += evicted as u64;
+        if names.heap_bytes() != held {
+            let key = ContentKey::of(object.key(), object.layout());
+            let evicted = self.symbols.set_bytes(&key, names.heap_bytes() + 64);
+            self.counts.symbols.evictions += evicted as u64;
+        }
         found
     }
 
