@@ -298,7 +298,7 @@ fn returned_error(line: &str) -> Option<i64> {
     code.parse().ok().filter(|&code: &i64| code < 0)
 }
 
-/// `--unwind dwarf` copies 16 KiB of user stack per sample. The chain's
+/// `--unwind dwarf` copies up to 64 KiB of user stack per sample. The chain's
 /// main thread, started with an empty environment, has far less above its
 /// stack pointer, so every copy stops at the end of the stack mapping:
 /// the BPF program counts that always, and says why only under a

@@ -222,11 +222,12 @@ fn deep_share(stacks: &[(Vec<String>, i64)], depth: usize) -> (f64, i64) {
     (complete as f64 / total.max(1) as f64, total)
 }
 
-/// 100 frames of ~0.5 KiB: some 50 KiB of stack, three times the first
-/// copy. `auto` grows the process's copy at its first cut stack, so the
-/// recursion is whole from then on; a fixed 16 KiB copy cuts every stack.
+/// 100 frames of ~0.5 KiB: some 50 KiB of stack. `auto` copies the most
+/// the BPF program can (64 KiB) until a process's unwinds say how much it
+/// needs, so the recursion is whole from the first sample; a fixed 16 KiB
+/// copy cuts every stack.
 #[test]
-fn deep_stacks_grow_their_copy_and_are_complete() {
+fn deep_stacks_are_complete_from_the_first_sample() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -260,7 +261,16 @@ fn deep_stacks_grow_their_copy_and_are_complete() {
 
     let (_, fixed) = record(
         dir.path(),
-        &["--duration", "2s", "--pid", &pid, "--unwind", "dwarf"],
+        &[
+            "--duration",
+            "2s",
+            "--pid",
+            &pid,
+            "--unwind",
+            "dwarf",
+            "--stack-copy-bytes",
+            "16KiB",
+        ],
     );
     let (share, _) = deep_share(&stacks_of(&fixed, workload.pid()), depth);
     assert!(

@@ -11,7 +11,7 @@
 //!   the walk below. If it cannot meet the walk, the walk is kept with its
 //!   leaf repaired. Callers without frame pointers seen on the way tell the
 //!   caller the process needs DWARF.
-//! - DWARF: the whole copy (16 KiB by default).
+//! - DWARF: the whole copy (up to 64 KiB by default).
 //!
 //! No I/O: the caller describes the process's code through
 //! [`ObjectLookup`] (which object is mapped where, and its bytes when

@@ -128,8 +128,9 @@ pub struct SamplingArgs {
 
     /// Bytes of user stack first copied per sample of a process unwound
     /// with DWARF, then fitted to its stacks (e.g. 16KiB; a multiple of
-    /// 512, at most 64KiB).
-    #[arg(long, value_name = "BYTES", default_value = "16KiB", value_parser = parse_stack_copy_bytes)]
+    /// 512, at most 64KiB). The copy stops at the end of the stack, so a
+    /// shallow stack costs only what it holds.
+    #[arg(long, value_name = "BYTES", default_value = "64KiB", value_parser = parse_stack_copy_bytes)]
     pub stack_copy_bytes: u32,
 
     /// Walk and name the frames of CPython 3.8-3.13 processes, spliced into

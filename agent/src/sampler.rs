@@ -42,7 +42,7 @@ impl Default for SamplingConfig {
             ring_buffer_bytes: None,
             leaf_stack_copy_bytes: 1024,
             unwind: UnwindMode::Auto,
-            stack_copy_bytes: 16 * 1024,
+            stack_copy_bytes: agent_common::MAX_STACK_COPY as u32,
             kernel_stacks: true,
             user_stacks: true,
         }

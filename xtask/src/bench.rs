@@ -21,6 +21,7 @@ use crate::{
 };
 
 #[derive(Clone, clap::Args)]
+#[command(group(clap::ArgGroup::new("agent_like").args(["agent", "deep"]).multiple(true)))]
 pub struct BenchArgs {
     /// Seconds the workload runs in each measurement.
     #[arg(long, default_value_t = 10)]
@@ -54,9 +55,10 @@ pub struct BenchArgs {
     /// program without frame pointers at several depths (implies `--agent`).
     #[arg(long, conflicts_with_all = ["python", "unwind", "rounds"])]
     pub deep: bool,
-    /// With `--agent`: also bench this firn binary (repeatable), e.g. one
-    /// built from an older commit, beside the one built from this tree.
-    #[arg(long = "firn", value_name = "PATH", requires = "agent")]
+    /// With `--agent` or `--deep`: also bench this firn binary
+    /// (repeatable), e.g. one built from an older commit, beside the one
+    /// built from this tree.
+    #[arg(long = "firn", value_name = "PATH", requires = "agent_like")]
     pub firns: Vec<PathBuf>,
 }
 

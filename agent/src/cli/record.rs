@@ -131,7 +131,7 @@ mod tests {
         assert_eq!(config.sampling.frequency_hz, 99);
         assert_eq!(config.output, PathBuf::from("out.pb.gz"));
         assert_eq!(config.sampling.unwind, UnwindMode::Auto);
-        assert_eq!(config.sampling.stack_copy_bytes, 16384);
+        assert_eq!(config.sampling.stack_copy_bytes, 65536);
         assert_eq!(config.symbols.demangle, DemangleMode::Simplified);
         assert_eq!(
             config.pipeline.debug_files.directories,

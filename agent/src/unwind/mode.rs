@@ -85,7 +85,7 @@ struct Decision {
 
 /// What complete DWARF unwinds of one process needed, towards fitting its
 /// copy to its stacks: a process with shallow stacks should not pay for
-/// copying 16 KiB per sample, nor one with deep stacks lose its roots.
+/// copying 64 KiB per sample, nor one with deep stacks lose its roots.
 #[derive(Clone, Copy, Debug, Default)]
 struct Sizing {
     /// The most stack a complete unwind used since the copy last grew.
