@@ -248,7 +248,13 @@ fn deep_stacks_are_complete_from_the_first_sample() {
     );
     let pid = workload.pid().to_string();
 
-    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let (output, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    // A first copy smaller than the stack would cut the first samples.
+    assert_eq!(
+        summary_value(&output, "dwarf_truncated"),
+        0,
+        "stacks cut beyond the copy"
+    );
     let stacks = stacks_of(&profile, workload.pid());
     let (share, total) = deep_share(&stacks, depth);
     assert!(total >= 150, "too few samples of the workload: {total}");

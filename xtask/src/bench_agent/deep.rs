@@ -1,8 +1,7 @@
 //! `cargo xtask bench --deep`: are deep stacks cut short? A recursive
 //! program without frame pointers (`deep.c`, 384 bytes of locals a frame,
-//! 20 to 80 KB of stack) spins at several depths at
-//! once, one process per depth, while firn writes profiles to a local
-//! store. Per depth: the share of the program's samples whose stack
+//! 20 to 80 KB of stack) spins at several depths at once, one process per
+//! depth, while firn writes profiles to a local store. Per depth: the share of the program's samples whose stack
 //! reaches `main`, those cut at the 127-frame limit (a stack deeper than
 //! that cannot be whole) and those cut below it (the target: none); and
 //! firn's `firn_stacks_truncated_total`.
