@@ -157,11 +157,7 @@ impl Pipeline {
                 // Decide now, while the new image is fresh: until then the
                 // BPF program copies its whole stack.
                 if let Some(image) = self.processes.lookup(event.tgid) {
-                    self.policy
-                        .decide(&image, &mut self.processes, &mut self.unwinder);
-                    if let Some(python) = &mut self.python {
-                        python.observe(&image, &mut self.processes);
-                    }
+                    self.prepare_image(&image);
                 }
             }
             Ok(Record::Exit(event)) => {
@@ -179,6 +175,24 @@ impl Pipeline {
                 Stats::inc(&self.stats.records_malformed);
                 debug!(%error, "malformed ring buffer record");
             }
+        }
+    }
+
+    /// Readies a process before its first sample: its unwind decided and,
+    /// when it is an interpreter, its frames walked from the first sample
+    /// on. A process that is gone is left for its samples, if any.
+    pub fn prepare(&mut self, tgid: u32) {
+        let image = self.processes.image(tgid, "");
+        if !image.gone {
+            self.prepare_image(&image);
+        }
+    }
+
+    fn prepare_image(&mut self, image: &Arc<ProcessImage>) {
+        self.policy
+            .decide(image, &mut self.processes, &mut self.unwinder);
+        if let Some(python) = &mut self.python {
+            python.observe(image, &mut self.processes);
         }
     }
 
@@ -340,11 +354,13 @@ impl Session {
                 sampling.leaf_stack_copy_bytes,
             );
         }
-        // Nothing is looked at before sampling starts: a process is decided
-        // (and an interpreter registered) on its first sample, and the BPF
-        // program gives an undecided process the full stack copy, so its
-        // first samples unwind whole. Firn is ready sooner, and processes
-        // that are never sampled cost nothing.
+        // Nothing else is looked at before sampling starts: a process is
+        // decided (and an interpreter registered) on its first sample, and
+        // the BPF program gives an undecided process the full stack copy,
+        // so its first samples unwind whole. Firn is ready sooner, and
+        // processes that are never sampled cost nothing. The few processes
+        // named with `--pid` are readied first, below: an interpreter's
+        // samples before its registration would carry no Python frames.
         let python = match thread_pointer {
             Some(thread_pointer) => Some(PythonRuntime::new(
                 &pipeline.python,
@@ -358,6 +374,9 @@ impl Session {
         let mut pipeline = Pipeline::new(pipeline, stats).with_unwind(policy);
         if let Some(python) = python {
             pipeline = pipeline.with_python(python);
+        }
+        for &pid in &sampling.pids {
+            pipeline.prepare(pid);
         }
         bpf.start_sampling(sampling.frequency_hz)?;
         Ok(Self {
