@@ -20,6 +20,18 @@ const UNNAMED: &str = "??";
 /// Objects whose debug file choice is remembered (the check reads the
 /// whole file for a debuglink).
 const DEBUG_CHOICES: usize = 4096;
+/// Objects remembered as having no DWARF firn can use.
+const WITHOUT_DWARF: usize = 4096;
+
+/// What came of indexing an object's DWARF.
+enum LoadedDwarf {
+    Indexed(DwarfInfo),
+    /// None, none that matches, too large for the cache, or malformed.
+    Unusable,
+    /// The object could not be read, which may not last: its process may
+    /// have gone while another maps the same file.
+    Unreadable,
+}
 
 pub struct Symbolizer {
     kernel: Option<Kallsyms>,
@@ -28,8 +40,12 @@ pub struct Symbolizer {
     /// Names where DWARF gives none: a Go binary's own table, else the
     /// ELF symbols.
     symbols: ByteBoundedCache<ContentKey, Arc<FunctionNames>>,
-    /// `None`: the object has no usable DWARF (remembered, cheaply).
-    dwarf: ByteBoundedCache<ContentKey, Option<DwarfInfo>>,
+    dwarf: ByteBoundedCache<ContentKey, DwarfInfo>,
+    /// Objects without DWARF, with DWARF too large for the cache, or with
+    /// DWARF that failed to index. Kept apart from `dwarf`, so that a
+    /// context that outgrows the cache does not push them out: each would
+    /// be read and refused again at the next profile.
+    without_dwarf: LruCache<ContentKey, ()>,
     /// Which of an object's debug file candidates matched, if any.
     debug_choices: LruCache<ObjectKey, Option<usize>>,
     /// By the perf map file's (device, inode).
@@ -54,6 +70,9 @@ impl Symbolizer {
             demangle: config.demangle,
             symbols: ByteBoundedCache::new(config.symbol_cache_bytes),
             dwarf: ByteBoundedCache::new(config.debuginfo_cache_bytes),
+            without_dwarf: LruCache::new(
+                NonZeroUsize::new(WITHOUT_DWARF).unwrap_or(NonZeroUsize::MIN),
+            ),
             debug_choices: LruCache::new(
                 NonZeroUsize::new(DEBUG_CHOICES).unwrap_or(NonZeroUsize::MIN),
             ),
@@ -183,22 +202,28 @@ impl Symbolizer {
         found
     }
 
-    fn load_dwarf(&mut self, object: &dyn ObjectSource) -> Option<DwarfInfo> {
+    fn load_dwarf(&mut self, object: &dyn ObjectSource) -> LoadedDwarf {
         let bytes = if object.layout().has_debug_info {
-            object.bytes().ok()?
+            match object.bytes() {
+                Ok(bytes) => bytes,
+                Err(_) => return LoadedDwarf::Unreadable,
+            }
         } else {
-            self.debug_data(object)?
+            match self.debug_data(object) {
+                Some(bytes) => bytes,
+                None => return LoadedDwarf::Unusable,
+            }
         };
         let path = object.path();
         match DwarfInfo::parse(bytes, self.max_dwarf_bytes) {
             Ok(info) => {
                 debug!(path, shape = ?info.shape(), bytes = info.heap_bytes(), "DWARF indexed");
-                Some(info)
+                LoadedDwarf::Indexed(info)
             }
             Err(error @ DwarfError::TooLarge { .. }) => {
                 self.counts.debuginfo_too_large += 1;
                 debug!(path, %error, "DWARF too large for --debuginfo-cache-size");
-                None
+                LoadedDwarf::Unusable
             }
             Err(error) => {
                 self.counts.dwarf_errors += 1;
@@ -207,7 +232,7 @@ impl Symbolizer {
                     error = &error as &dyn std::error::Error,
                     "DWARF unusable"
                 );
-                None
+                LoadedDwarf::Unusable
             }
         }
     }
@@ -215,16 +240,27 @@ impl Symbolizer {
     /// DWARF frames at `vaddr`; empty when the object has no DWARF for it.
     fn dwarf_frames(&mut self, object: &dyn ObjectSource, vaddr: u64) -> Vec<DwarfFrame> {
         let key = ContentKey::of(object.key(), object.layout());
+        if self.without_dwarf.get(&key).is_some() {
+            self.counts.debuginfo.hits += 1;
+            return Vec::new();
+        }
         if self.dwarf.get(&key).is_some() {
             self.counts.debuginfo.hits += 1;
         } else {
             self.counts.debuginfo.misses += 1;
-            let info = self.load_dwarf(object);
-            let bytes = info.as_ref().map_or(64, DwarfInfo::heap_bytes);
+            let info = match self.load_dwarf(object) {
+                LoadedDwarf::Indexed(info) => info,
+                LoadedDwarf::Unusable => {
+                    self.without_dwarf.put(key, ());
+                    return Vec::new();
+                }
+                LoadedDwarf::Unreadable => return Vec::new(),
+            };
+            let bytes = info.heap_bytes();
             let evicted = self.dwarf.insert(key.clone(), info, bytes);
             self.counts.debuginfo.evictions += evicted as u64;
         }
-        let Some(Some(info)) = self.dwarf.get_mut(&key) else {
+        let Some(info) = self.dwarf.get_mut(&key) else {
             return Vec::new();
         };
         let result = info.frames(vaddr);
@@ -339,7 +375,7 @@ impl FrameSymbolizer for Symbolizer {
         self.counts.debuginfo.evictions += evicted as u64;
         // What a profile's lookups read stays parsed in the heap; the file
         // pages behind it need not stay in the caller's RSS until the next.
-        for info in self.dwarf.values().flatten() {
+        for info in self.dwarf.values() {
             info.release_pages();
         }
         for names in self.symbols.values() {

@@ -447,6 +447,47 @@ fn a_context_grown_past_the_cache_is_dropped_after_the_profile() {
 }
 
 #[test]
+fn dwarf_refused_once_stays_refused_while_contexts_come_and_go() {
+    let templates_index = DwarfInfo::parse(Bytes::new(Arc::new(TEMPLATES.to_vec())), usize::MAX)
+        .expect("indexes")
+        .heap_bytes();
+    let limits = SymbolConfig {
+        debuginfo_cache_bytes: templates_index + 64,
+        ..SymbolConfig::default()
+    };
+    let mut symbolizer = symbolizer_with(&limits);
+    let compressed = object(1, INLINE_CHAIN_COMPRESSED);
+    let templates = object(2, TEMPLATES);
+    let (leaf, _) = function_range(INLINE_CHAIN_COMPRESSED, "burn_leaf");
+    let (run, _) = function_range(TEMPLATES, "_ZN4firn3runEi");
+    let named_by_symbols = [("burn_leaf".to_owned(), None)];
+    assert_eq!(
+        frames(&symbolizer.user(&compressed, leaf + 0x20)),
+        named_by_symbols
+    );
+    assert_eq!(
+        symbolizer.take_counts().debuginfo_too_large,
+        1,
+        "the inflated sections do not fit beside nothing"
+    );
+    // A context that grows past the cache pushes out everything else in
+    // it, and is dropped itself after the profile.
+    assert!(!symbolizer.user(&templates, run).is_empty());
+    assert!(symbolizer.cache_bytes().debuginfo > limits.debuginfo_cache_bytes);
+    symbolizer.end_of_profile();
+    assert_eq!(
+        frames(&symbolizer.user(&compressed, leaf + 0x40)),
+        named_by_symbols
+    );
+    let counts = symbolizer.take_counts();
+    assert_eq!(
+        (counts.debuginfo_too_large, counts.debuginfo.hits),
+        (0, 1),
+        "not read and refused again"
+    );
+}
+
+#[test]
 fn kernel_frames_need_kallsyms() {
     let mut symbolizer = fresh();
     assert!(
