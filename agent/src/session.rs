@@ -330,10 +330,12 @@ impl Pipeline {
 }
 
 impl Session {
-    /// Loads and attaches the BPF programs and readies the stages.
+    /// Loads and attaches the BPF programs and readies the stages, and the
+    /// processes in `ready` (those named with `--pid`) before sampling.
     pub fn start(
         sampling: &SamplingConfig,
         pipeline: &PipelineConfig,
+        ready: &[u32],
         stats: Arc<Stats>,
     ) -> Result<Self, SessionError> {
         raise_open_file_limit();
@@ -360,7 +362,9 @@ impl Session {
         // so its first samples unwind whole. Firn is ready sooner, and
         // processes that are never sampled cost nothing. The few processes
         // named with `--pid` are readied first, below: an interpreter's
-        // samples before its registration would carry no Python frames.
+        // samples before its registration would carry no Python frames. (A
+        // command `record` starts is not: before its exec it is a copy of
+        // firn, and its exec readies it.)
         let python = match thread_pointer {
             Some(thread_pointer) => Some(PythonRuntime::new(
                 &pipeline.python,
@@ -375,7 +379,7 @@ impl Session {
         if let Some(python) = python {
             pipeline = pipeline.with_python(python);
         }
-        for &pid in &sampling.pids {
+        for &pid in ready {
             pipeline.prepare(pid);
         }
         bpf.start_sampling(sampling.frequency_hz)?;

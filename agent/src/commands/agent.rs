@@ -94,7 +94,12 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     let (exporter, destination) = exporter(config, &stats, &metrics)?;
     let (labeler, _kubernetes) = labeler(config, &stats);
     let (drain_stage, build_stage) = watch_stages(config, &health, &stats)?;
-    let mut session = Session::start(&config.sampling, &config.pipeline, stats.clone())?;
+    let mut session = Session::start(
+        &config.sampling,
+        &config.pipeline,
+        &config.sampling.pids,
+        stats.clone(),
+    )?;
     session.watch_drain(drain_stage);
     match session.bpf_probe() {
         Ok(probe) => metrics.attach_bpf(probe),

@@ -73,7 +73,12 @@ pub async fn run(config: &RecordConfig) -> Result<u8> {
     let mut sampling = config.sampling.clone();
     sampling.pids.extend(held.as_ref().map(Held::pid));
     // A failure here drops `held`: the command gives up without running.
-    let session = Session::start(&sampling, &config.pipeline, stats.clone())?;
+    let session = Session::start(
+        &sampling,
+        &config.pipeline,
+        &config.sampling.pids,
+        stats.clone(),
+    )?;
     let command = held
         .map(Held::release)
         .transpose()

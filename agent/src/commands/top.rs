@@ -47,7 +47,12 @@ pub async fn run(config: &TopConfig) -> Result<()> {
     }
     let mut signals = ShutdownSignal::install().context("could not catch signals")?;
     let stats = Arc::new(Stats::default());
-    let mut session = Session::start(&config.sampling, &config.pipeline, stats.clone())?;
+    let mut session = Session::start(
+        &config.sampling,
+        &config.pipeline,
+        &config.sampling.pids,
+        stats.clone(),
+    )?;
     let probe = session.bpf_probe().ok();
     let mut symbolizer = HostSymbolizer::new(&config.pipeline.host, &config.symbols, stats.clone());
     let labeler = Labeler::new(&config.metadata, &config.pipeline.host, None);
