@@ -137,6 +137,71 @@ fn a_pid_seen_again_after_its_exit_is_read_again() {
 }
 
 #[test]
+fn an_image_read_at_exec_is_read_again_once_past_the_dynamic_loader() {
+    let stats = Arc::new(Stats::default());
+    let root = tempfile::tempdir().expect("tempdir");
+    let process = root.path().join("42");
+    std::fs::create_dir_all(&process).expect("mkdir");
+    let program = "55d4e0a01000-55d4e0a02000 r-xp 00001000 fe:01 7 /usr/bin/short\n";
+    let loader = "7f0000101000-7f0000102000 r-xp 00001000 fe:01 9 \
+                  /usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2\n";
+    let libc = "7f0000001000-7f0000002000 r-xp 00001000 fe:01 8 /usr/lib/libc.so.6\n";
+    let (in_program, in_loader, in_libc) = (0x55d4e0a01800, 0x7f0000101800, 0x7f0000001800);
+    std::fs::write(process.join("maps"), format!("{program}{loader}")).expect("write");
+    let mut table = table(root.path(), stats.clone());
+    table.on_exec(42, "short");
+    let refreshed = || stats.snapshot().maps_refreshed;
+
+    // While the loader runs, its libraries may still be coming: nothing
+    // is read yet.
+    let image = table.image_covering(42, "short", in_loader);
+    assert_eq!(refreshed(), 0);
+    std::fs::write(process.join("maps"), format!("{program}{loader}{libc}")).expect("write");
+    // Past it, they are all mapped: the first such sample reads them even
+    // though its leaf lies in the program (its callers are in libc).
+    let image = {
+        let fresh = table.image_covering(42, "short", in_program);
+        assert!(!Arc::ptr_eq(&fresh, &image));
+        fresh
+    };
+    assert!(image.mapping_index(in_libc).is_some());
+    assert_eq!(refreshed(), 1);
+    assert!(Arc::ptr_eq(
+        &table.image_covering(42, "short", in_program),
+        &image
+    ));
+
+    // A leaf outside is read again at once while re-reads are left...
+    let stray = 0x7f0000900000;
+    for reread in 2..=EXEC_REREADS {
+        table.image_covering(42, "short", stray);
+        assert_eq!(refreshed(), u64::from(reread));
+    }
+    // ...and then once per interval, as for any process.
+    table.image_covering(42, "short", stray);
+    assert_eq!(refreshed(), u64::from(EXEC_REREADS));
+}
+
+#[test]
+fn dynamic_loaders_are_known_by_name() {
+    for loader in [
+        "/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+        "/lib/ld-linux-aarch64.so.1",
+        "/lib/ld-musl-x86_64.so.1",
+    ] {
+        assert!(is_dynamic_loader(loader), "{loader}");
+    }
+    for other in [
+        "/usr/lib/libc.so.6",
+        "/usr/bin/ld",
+        "/usr/bin/ld.gold",
+        "/opt/old-linux",
+    ] {
+        assert!(!is_dynamic_loader(other), "{other}");
+    }
+}
+
+#[test]
 fn jit_code_opens_the_perf_map_named_by_the_namespace_pid() {
     let stats = Arc::new(Stats::default());
     let root = tempfile::tempdir().expect("tempdir");
