@@ -16,7 +16,10 @@ use crate::{
     bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
     host::Host,
     labels::{MetadataLimits, MetadataReader},
-    process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats},
+    process::{
+        DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats,
+        UnsettledMap,
+    },
     runtimes::{PythonConfig, PythonRuntime, ThreadPointerLookup, UserFrame, splice},
     sampler::{self, RawSample, Record, RingReader, SamplingConfig, UnwindMode},
     stats::Stats,
@@ -131,6 +134,13 @@ impl Pipeline {
 
     pub fn with_unwind(mut self, policy: UnwindPolicy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// New programs are let out of the BPF map of `map` once their maps
+    /// were read with their libraries.
+    pub fn with_unsettled(mut self, map: Box<dyn UnsettledMap>) -> Self {
+        self.processes.set_unsettled(map);
         self
     }
 
@@ -375,7 +385,9 @@ impl Session {
             )),
             None => None,
         };
-        let mut pipeline = Pipeline::new(pipeline, stats).with_unwind(policy);
+        let mut pipeline = Pipeline::new(pipeline, stats)
+            .with_unwind(policy)
+            .with_unsettled(Box::new(bpf.take_unsettled_map()?));
         if let Some(python) = python {
             pipeline = pipeline.with_python(python);
         }
