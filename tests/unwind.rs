@@ -172,44 +172,6 @@ fn short_lived_processes_are_complete_from_their_first_sample() {
     );
 }
 
-/// Runs of 20 ms are mostly over before firn's next timed drain: their
-/// samples wake it at once until it has read their maps with their
-/// libraries.
-#[test]
-fn very_short_processes_keep_their_library_frames() {
-    require_root();
-    let _serial = serial();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let binary = build_no_fp_chain(dir.path());
-    let mut recording = Recording::start(dir.path(), &["--duration", "8s"]);
-    recording.wait_until_sampling();
-    let script = format!(
-        "for i in $(seq 120); do {} 100000 0.02 2 >/dev/null; done",
-        binary.display()
-    );
-    let status = Command::new("sh")
-        .args(["-c", &script])
-        .status()
-        .expect("sh runs");
-    assert!(status.success(), "the short runs failed");
-    let (_, profile) = recording.finish(Duration::from_secs(8));
-    let in_chain: Vec<_> = stacks_of_comm(&profile, "chain_inline")
-        .into_iter()
-        .filter(|(names, _)| names.iter().any(|name| name == "burn_leaf"))
-        .collect();
-    let (in_libc, total) = chain_share(&in_chain, &["worker", "start_thread"]);
-    assert!(
-        total >= 100,
-        "expected ~900 samples of the runs, got {total}"
-    );
-    assert!(
-        in_libc >= 0.97,
-        "{:.1}% of {total} samples of 20 ms processes reach libc's start_thread:\n{}",
-        in_libc * 100.0,
-        describe(&in_chain)
-    );
-}
-
 #[test]
 fn frames_beyond_the_copy_are_kept_and_counted_as_truncated() {
     require_root();

@@ -30,10 +30,6 @@ pub const MAX_STACK_COPY: usize = 64 * 1024;
 /// Most processes with their own stack copy size in `UNWIND_COPY`.
 pub const MAX_UNWIND_PROCESSES: u32 = 16_384;
 
-/// Most new programs `UNSETTLED` tracks at once (an LRU map: the oldest,
-/// most likely never sampled, make room).
-pub const MAX_UNSETTLED: u32 = 4096;
-
 /// Most PIDs the in-kernel PID filter holds.
 pub const MAX_PID_FILTER: u32 = 1024;
 
@@ -66,7 +62,6 @@ pub mod names {
     pub const SCRATCH: &str = "SCRATCH";
     pub const CONFIG: &str = "CONFIG";
     pub const UNWIND_COPY: &str = "UNWIND_COPY";
-    pub const UNSETTLED: &str = "UNSETTLED";
     pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
     pub const PROG_SAMPLE: &str = "sample_cpu";
     pub const PROG_EXEC: &str = "process_exec";

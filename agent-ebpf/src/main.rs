@@ -36,8 +36,8 @@ use core::{
 
 use agent_common::{
     BpfConfig, COMM_LEN, Counter, LOG_TARGET, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH,
-    MAX_UNSETTLED, MAX_UNWIND_PROCESSES, ProcessRecord, RecordKind, STACK_READ_BYTES, STACKS_BYTES,
-    SampleRecord, SampleScratch, StackCopy, UserRegs, sample_flags, stacks_off, tail_calls,
+    MAX_UNWIND_PROCESSES, ProcessRecord, RecordKind, STACK_READ_BYTES, STACKS_BYTES, SampleRecord,
+    SampleScratch, StackCopy, UserRegs, sample_flags, stacks_off, tail_calls,
 };
 use aya_ebpf::{
     EbpfContext,
@@ -52,7 +52,7 @@ use aya_ebpf::{
         },
     },
     macros::{map, perf_event, raw_tracepoint, tracepoint},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, ProgramArray, RingBuf},
     programs::{PerfEventContext, RawTracePointContext, TracePointContext},
 };
 
@@ -93,13 +93,6 @@ static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 
 /// `CONFIG.stack_copy_bytes` (those unwound with DWARF).
 #[map]
 static UNWIND_COPY: HashMap<u32, u32> = HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
-
-/// Processes that executed a new program whose maps the daemon has not yet
-/// read with its libraries: their samples wake the daemon at once, as the
-/// process may be gone by its next timed drain. The daemon removes a
-/// process once it has read them.
-#[map]
-static UNSETTLED: LruHashMap<u32, u8> = LruHashMap::with_max_entries(MAX_UNSETTLED, 0);
 
 /// The programs `sample_cpu` hands a sample over to (`tail_calls`); the
 /// daemon fills it after loading them.
@@ -385,15 +378,7 @@ unsafe fn submit(
     // SAFETY: `len` is clamped to the size of the scratch buffer, which is
     // valid for reads and not written while the slice lives.
     let bytes = unsafe { core::slice::from_raw_parts(scratch as *const u8, len) };
-    // SAFETY: a field of the valid scratch slot; only the entry's presence
-    // is used, never its value.
-    let unsettled = unsafe { UNSETTLED.get(&(*scratch).record.tgid) }.is_some();
-    let flag = if unsettled {
-        BPF_RB_FORCE_WAKEUP as u64
-    } else {
-        wakeup_flag(config)
-    };
-    match EVENTS.output::<[u8]>(bytes, flag) {
+    match EVENTS.output::<[u8]>(bytes, wakeup_flag(config)) {
         Ok(()) => {
             count(Counter::SamplesWritten);
             Ok(())
@@ -618,11 +603,6 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     }
     // The new image is not the interpreter the daemon registered, if any.
     let _ = python::PYTHON_PROCESSES.remove(&tgid);
-    if wanted(&config, tgid) {
-        // Full or refused, the LRU map makes room by itself; an entry not
-        // made only means this process's samples wait for a timed drain.
-        let _ = UNSETTLED.insert(&tgid, &0, 0);
-    }
     if !process_event(RecordKind::Exec) {
         failed!(
             &ctx,
@@ -643,7 +623,6 @@ pub fn process_exit(ctx: RawTracePointContext) -> u32 {
         // process even when the exit event is lost.
         let _ = UNWIND_COPY.remove(&tgid);
         let _ = python::PYTHON_PROCESSES.remove(&tgid);
-        let _ = UNSETTLED.remove(&tgid);
         let lost = !process_event(RecordKind::Exit);
         // After the event, which the filter decides on; a later process
         // that reuses the pid is no descendant of anything followed.

@@ -26,7 +26,6 @@ use self::program_log::{ProgramLog, ProgramLogError};
 use crate::{
     host::Host,
     privileges,
-    process::UnsettledMap,
     sampler::{SamplingConfig, UnwindMode},
     unwind::{CopyMapError, CopySizeMap},
 };
@@ -347,18 +346,6 @@ impl BpfSampler {
         Ok(BpfCopySizeMap { map })
     }
 
-    /// Takes the map of new programs whose samples wake the reader out, for
-    /// the process table to own.
-    pub fn take_unsettled_map(&mut self) -> Result<BpfUnsettledMap, BpfError> {
-        let name = names::UNSETTLED;
-        let map = self
-            .ebpf
-            .take_map(name)
-            .ok_or(BpfError::Missing { kind: "map", name })?;
-        let map = BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name, source })?;
-        Ok(BpfUnsettledMap { map })
-    }
-
     /// Takes the map of interpreter processes out, for the Python runtime
     /// to own.
     pub fn take_python_map(&mut self) -> Result<BpfPythonMap, BpfError> {
@@ -608,19 +595,6 @@ impl crate::runtimes::PythonProcessMap for BpfPythonMap {
     }
 
     fn remove(&mut self, tgid: u32) {
-        let _ = self.map.remove(&tgid);
-    }
-}
-
-/// `UNSETTLED`: new programs whose samples wake the reader at once.
-pub struct BpfUnsettledMap {
-    map: BpfHashMap<MapData, u32, u8>,
-}
-
-impl UnsettledMap for BpfUnsettledMap {
-    fn settle(&mut self, tgid: u32) {
-        // Absent already (the process exited, or the LRU map made room)
-        // is fine.
         let _ = self.map.remove(&tgid);
     }
 }

@@ -16,10 +16,7 @@ use crate::{
     bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
     host::Host,
     labels::{MetadataLimits, MetadataReader},
-    process::{
-        DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats,
-        UnsettledMap,
-    },
+    process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats},
     runtimes::{PythonConfig, PythonRuntime, ThreadPointerLookup, UserFrame, splice},
     sampler::{self, RawSample, Record, RingReader, SamplingConfig, UnwindMode},
     stats::Stats,
@@ -134,13 +131,6 @@ impl Pipeline {
 
     pub fn with_unwind(mut self, policy: UnwindPolicy) -> Self {
         self.policy = policy;
-        self
-    }
-
-    /// New programs are let out of the BPF map of `map` once their maps
-    /// were read with their libraries.
-    pub fn with_unsettled(mut self, map: Box<dyn UnsettledMap>) -> Self {
-        self.processes.set_unsettled(map);
         self
     }
 
@@ -385,9 +375,7 @@ impl Session {
             )),
             None => None,
         };
-        let mut pipeline = Pipeline::new(pipeline, stats)
-            .with_unwind(policy)
-            .with_unsettled(Box::new(bpf.take_unsettled_map()?));
+        let mut pipeline = Pipeline::new(pipeline, stats).with_unwind(policy);
         if let Some(python) = python {
             pipeline = pipeline.with_python(python);
         }

@@ -13,6 +13,4 @@ pub use debugfiles::{DebugFile, DebugFileConfig, DebugFileKind, open_debug_files
 pub use maps::{MappingKind, MappingSpec, MapsError, parse_maps};
 pub use objects::{ContentKey, ObjectContents, ObjectData, ObjectFile, ObjectKey, ObjectRegistry};
 pub use sources::PerfMapFile;
-pub use table::{
-    Mapping, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats, UnsettledMap,
-};
+pub use table::{Mapping, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats};

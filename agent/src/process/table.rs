@@ -174,13 +174,6 @@ fn is_dynamic_loader(path: &str) -> bool {
     name.starts_with("ld-linux") || name.starts_with("ld-musl") || name.starts_with("ld.so")
 }
 
-/// The BPF map of new programs whose samples wake the reader at once; a
-/// trait so the table is tested without BPF.
-pub trait UnsettledMap: Send {
-    /// `tgid`'s maps were read with its libraries: its samples may wait.
-    fn settle(&mut self, tgid: u32);
-}
-
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProcessTableStats {
     pub processes: usize,
@@ -197,7 +190,6 @@ pub struct ProcessTable {
     /// Perf maps are opened off the drain thread, like objects.
     offload: Offload,
     slow_roots: SlowRoots,
-    unsettled: Option<Box<dyn UnsettledMap>>,
 }
 
 impl ProcessTable {
@@ -223,14 +215,7 @@ impl ProcessTable {
             refusals: Refusals::new(stats.clone()),
             stats,
             offload: Offload::new("firn-open-perf-map", OPEN_DEADLINE),
-            unsettled: None,
         }
-    }
-
-    /// Processes are let out of `map` once their maps were read past the
-    /// dynamic loader (see [`Self::image_covering`]).
-    pub fn set_unsettled(&mut self, map: Box<dyn UnsettledMap>) {
-        self.unsettled = Some(map);
     }
 
     pub fn sizes(&self) -> ProcessTableStats {
@@ -300,12 +285,7 @@ impl ProcessTable {
             && (!entry.settled || leaf.is_none())
         {
             entry.exec_rereads -= 1;
-            if !entry.settled {
-                entry.settled = true;
-                if let Some(map) = &mut self.unsettled {
-                    map.settle(tgid);
-                }
-            }
+            entry.settled = true;
             immediate = true;
         }
         if image.gone

@@ -1,4 +1,4 @@
-use std::{path::Path, sync::Mutex};
+use std::path::Path;
 
 use super::*;
 use crate::process::MappingKind;
@@ -149,16 +149,13 @@ fn an_image_read_at_exec_is_read_again_once_past_the_dynamic_loader() {
     let (in_program, in_loader, in_libc) = (0x55d4e0a01800, 0x7f0000101800, 0x7f0000001800);
     std::fs::write(process.join("maps"), format!("{program}{loader}")).expect("write");
     let mut table = table(root.path(), stats.clone());
-    let settled = Arc::new(Mutex::new(Vec::new()));
-    table.set_unsettled(Box::new(RecordedSettles(settled.clone())));
     table.on_exec(42, "short");
     let refreshed = || stats.snapshot().maps_refreshed;
 
     // While the loader runs, its libraries may still be coming: nothing
-    // is read yet, and its samples go on waking the reader.
+    // is read yet.
     let image = table.image_covering(42, "short", in_loader);
     assert_eq!(refreshed(), 0);
-    assert!(settled.lock().expect("lock").is_empty());
     std::fs::write(process.join("maps"), format!("{program}{loader}{libc}")).expect("write");
     // Past it, they are all mapped: the first such sample reads them even
     // though its leaf lies in the program (its callers are in libc).
@@ -169,11 +166,6 @@ fn an_image_read_at_exec_is_read_again_once_past_the_dynamic_loader() {
     };
     assert!(image.mapping_index(in_libc).is_some());
     assert_eq!(refreshed(), 1);
-    assert_eq!(
-        *settled.lock().expect("lock"),
-        [42],
-        "let out of the BPF map"
-    );
     assert!(Arc::ptr_eq(
         &table.image_covering(42, "short", in_program),
         &image
@@ -188,16 +180,6 @@ fn an_image_read_at_exec_is_read_again_once_past_the_dynamic_loader() {
     // ...and then once per interval, as for any process.
     table.image_covering(42, "short", stray);
     assert_eq!(refreshed(), u64::from(EXEC_REREADS));
-    assert_eq!(*settled.lock().expect("lock"), [42], "once");
-}
-
-/// The processes the table lets out of the BPF map, in order.
-struct RecordedSettles(Arc<Mutex<Vec<u32>>>);
-
-impl UnsettledMap for RecordedSettles {
-    fn settle(&mut self, tgid: u32) {
-        self.0.lock().expect("lock").push(tgid);
-    }
 }
 
 #[test]
