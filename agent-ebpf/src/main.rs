@@ -706,14 +706,7 @@ fn process_event(kind: RecordKind) -> bool {
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     });
-    // A new image wakes the reader at once: the daemon reads its maps,
-    // which it can only do while the process lives, and a short-lived one
-    // may be gone by the next timed drain.
-    let flag = match kind {
-        RecordKind::Exec => BPF_RB_FORCE_WAKEUP as u64,
-        _ => wakeup_flag(&config),
-    };
-    entry.submit(flag);
+    entry.submit(wakeup_flag(&config));
     true
 }
 

@@ -153,25 +153,6 @@ impl ProcessImage {
 struct Entry {
     image: Arc<ProcessImage>,
     exited_at: Option<Instant>,
-    /// Immediate re-reads left to an image read at the exec, most likely
-    /// before the dynamic loader mapped the libraries (see
-    /// [`ProcessTable::image_covering`]).
-    exec_rereads: u8,
-    /// The maps were read while a sample ran past the dynamic loader: the
-    /// libraries the program needs were all mapped.
-    settled: bool,
-}
-
-/// Re-reads of an image read at the exec that wait for no interval: its
-/// libraries are mapped in the first milliseconds of the process, often
-/// after its first sample.
-const EXEC_REREADS: u8 = 3;
-
-/// The dynamic loader by its file name: glibc's `ld-linux-x86-64.so.2`,
-/// `ld-linux-aarch64.so.1`, musl's `ld-musl-x86_64.so.1`, `ld.so`.
-fn is_dynamic_loader(path: &str) -> bool {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    name.starts_with("ld-linux") || name.starts_with("ld-musl") || name.starts_with("ld.so")
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -260,14 +241,7 @@ impl ProcessTable {
     }
 
     /// Like [`Self::image`], but re-reads the maps (at most once per
-    /// [`REFRESH_INTERVAL`]) when `address` (a sample's leaf) lies outside
-    /// every mapping.
-    ///
-    /// An image read at the exec is re-read at once instead, up to
-    /// [`EXEC_REREADS`] times: at the first sample that runs past the
-    /// dynamic loader, whose libraries are all mapped by then (the leaf
-    /// may lie in the program while its callers are in those libraries),
-    /// and when the leaf lies outside it.
+    /// [`REFRESH_INTERVAL`]) when `address` lies outside every mapping.
     pub fn image_covering(
         &mut self,
         tgid: u32,
@@ -275,21 +249,9 @@ impl ProcessTable {
         address: u64,
     ) -> Arc<ProcessImage> {
         let image = self.image(tgid, fallback_comm);
-        let leaf = image.mapping_index(address);
-        let in_loader =
-            leaf.is_some_and(|index| is_dynamic_loader(&image.mappings[index].spec.path));
-        let mut immediate = false;
-        if let Some(entry) = self.processes.peek_mut(&tgid)
-            && entry.exec_rereads > 0
-            && !in_loader
-            && (!entry.settled || leaf.is_none())
-        {
-            entry.exec_rereads -= 1;
-            entry.settled = true;
-            immediate = true;
-        }
         if image.gone
-            || (!immediate && (leaf.is_some() || image.read_at.elapsed() < REFRESH_INTERVAL))
+            || image.mapping_index(address).is_some()
+            || image.read_at.elapsed() < REFRESH_INTERVAL
         {
             return image;
         }
@@ -299,14 +261,7 @@ impl ProcessTable {
             // Keep what we had: the old mappings still explain old samples.
             return image;
         }
-        // In place: the exec's re-reads left go on counting.
-        match self.processes.peek_mut(&tgid) {
-            Some(entry) => {
-                entry.image = fresh.clone();
-                entry.exited_at = None;
-            }
-            None => self.insert(tgid, fresh.clone()),
-        }
+        self.insert(tgid, fresh.clone());
         fresh
     }
 
@@ -381,9 +336,6 @@ impl ProcessTable {
     pub fn on_exec(&mut self, tgid: u32, comm: &str) {
         let image = Arc::new(self.read_image(tgid, comm));
         self.insert(tgid, image);
-        if let Some(entry) = self.processes.peek_mut(&tgid) {
-            entry.exec_rereads = EXEC_REREADS;
-        }
     }
 
     /// The process exited: keep it resolvable for the grace period.
@@ -416,15 +368,8 @@ impl ProcessTable {
 
     fn insert(&mut self, tgid: u32, image: Arc<ProcessImage>) {
         let exited_at = image.gone.then(Instant::now);
-        if let Some((evicted, _)) = self.processes.push(
-            tgid,
-            Entry {
-                image,
-                exited_at,
-                exec_rereads: 0,
-                settled: false,
-            },
-        ) && evicted != tgid
+        if let Some((evicted, _)) = self.processes.push(tgid, Entry { image, exited_at })
+            && evicted != tgid
         {
             Stats::inc(&self.stats.processes_evicted);
         }
