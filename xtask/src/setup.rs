@@ -416,30 +416,21 @@ pub fn pyroscope_path() -> PathBuf {
 }
 
 /// The server's source: the Go module proxy refuses Pyroscope's server
-/// module, so its source comes as a tarball of the tagged repository
-/// (`FIRN_PYROSCOPE_SRC`, or `shared/anchors/` beside the checkout).
+/// module, so its source is kept in the repository as a tarball of the
+/// tagged repository's Go parts (`third_party/pyroscope/`), or named by
+/// `FIRN_PYROSCOPE_SRC`.
 fn pyroscope_source(root: &Path) -> Result<PathBuf> {
     let name = format!("pyroscope-{PYROSCOPE_VERSION}-src.tar.xz");
-    let mut candidates: Vec<PathBuf> = std::env::var_os("FIRN_PYROSCOPE_SRC")
-        .map(PathBuf::from)
-        .into_iter()
-        .collect();
-    candidates.extend(
-        root.ancestors()
-            .skip(1)
-            .take(3)
-            .map(|dir| dir.join("shared/anchors").join(&name)),
-    );
-    candidates
-        .into_iter()
-        .find(|path| path.is_file())
-        .with_context(|| {
-            format!(
-                "the Pyroscope server's source {name} was not found (set FIRN_PYROSCOPE_SRC to \
-             the tarball of github.com/grafana/pyroscope at {PYROSCOPE_VERSION}: its Go \
-             parts, go.mod at the top)"
-            )
-        })
+    let path = std::env::var_os("FIRN_PYROSCOPE_SRC")
+        .map_or_else(|| root.join("third_party/pyroscope").join(&name), PathBuf::from);
+    if !path.is_file() {
+        bail!(
+            "the Pyroscope server's source {} is missing (it is part of the repository: \
+             third_party/pyroscope/{name})",
+            path.display()
+        );
+    }
+    Ok(path)
 }
 
 /// Builds the Pyroscope server from its source (about 2 minutes on two
