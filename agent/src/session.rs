@@ -4,7 +4,7 @@
 use std::{
     future::Future,
     io,
-    sync::Arc,
+    sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
 
@@ -342,6 +342,9 @@ impl Session {
         // Beside the BPF verification, which takes about as long.
         let thread_pointer = pipeline.python.enabled.then(ThreadPointerLookup::start);
         let mut bpf = BpfSampler::load(sampling)?;
+        if bpf.children_not_followed() {
+            stats.following_unavailable.fetch_add(1, Ordering::Relaxed);
+        }
         let ring = bpf.take_ring_buffer()?;
         let reader = RingReader::new(ring).map_err(|source| SessionError::Ring { source })?;
         let mut policy = UnwindPolicy::new(

@@ -71,6 +71,17 @@ declare_metrics! {
             PidFilterFull {},
         ],
     }
+    following_unavailable: Counter,
+        "1 when processes were named (--pid, firn record's command) but the processes \
+        they start are not followed, so only the named ones are profiled: the kernel's BTF \
+        did not say where a task's tgid is, or the fork hook could not be attached (the \
+        reason is logged once)."
+    {
+        stats: [
+            /// Set once when the children of the named processes are not followed.
+            following_unavailable {},
+        ],
+    }
     bpf_stack_copies_short: Counter,
         "Samples whose copy of the user stack ended short of what was asked (end of the \
         stack mapping or an unmapped page)."
