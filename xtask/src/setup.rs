@@ -421,8 +421,10 @@ pub fn pyroscope_path() -> PathBuf {
 /// `FIRN_PYROSCOPE_SRC`.
 fn pyroscope_source(root: &Path) -> Result<PathBuf> {
     let name = format!("pyroscope-{PYROSCOPE_VERSION}-src.tar.xz");
-    let path = std::env::var_os("FIRN_PYROSCOPE_SRC")
-        .map_or_else(|| root.join("third_party/pyroscope").join(&name), PathBuf::from);
+    let path = std::env::var_os("FIRN_PYROSCOPE_SRC").map_or_else(
+        || root.join("third_party/pyroscope").join(&name),
+        PathBuf::from,
+    );
     if !path.is_file() {
         bail!(
             "the Pyroscope server's source {} is missing (it is part of the repository: \
