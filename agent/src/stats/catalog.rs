@@ -426,6 +426,16 @@ declare_metrics! {
             mapped_pages_truncated {},
         ],
     }
+    mapped_files_unguarded: Counter,
+        "Mappings of objects and debug files made while the table of guarded mappings was \
+        full: a truncation of one of them underneath would kill firn with SIGBUS."
+    {
+        stats: [
+            /// Mappings not registered with the SIGBUS handler (copied from
+            /// `untrusted::unguarded_mappings`).
+            mapped_files_unguarded {},
+        ],
+    }
     stage_stalled: Gauge,
         "1 while a stage makes no progress on work it took up: drain (the ring buffer \
         reader), build (symbolizing and writing or queueing profiles). /ready answers 503 \
