@@ -7,6 +7,7 @@ mod parca_support;
 
 use std::{
     collections::HashSet,
+    path::Path,
     process::Command,
     time::{Duration, SystemTime},
 };
@@ -441,6 +442,21 @@ fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear()
     );
 }
 
+/// Types enough to give the workload more DWARF than a 1 MiB
+/// `--debuginfo-cache-size` may index (some 1.4 MB of `.debug_info`).
+fn write_padding_source(path: &Path) {
+    let members: String = (0..100).map(|m| format!(" int m{m};")).collect();
+    let source: String = (0..1000)
+        .map(|s| format!("struct pad{s} {{{members} }};\nstruct pad{s} firn_pad{s};\n"))
+        .collect();
+    std::fs::write(path, source).expect("padding source");
+}
+
+/// firn cannot name this workload's frames: it is stripped, and its debug
+/// file holds no symbol table and more DWARF than firn's cache may index.
+/// So firn sends the frames as addresses and, because they are unnamed,
+/// uploads the debug file (no `--debuginfo-upload-symbolized`); the names
+/// Parca then answers with can only be the server's own, from that file.
 #[test]
 #[expect(
     clippy::too_many_lines,
@@ -450,12 +466,14 @@ fn a_stripped_workload_is_named_by_parca_from_the_uploaded_debug_file() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let binary = build_c(
-        dir.path(),
-        "chain.c",
-        "chain",
-        &["-O1", "-g", "-fno-omit-frame-pointer"],
-    );
+    let padding = dir.path().join("padding.c");
+    write_padding_source(&padding);
+    let binary = dir.path().join("chain");
+    run(Command::new("gcc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&binary)
+        .arg(workloads_dir().join("chain.c"))
+        .arg(&padding));
     let debug_file = dir.path().join("chain.debug");
     run(Command::new("objcopy")
         .arg("--only-keep-debug")
@@ -478,11 +496,35 @@ fn a_stripped_workload_is_named_by_parca_from_the_uploaded_debug_file() {
         .join(&build_id[..2])
         .join(format!("{}.debug", &build_id[2..]));
     std::fs::create_dir_all(target.parent().expect("parent")).expect("debug directory");
-    std::fs::rename(&debug_file, &target).expect("debug file in place");
+    // DWARF only, compressed (so all of it counts against firn's cache):
+    // no symbol table firn could name the frames from.
+    run(Command::new("objcopy")
+        .args([
+            "--strip-all",
+            "--keep-section=.debug_*",
+            "--compress-debug-sections=zlib",
+        ])
+        .arg(&debug_file)
+        .arg(&target));
+    {
+        use object::{Object, ObjectSection};
+        let bytes = std::fs::read(&target).expect("debug file");
+        let file = object::File::parse(bytes.as_slice()).expect("ELF");
+        assert!(
+            file.section_by_name(".symtab").is_none(),
+            "the debug file keeps no symbol table"
+        );
+        let info = file.section_by_name(".debug_info").expect(".debug_info");
+        let size = info
+            .compressed_file_range()
+            .expect("range")
+            .uncompressed_size;
+        assert!(size > 1 << 20, "{size} bytes of .debug_info");
+    }
 
     let parca = ParcaServer::start(&dir.path().join("parca"), free_port());
     let workload = TestProcess::spawn(Command::new(&binary).arg("100000"));
-    wait_a_moment();
+    workload.wait_until_running();
     let pid = workload.pid().to_string();
     let start = SystemTime::now() - MINUTE;
     let agent = Agent::start(
@@ -497,17 +539,67 @@ fn a_stripped_workload_is_named_by_parca_from_the_uploaded_debug_file() {
             &pid,
             "--debuginfo-directories",
             debug_dir.to_str().expect("utf-8"),
-            // firn names these frames itself from the same debug file.
-            "--debuginfo-upload-symbolized",
+            "--debuginfo-cache-size",
+            "1MiB",
         ],
         &[],
     );
-    let uploaded = agent.wait_for_log("debuginfo uploaded", Duration::from_secs(40));
-    std::thread::sleep(Duration::from_secs(4));
+    let address = agent.http_address();
+    agent.wait_until("the debug file uploaded", MINUTE, || {
+        agent.log().contains("debuginfo uploaded")
+    });
+    // Parca symbolizes at query time: until it names the chain in most
+    // samples, while firn keeps sending.
+    let mut query = parca.query();
+    let last = std::cell::RefCell::new(String::new());
+    let mut named = (0.0, 0);
+    wait_for(
+        "Parca to name the stripped workload",
+        2 * MINUTE,
+        || {
+            agent.assert_running();
+            let Ok(profile) = query.try_merged(
+                &format!("{{pid=\"{pid}\"}}"),
+                start,
+                SystemTime::now() + MINUTE,
+            ) else {
+                return false;
+            };
+            let stacks = all_stacks(&profile);
+            named = chain_share(&stacks, &CHAIN);
+            *last.borrow_mut() = format!(
+                "{} samples, {:.1}% with the chain:\n{}",
+                named.1,
+                named.0 * 100.0,
+                describe(&stacks)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+            named.1 >= 200 && named.0 >= 0.85
+        },
+        || format!("{}\nParca:\n{}", last.borrow(), parca.log()),
+    );
+    eprintln!(
+        "Parca named {:.1}% of {} samples of the stripped workload",
+        named.0 * 100.0,
+        named.1
+    );
+    // firn itself named none of them: their object's DWARF was too large
+    // to index, and nothing else names them.
+    let limited = metric(
+        address,
+        "firn_symbolizer_limited_total{reason=\"dwarf_too_large\"}",
+    );
+    let unnamed = metric(
+        address,
+        "firn_frames_unsymbolized_total{stack=\"user\",reason=\"no_symbol\"}",
+    );
     let stopped = agent.stop();
     let log = &stopped.log;
-    assert!(uploaded, "no upload:\n{log}\nParca:\n{}", parca.log());
     assert!(stopped.status.success(), "{log}");
+    assert!(
+        limited.is_some_and(|count| count >= 1.0) && unnamed.is_some_and(|count| count >= 1.0),
+        "firn should have sent the frames unnamed (DWARF too large {limited:?}, unnamed frames {unnamed:?}):\n{log}"
+    );
     let line = log
         .lines()
         .find(|line| line.contains("debuginfo uploaded"))
@@ -524,36 +616,6 @@ fn a_stripped_workload_is_named_by_parca_from_the_uploaded_debug_file() {
     assert!(
         parca.data.join("debuginfo").join(&build_id).exists(),
         "Parca stored the debug file under its build id"
-    );
-
-    // Parca symbolizes at query time; give it a few tries.
-    let mut query = parca.query();
-    let mut last = String::new();
-    for _ in 0..15 {
-        let profile = query.merged(
-            &format!("{{pid=\"{pid}\"}}"),
-            start,
-            SystemTime::now() + MINUTE,
-        );
-        let stacks = all_stacks(&profile);
-        let (share, total) = chain_share(&stacks, &CHAIN);
-        if total >= 200 && share >= 0.85 {
-            eprintln!(
-                "Parca named {:.1}% of {total} samples of the stripped workload",
-                share * 100.0
-            );
-            return;
-        }
-        last = format!(
-            "{total} samples, {:.1}% with the chain:\n{}",
-            share * 100.0,
-            describe(&stacks)
-        );
-        std::thread::sleep(Duration::from_secs(2));
-    }
-    panic!(
-        "Parca did not name the stripped workload's frames: {last}\nParca:\n{}",
-        parca.log()
     );
 }
 
