@@ -7,7 +7,6 @@ mod parca_support;
 
 use std::{
     collections::HashSet,
-    path::Path,
     process::Command,
     time::{Duration, SystemTime},
 };
@@ -16,6 +15,7 @@ use agent_pprof as pprof;
 use common::*;
 use parca_support::{
     harness::{Agent, CPU_PROFILE_TYPE, ParcaServer, all_stacks, free_port, log_field},
+    stripped::StrippedWorkload,
     tls_server::{Authority, TlsStore},
 };
 
@@ -442,16 +442,6 @@ fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear()
     );
 }
 
-/// Types enough to give the workload more DWARF than a 1 MiB
-/// `--debuginfo-cache-size` may index (some 1.4 MB of `.debug_info`).
-fn write_padding_source(path: &Path) {
-    let members: String = (0..100).map(|m| format!(" int m{m};")).collect();
-    let source: String = (0..1000)
-        .map(|s| format!("struct pad{s} {{{members} }};\nstruct pad{s} firn_pad{s};\n"))
-        .collect();
-    std::fs::write(path, source).expect("padding source");
-}
-
 /// firn cannot name this workload's frames: it is stripped, and its debug
 /// file holds no symbol table and more DWARF than firn's cache may index.
 /// So firn sends the frames as addresses and, because they are unnamed,
@@ -466,62 +456,12 @@ fn a_stripped_workload_is_named_by_parca_from_the_uploaded_debug_file() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let padding = dir.path().join("padding.c");
-    write_padding_source(&padding);
-    let binary = dir.path().join("chain");
-    run(Command::new("gcc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&binary)
-        .arg(workloads_dir().join("chain.c"))
-        .arg(&padding));
-    let debug_file = dir.path().join("chain.debug");
-    run(Command::new("objcopy")
-        .arg("--only-keep-debug")
-        .arg(&binary)
-        .arg(&debug_file));
-    run(Command::new("strip").arg("--strip-all").arg(&binary));
-    let build_id = {
-        use object::Object;
-        let bytes = std::fs::read(&binary).expect("binary");
-        let file = object::File::parse(bytes.as_slice()).expect("ELF");
-        let id = file
-            .build_id()
-            .expect("notes")
-            .expect("gcc adds a build id");
-        id.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    };
-    let debug_dir = dir.path().join("debug");
-    let target = debug_dir
-        .join(".build-id")
-        .join(&build_id[..2])
-        .join(format!("{}.debug", &build_id[2..]));
-    std::fs::create_dir_all(target.parent().expect("parent")).expect("debug directory");
-    // DWARF only, compressed (so all of it counts against firn's cache):
-    // no symbol table firn could name the frames from.
-    run(Command::new("objcopy")
-        .args([
-            "--strip-all",
-            "--keep-section=.debug_*",
-            "--compress-debug-sections=zlib",
-        ])
-        .arg(&debug_file)
-        .arg(&target));
-    {
-        use object::{Object, ObjectSection};
-        let bytes = std::fs::read(&target).expect("debug file");
-        let file = object::File::parse(bytes.as_slice()).expect("ELF");
-        assert!(
-            file.section_by_name(".symtab").is_none(),
-            "the debug file keeps no symbol table"
-        );
-        let info = file.section_by_name(".debug_info").expect(".debug_info");
-        let size = info
-            .compressed_file_range()
-            .expect("range")
-            .uncompressed_size;
-        assert!(size > 1 << 20, "{size} bytes of .debug_info");
-    }
-
+    let StrippedWorkload {
+        binary,
+        build_id,
+        debug_dir,
+        debug_file: target,
+    } = StrippedWorkload::build(dir.path());
     let parca = ParcaServer::start(&dir.path().join("parca"), free_port());
     let workload = TestProcess::spawn(Command::new(&binary).arg("100000"));
     workload.wait_until_running();
@@ -630,11 +570,4 @@ fn label(
         .iter()
         .find(|l| l.name == name)
         .map(|l| l.value.clone())
-}
-
-fn run(command: &mut Command) {
-    let status = command
-        .status()
-        .unwrap_or_else(|error| panic!("could not run {command:?}: {error}"));
-    assert!(status.success(), "{command:?} failed: {status}");
 }
