@@ -173,7 +173,14 @@ fn short_lived_processes_are_complete_from_their_first_sample() {
     // 100 Hz.
     let spent = reaped_children_cpu_time() - before;
     let expected = (spent.as_secs_f64() * 100.0) as i64;
-    let (_, profile) = recording.interrupt();
+    let (log, profile) = recording.interrupt();
+    // Its counts of samples kept and lost (`lost=`: the ring buffer was
+    // full), for the messages.
+    let summary = log
+        .lines()
+        .find(|line| line.contains("profile written"))
+        .unwrap_or_default()
+        .to_owned();
     // Every sample of the runs, named or not: a run whose maps firn never
     // read has only addresses (`0x…`) and counts against the share. The
     // few samples of a run starting up (the dynamic loader, before its
@@ -196,7 +203,7 @@ fn short_lived_processes_are_complete_from_their_first_sample() {
     let incomplete: Vec<_> = incomplete.into_iter().collect();
     assert!(
         expected >= 50 && kept >= SHORT_LIVED_KEPT,
-        "{total} samples of the runs, of ~{expected} for {spent:?} of CPU time"
+        "{total} samples of the runs, of ~{expected} for {spent:?} of CPU time:\n{summary}"
     );
     assert!(
         share >= SHORT_LIVED_COMPLETE,
