@@ -551,6 +551,12 @@ fn the_granted_capabilities_suffice_and_each_is_needed() {
         "another user's map_files needs CAP_DAC_READ_SEARCH"
     );
     let profile = without("SYS_PTRACE");
+    // Sampled all the same: only the executable is missing.
+    assert!(
+        !stacks_of(&profile, running.pid()).is_empty(),
+        "no samples of {} without CAP_SYS_PTRACE",
+        running.pid()
+    );
     assert_eq!(
         executable(&profile, running.pid()),
         None,

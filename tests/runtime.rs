@@ -23,8 +23,23 @@ const MINUTE: Duration = Duration::from_secs(60);
 /// holding `pid`, stops it, and returns that profile's labels of `pid`
 /// and the agent's log.
 fn labels_from_agent(dir: &Path, pid: u32, args: &[&str]) -> (BTreeMap<String, String>, String) {
+    let (mut labels, log) = labels_of_each(dir, &[pid], args);
+    (labels.remove(0), log)
+}
+
+/// [`labels_from_agent`] for several processes (each also given to the
+/// agent as `--pid`): a profile must hold every one of them.
+fn labels_of_each(
+    dir: &Path,
+    pids: &[u32],
+    args: &[&str],
+) -> (Vec<BTreeMap<String, String>>, String) {
     let store = dir.join("profiles");
-    let pid_arg = pid.to_string();
+    let pid_args: Vec<String> = pids
+        .iter()
+        .flat_map(|pid| ["--pid".to_owned(), pid.to_string()])
+        .collect();
+    let pid_args: Vec<&str> = pid_args.iter().map(String::as_str).collect();
     let agent = Agent::start(
         &dir.join("firn.log"),
         &[
@@ -33,16 +48,15 @@ fn labels_from_agent(dir: &Path, pid: u32, args: &[&str]) -> (BTreeMap<String, S
                 "2s",
                 "--local-store-directory",
                 store.to_str().expect("utf-8"),
-                "--pid",
-                &pid_arg,
             ][..],
+            &pid_args,
             args,
         ]
         .concat(),
         &[],
     );
-    let labels = std::cell::RefCell::new(BTreeMap::new());
-    agent.wait_until("a profile holding the workload", MINUTE, || {
+    let labels = std::cell::RefCell::new(Vec::new());
+    agent.wait_until("a profile holding every workload", MINUTE, || {
         let newest = std::fs::read_dir(&store)
             .into_iter()
             .flatten()
@@ -56,9 +70,10 @@ fn labels_from_agent(dir: &Path, pid: u32, args: &[&str]) -> (BTreeMap<String, S
         else {
             return false;
         };
-        let (found, samples) = labels_of(&profile, pid);
-        *labels.borrow_mut() = found;
-        samples > 0
+        let found: Vec<_> = pids.iter().map(|&pid| labels_of(&profile, pid)).collect();
+        let all_sampled = found.iter().all(|(_, samples)| *samples > 0);
+        *labels.borrow_mut() = found.into_iter().map(|(labels, _)| labels).collect();
+        all_sampled
     });
     let stopped = agent.stop();
     assert!(stopped.status.success(), "{}", stopped.log);
@@ -319,13 +334,10 @@ fn docker_containers_get_their_name_and_labels_from_the_runtime_socket() {
     )
     .expect("config");
     let sockets = format!("{},/nonexistent/podman.sock", socket.display());
-    let outside_pid = outside.pid().to_string();
-    let (labels, log) = labels_from_agent(
+    let (each, log) = labels_of_each(
         dir.path(),
-        inside.pid(),
+        &[inside.pid(), outside.pid()],
         &[
-            "--pid",
-            &outside_pid,
             "--config-path",
             config.to_str().expect("utf-8"),
             "--container-runtime-sockets",
@@ -334,6 +346,7 @@ fn docker_containers_get_their_name_and_labels_from_the_runtime_socket() {
     );
     let get =
         |labels: &std::collections::BTreeMap<String, String>, name: &str| labels.get(name).cloned();
+    let labels = &each[0];
     for (name, value) in [
         ("container", "shop-web"),
         ("container_id", id.as_str()),
@@ -341,8 +354,25 @@ fn docker_containers_get_their_name_and_labels_from_the_runtime_socket() {
         ("team", "storefront"),
         ("image", "example/shop:1"),
     ] {
-        assert_eq!(get(&labels, name).as_deref(), Some(value), "{labels:?}");
+        assert_eq!(get(labels, name).as_deref(), Some(value), "{labels:?}");
     }
+    // The process beside the container, in no container cgroup, gets
+    // none of the container's labels: it is named as a plain process.
+    let outside_labels = &each[1];
+    assert_eq!(
+        get(outside_labels, "pid"),
+        Some(outside.pid().to_string()),
+        "{outside_labels:?}"
+    );
+    assert_eq!(get(outside_labels, "comm").as_deref(), Some("chain"));
+    for name in ["container", "container_id", "team", "image"] {
+        assert_eq!(get(outside_labels, name), None, "{outside_labels:?}");
+    }
+    assert_ne!(
+        get(outside_labels, "service_name").as_deref(),
+        Some("shop-web"),
+        "{outside_labels:?}"
+    );
     let log = &log;
     assert!(
         !log.contains("level=error") && !log.contains("level=warn"),

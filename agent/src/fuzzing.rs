@@ -518,9 +518,9 @@ mod tests {
     #[test]
     fn stored_crash_inputs_no_longer_fail() {
         let regressions = fuzz_dir().join("regressions");
-        let Ok(directories) = fs::read_dir(&regressions) else {
-            return;
-        };
+        let directories = fs::read_dir(&regressions)
+            .unwrap_or_else(|error| panic!("{}: {error}", regressions.display()));
+        let mut replayed = 0;
         let mut failing = Vec::new();
         for directory in directories {
             let directory = directory.expect("readable directory").path();
@@ -535,12 +535,18 @@ mod tests {
             for input in fs::read_dir(&directory).expect("readable directory") {
                 let path = input.expect("readable entry").path();
                 let data = fs::read(&path).expect("readable input");
+                replayed += 1;
                 let replay = std::panic::AssertUnwindSafe(|| (target.run)(&data));
                 if std::panic::catch_unwind(replay).is_err() {
                     failing.push(path.display().to_string());
                 }
             }
         }
+        assert!(
+            replayed > 0,
+            "no crash inputs under {}",
+            regressions.display()
+        );
         assert!(failing.is_empty(), "still failing: {failing:#?}");
     }
 
