@@ -22,6 +22,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 pub struct Dockerd {
     child: Child,
     pub socket: PathBuf,
+    exec_root: PathBuf,
     log: PathBuf,
     /// Removed (forcibly) when the daemon is dropped.
     pub containers: Vec<String>,
@@ -76,6 +77,7 @@ impl Dockerd {
         let mut daemon = Self {
             child,
             socket,
+            exec_root: dir.join("exec"),
             log,
             containers: Vec::new(),
             _data_root_lock: lock,
@@ -95,6 +97,12 @@ impl Dockerd {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The socket of the containerd this daemon started and runs its
+    /// containers with.
+    pub fn containerd_socket(&self) -> PathBuf {
+        self.exec_root.join("containerd/containerd.sock")
     }
 
     /// The client, talking to this daemon; `docker build` with BuildKit.
