@@ -8,7 +8,8 @@
 //!   machine's own Rust toolchain of `rust-toolchain.toml`'s channel;
 //! - the runtime (for `distroless/cc-debian12`): only the files of glibc,
 //!   libgcc, libstdc++, CA certificates, base-files and netbase from that
-//!   root file system, a `nonroot` user, no shell.
+//!   root file system, a `nonroot` user, no shell; root by default, as
+//!   distroless' `:latest` (see [`NONROOT`]).
 //!
 //! Each is a tarball for `docker import` with its `--change` lines beside
 //! it. A stamp of the recipe (the packages, the suite, the toolchain's
@@ -27,7 +28,7 @@ use anyhow::{Context, Result, bail};
 use crate::util::run;
 
 /// Bumped when what is made changes in a way the recipe text does not show.
-const RECIPE_VERSION: u32 = 1;
+const RECIPE_VERSION: u32 = 2;
 const SUITE: &str = "bookworm";
 const MIRROR: &str = "http://deb.debian.org/debian";
 /// What `rust:*-slim-bookworm` holds beside Rust (ring builds C), and the
@@ -42,7 +43,9 @@ const RUNTIME_PACKAGES: &[&str] = &[
     "libstdc++6",
     "netbase",
 ];
-/// distroless' unprivileged user, the runtime image's default.
+/// distroless' unprivileged user. Not the runtime's default user, as it
+/// is `:nonroot`'s: the test runs the image with containerd's `ctr`, which
+/// sets no user, and the DaemonSet's `runAsUser: 0` is root either way.
 const NONROOT: u32 = 65532;
 
 /// Where the bases are kept between runs; the test looks there too (or at
@@ -93,7 +96,7 @@ pub fn container_bases(root: &Path) -> Result<()> {
     runtime_tarball(&rootfs, &dir.join("runtime.tar"))?;
     fs::write(
         dir.join("runtime.changes"),
-        format!("USER {NONROOT}:{NONROOT}\nENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt\n"),
+        "ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt\n",
     )?;
 
     trust_host_certificates(&rootfs)?;
