@@ -313,14 +313,49 @@ fn the_systemd_unit_passes_systemd_analyze_and_runs_firn_with_its_config() {
     assert_eq!(unit_values(&unit, "StateDirectory"), ["firn"]);
 }
 
-#[test]
-fn the_containerfile_lints_clean_and_builds_what_the_workspace_has() {
-    // The file is linted and its references checked against the
-    // workspace here; tests/image.rs builds and runs it.
-    let path = deploy().join("container/Containerfile");
-    let text = std::fs::read_to_string(&path).expect("Containerfile");
+/// What cargo reads to build the workspace: its manifest and lock file,
+/// every member, every patched crate, the protocol files.
+fn workspace_paths(workspace: &Path) -> Vec<String> {
+    let manifest = std::fs::read_to_string(workspace.join("Cargo.toml")).expect("Cargo.toml");
+    let members = manifest
+        .split_once("members = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list)
+        .expect("workspace members");
+    let patched = manifest
+        .split_once("[patch.crates-io]")
+        .map(|(_, rest)| rest)
+        .expect("the aya patch");
+    members
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .chain(
+            patched
+                .split("path = \"")
+                .skip(1)
+                .filter_map(|rest| rest.split('"').next()),
+        )
+        .chain(["Cargo.toml", "Cargo.lock", "proto"])
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The stable Rust rust-toolchain.toml pins.
+fn rust_channel(workspace: &Path) -> String {
+    let toolchain = std::fs::read_to_string(workspace.join("rust-toolchain.toml")).expect("toml");
+    toolchain
+        .lines()
+        .find_map(|line| line.strip_prefix("channel = "))
+        .expect("channel")
+        .trim_matches('"')
+        .to_owned()
+}
+
+/// hadolint passes `path` (and does refuse a sloppy file).
+fn assert_hadolint_clean(path: &Path) {
     let hadolint = python_tool("hadolint");
-    let output = run(Command::new(&hadolint).arg(&path));
+    let output = run(Command::new(&hadolint).arg(path));
     assert!(
         output.status.success(),
         "hadolint:\n{}",
@@ -333,6 +368,15 @@ fn the_containerfile_lints_clean_and_builds_what_the_workspace_has() {
         !run(Command::new(&hadolint).arg(&sloppy)).status.success(),
         "hadolint refuses an unpinned image"
     );
+}
+
+#[test]
+fn the_containerfile_lints_clean_and_builds_what_the_workspace_has() {
+    // The file is linted and its references checked against the
+    // workspace here; tests/image.rs builds and runs it.
+    let path = deploy().join("container/Containerfile");
+    let text = std::fs::read_to_string(&path).expect("Containerfile");
+    assert_hadolint_clean(&path);
 
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     // The bases are build arguments (local ones in the tests); their
@@ -379,42 +423,19 @@ fn the_containerfile_lints_clean_and_builds_what_the_workspace_has() {
     }
     // Cargo loads every member's manifest and the patched crates: each is
     // copied.
-    let manifest = std::fs::read_to_string(workspace.join("Cargo.toml")).expect("Cargo.toml");
-    let members = manifest
-        .split_once("members = [")
-        .and_then(|(_, rest)| rest.split_once(']'))
-        .map(|(list, _)| list)
-        .expect("workspace members");
-    let patched = manifest
-        .split_once("[patch.crates-io]")
-        .map(|(_, rest)| rest)
-        .expect("the aya patch");
-    let needed: Vec<&str> = members
-        .split('"')
-        .skip(1)
-        .step_by(2)
-        .chain(
-            patched
-                .split("path = \"")
-                .skip(1)
-                .filter_map(|rest| rest.split('"').next()),
-        )
-        .chain(["Cargo.toml", "Cargo.lock", "proto"])
-        .collect();
-    assert!(needed.contains(&"third_party/aya"), "{needed:?}");
+    let needed = workspace_paths(&workspace);
+    assert!(
+        needed.iter().any(|path| path == "third_party/aya"),
+        "{needed:?}"
+    );
     for path in needed {
         assert!(
-            copied.contains(path),
+            copied.contains(&path),
             "the Containerfile does not copy {path}"
         );
     }
     assert_eq!(stages, ["builder"]);
-    let toolchain = std::fs::read_to_string(workspace.join("rust-toolchain.toml")).expect("toml");
-    let channel = toolchain
-        .lines()
-        .find_map(|line| line.strip_prefix("channel = "))
-        .expect("channel")
-        .trim_matches('"');
+    let channel = rust_channel(&workspace);
     assert!(
         text.contains(&format!("rust:{channel}-")),
         "the builder uses the pinned Rust {channel}"

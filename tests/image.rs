@@ -101,10 +101,21 @@ fn import_bases(daemon: &Dockerd, bases: &Path) -> (String, String) {
     (images[0].clone(), images[1].clone())
 }
 
+/// A first build on two busy cores took 45 minutes; past this, it hangs.
+const BUILD_DEADLINE: Duration = Duration::from_secs(90 * 60);
+
 /// Builds the Containerfile into `image`, and returns how long it took.
-fn build_image(daemon: &Dockerd, builder: &str, runtime: &str, image: &str) -> Duration {
+fn build_image(
+    daemon: &Dockerd,
+    dir: &Path,
+    builder: &str,
+    runtime: &str,
+    image: &str,
+) -> Duration {
     let started = Instant::now();
-    let output = daemon
+    let log_path = dir.join("build.log");
+    let log = std::fs::File::create(&log_path).expect("build log");
+    let mut build = daemon
         .command()
         .current_dir(workspace())
         .args(["build", "--progress=plain", "--network=host"])
@@ -117,13 +128,29 @@ fn build_image(daemon: &Dockerd, builder: &str, runtime: &str, image: &str) -> D
             image,
             ".",
         ])
-        .output()
+        .stdout(log.try_clone().expect("build log"))
+        .stderr(log)
+        .spawn()
         .expect("docker build runs");
+    let status = loop {
+        if let Some(status) = build.try_wait().expect("waits") {
+            break status;
+        }
+        if started.elapsed() > BUILD_DEADLINE {
+            let _ = build.kill();
+            let _ = build.wait();
+            panic!(
+                "docker build did not finish within {BUILD_DEADLINE:?}:\n{}",
+                std::fs::read_to_string(&log_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let took = started.elapsed();
-    let log = String::from_utf8_lossy(&output.stderr);
     assert!(
-        output.status.success(),
-        "docker build failed after {took:?}:\n{log}"
+        status.success(),
+        "docker build failed after {took:?}:\n{}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
     );
     // What earlier builds left: the image this one replaced, build cache
     // beyond a bound (the cargo caches are what a rebuild reuses).
@@ -407,13 +434,22 @@ fn the_image_builds_and_profiles_as_the_daemonset_runs_it() {
     let daemon = Dockerd::start_on(&dir.path().join("docker"), &bases.join("docker"));
     let (builder, runtime) = import_bases(&daemon, &bases);
     let image = "firn-image-test:latest";
-    let took = build_image(&daemon, &builder, &runtime, image);
+    let took = build_image(&daemon, dir.path(), &builder, &runtime, image);
     eprintln!("docker build of the image: {took:.1?}");
 
     // The image as containerd holds it.
     let ctr = Ctr {
         address: daemon.containerd_socket(),
     };
+    // A run killed before its guards dropped leaves its container (and
+    // firn, in the host's PID namespace) behind: the namespace is the
+    // test's own.
+    for leftover in ctr.ok(&["container", "ls", "--quiet"]).lines() {
+        drop(CtrContainer {
+            ctr: &ctr,
+            id: leftover.trim().to_owned(),
+        });
+    }
     let archive = dir.path().join("image.tar");
     daemon.docker_ok(&["save", "--output", archive.to_str().expect("utf-8"), image]);
     ctr.ok(&["images", "import", archive.to_str().expect("utf-8")]);
