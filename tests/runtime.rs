@@ -5,16 +5,18 @@
 //! runtime that knows only one container, a socket that is missing).
 
 mod common;
+mod docker_support;
 mod labels_support;
 
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
-    time::{Duration, Instant},
+    process::Command,
+    time::Duration,
 };
 
 use common::*;
+use docker_support::*;
 use labels_support::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -78,108 +80,6 @@ fn labels_of_each(
     let stopped = agent.stop();
     assert!(stopped.status.success(), "{}", stopped.log);
     (labels.into_inner(), stopped.log)
-}
-
-/// A Docker daemon of the test's own: its socket, data and state under
-/// `dir`, no networking set up (`--bridge=none`, no iptables). Its
-/// containers are removed and it is stopped (by PID) when dropped.
-struct Dockerd {
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-    containers: Vec<String>,
-}
-
-impl Dockerd {
-    fn start(dir: &Path) -> Self {
-        std::fs::create_dir_all(dir).expect("dockerd directory");
-        let socket = dir.join("docker.sock");
-        let log = dir.join("dockerd.log");
-        let child = Command::new("dockerd")
-            .arg(format!("--data-root={}", dir.join("data").display()))
-            .arg(format!("--exec-root={}", dir.join("exec").display()))
-            .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
-            .arg(format!("--host=unix://{}", socket.display()))
-            .args(["--iptables=false", "--ip6tables=false", "--bridge=none"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("dockerd log"))
-            .spawn()
-            .unwrap_or_else(|error| {
-                panic!(
-                    "dockerd is needed for the real container test (Debian's docker.io, \
-                     installed by `cargo xtask setup`): {error}"
-                )
-            });
-        let mut daemon = Self {
-            child,
-            socket,
-            log,
-            containers: Vec::new(),
-        };
-        let deadline = Instant::now() + MINUTE;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = daemon.child.try_wait() {
-                panic!("dockerd exited ({status}):\n{}", daemon.log());
-            }
-            if daemon.docker(&["version"]).status.success() {
-                return daemon;
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        panic!("dockerd did not answer within a minute:\n{}", daemon.log());
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn docker(&self, args: &[&str]) -> Output {
-        // Debian's client, matched to its daemon.
-        let client = if Path::new("/usr/bin/docker").exists() {
-            "/usr/bin/docker"
-        } else {
-            "docker"
-        };
-        Command::new(client)
-            .env("DOCKER_HOST", format!("unix://{}", self.socket.display()))
-            .args(args)
-            .output()
-            .expect("the docker client runs")
-    }
-
-    fn docker_ok(&self, args: &[&str]) -> String {
-        let output = self.docker(args);
-        assert!(
-            output.status.success(),
-            "docker {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&output.stderr),
-            self.log()
-        );
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
-    }
-}
-
-impl Drop for Dockerd {
-    fn drop(&mut self) {
-        for container in std::mem::take(&mut self.containers) {
-            let _ = self.docker(&["rm", "-f", &container]);
-        }
-        // SIGTERM, so the daemon unmounts its layers before the directory
-        // is removed; SIGKILL if it does not stop in time.
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            // SAFETY: a plain signal to the daemon this guard started.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]
