@@ -29,6 +29,7 @@
 //! and more (glibc keeps them in a second-level block), and interpreters
 //! on other architectures than x86-64.
 
+pub mod hotspot;
 pub mod libc;
 pub mod python;
 
