@@ -85,6 +85,9 @@ fn main() -> Result<()> {
             let Ok(scopes) = debug.scopes_at(i64::from(offset), true) else {
                 continue;
             };
+            // The blob as a return address there finds it.
+            let pc = blob.code.start.wrapping_add(offset as u64);
+            cache.find(&mut recorder, &layout, pc)?;
             let mut line = format!("  +{offset:#x}:");
             for scope in scopes {
                 let (method, _) = namer.method(&mut recorder, &layout, scope.method)?;
@@ -101,17 +104,30 @@ fn main() -> Result<()> {
         }
     }
 
+    let interpreter = cache.interpreter_start();
+    let found = cache.find(&mut recorder, &layout, interpreter)?;
+    println!(
+        "interpreter at {interpreter:#x}: {:?}",
+        found.map(|blob| (blob.kind, blob.name))
+    );
+
+    write(output, &recorder.regions, &meta)?;
+    Ok(())
+}
+
+/// Writes `OUTPUT.mem.gz` and `OUTPUT.txt`.
+fn write(output: &str, regions: &Regions, meta: &str) -> Result<()> {
     let mut gz = flate2::write::GzEncoder::new(
         std::fs::File::create(format!("{output}.mem.gz"))?,
         flate2::Compression::best(),
     );
-    gz.write_all(&recorder.regions.to_bytes())?;
+    gz.write_all(&regions.to_bytes())?;
     gz.finish()?;
     std::fs::write(format!("{output}.txt"), meta)?;
     println!(
         "{} regions, {} bytes",
-        recorder.regions.0.len(),
-        recorder.regions.total_bytes()
+        regions.0.len(),
+        regions.total_bytes()
     );
     Ok(())
 }

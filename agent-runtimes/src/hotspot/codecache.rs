@@ -171,6 +171,11 @@ impl CodeCache {
         self.bounds.contains(&pc) || self.interpreter.contains(&pc)
     }
 
+    /// The template interpreter's first byte.
+    pub fn interpreter_start(&self) -> u64 {
+        self.interpreter.start
+    }
+
     /// Whether `pc` is in the template interpreter.
     pub fn is_interpreter(&self, pc: u64) -> bool {
         self.interpreter.contains(&pc)

@@ -45,6 +45,8 @@ pub struct JavaMethod {
     /// directory; empty when the class has none.
     pub file: Arc<str>,
     pub native: bool,
+    /// Bytes of bytecode.
+    pub code_size: u32,
     /// `(bci, line)` pairs in table order.
     lines: Vec<(u32, u32)>,
 }
@@ -71,6 +73,13 @@ impl JavaMethod {
             }
         }
         best.map_or(0, |(_, line)| line)
+    }
+
+    /// The bytecode index of the bytecode pointer `bcp` of a method whose
+    /// bytecodes start at `code`, if it points into them.
+    pub fn bci(&self, code: u64, bcp: u64) -> Option<i32> {
+        let bci = bcp.checked_sub(code)?;
+        (bci < u64::from(self.code_size)).then_some(bci as i32)
     }
 
     /// About what the method takes in memory, for bounded caches.
@@ -236,6 +245,7 @@ fn read_method(
             signature: signature.into(),
             file: source_path(&class, source).into(),
             native: access & ACC_NATIVE != 0,
+            code_size: code_size as u32,
             lines,
         },
         code,
@@ -328,6 +338,7 @@ mod tests {
             signature: "()V".into(),
             file: "C.java".into(),
             native: false,
+            code_size: 50,
             lines,
         };
         assert_eq!(method.line(0), 10);

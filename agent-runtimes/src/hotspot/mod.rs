@@ -11,6 +11,7 @@
 //!   a field missing is an error naming it, never a guess.
 //! - [`CodeCache`]: the code blob holding a pc (the code heaps' segment
 //!   maps), its kind and frame size.
+//! - [`step`]: one Java frame unwound over the sample's stack copy.
 //! - [`MethodNamer`]: a `Method*` as `package.Class.method`, its signature
 //!   and source file, the line of a bytecode index; the scopes of a
 //!   compiled pc, inlined methods included.
@@ -23,11 +24,13 @@
 mod codecache;
 mod layout;
 mod method;
+mod names;
 mod object;
 mod read;
 mod scopes;
 mod stream;
 mod tables;
+mod unwind;
 
 #[cfg(test)]
 mod tests;
@@ -35,9 +38,11 @@ mod tests;
 pub use codecache::{BlobKind, CodeBlob, CodeCache};
 pub use layout::{Layout, LayoutError};
 pub use method::{JavaMethod, MethodNamer, NamerCounts};
+pub use names::{FrameKind, JavaNamer, NamedJavaFrame};
 pub use object::{JvmObject, inspect_object};
 pub use scopes::{NmethodDebug, Scope, scopes_at};
 pub use tables::{TableError, VmTables};
+pub use unwind::{FrameRegs, JavaFrame, Step, step};
 
 /// Why something of the JVM could not be read or made sense of.
 #[derive(Debug, thiserror::Error)]

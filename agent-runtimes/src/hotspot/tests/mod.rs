@@ -298,3 +298,4 @@ fn pcs_outside_the_code_cache_find_nothing() {
         None
     );
 }
+mod unwind;
