@@ -87,6 +87,9 @@ impl NmethodDebug {
     /// pc desc of its own (`exact`); an interrupted pc between two takes
     /// the next one's, as HotSpot does when it looks one up approximately.
     pub fn scopes_at(&self, pc_offset: i64, exact: bool) -> Result<Vec<Scope>, HotSpotError> {
+        // An interrupted pc takes the next pc desc with scopes (the end of
+        // a method has pc descs without, for its stubs), else the last one
+        // before it.
         let found = self
             .pcs
             .iter()
@@ -95,9 +98,17 @@ impl NmethodDebug {
                 if exact {
                     return None;
                 }
+                let scoped = |&&(_, decode): &&(i32, i32)| decode != 0;
                 self.pcs
                     .iter()
+                    .filter(scoped)
                     .find(|&&(offset, _)| i64::from(offset) >= pc_offset)
+                    .or_else(|| {
+                        self.pcs
+                            .iter()
+                            .filter(scoped)
+                            .rfind(|&&(offset, _)| i64::from(offset) < pc_offset)
+                    })
             });
         let Some(&(_, mut decode)) = found else {
             return Err(invalid("a pc", pc_offset as u64, "no pc desc"));
@@ -140,4 +151,58 @@ pub fn scopes_at(
 ) -> Result<Vec<Scope>, HotSpotError> {
     let debug = NmethodDebug::read(memory, blob)?;
     debug.scopes_at(pc.wrapping_sub(blob.code.start) as i64, exact)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two methods: `0x1000` inlined at bci 4 into `0x2000` at bci 7.
+    fn debug() -> NmethodDebug {
+        // Offset 1: the outer scope (no sender, metadata 2, bci 7 + 1);
+        // offset 4: the inner (sender 1, metadata 1, bci 4 + 1).
+        NmethodDebug {
+            pcs: vec![(-1, 0), (0x20, 4), (0x50, 1), (0x131, 0)],
+            scopes: vec![0, 0, 2, 8, 1, 1, 5],
+            metadata: vec![0x1000, 0x2000],
+        }
+    }
+
+    #[test]
+    fn scopes_chain_from_the_inlined_method_out() {
+        let debug = debug();
+        let inlined = debug.scopes_at(0x20, true).expect("scopes");
+        assert_eq!(
+            inlined,
+            [
+                Scope {
+                    method: 0x1000,
+                    bci: 4
+                },
+                Scope {
+                    method: 0x2000,
+                    bci: 7
+                }
+            ]
+        );
+        assert!(debug.scopes_at(0x21, true).is_err(), "no exact pc desc");
+        // Interrupted between pc descs: the next one with scopes.
+        assert_eq!(debug.scopes_at(0x21, false).expect("scopes").len(), 1);
+        // Past the last with scopes (only the stubs' remain): the last
+        // before it.
+        let tail = debug.scopes_at(0x100, false).expect("scopes");
+        assert_eq!(tail[0].method, 0x2000);
+    }
+
+    #[test]
+    fn corrupt_scopes_are_errors() {
+        let mut debug = debug();
+        // A sender after its scope: a loop, refused.
+        debug.scopes[1] = 9;
+        assert!(debug.scopes_at(0x50, true).is_err());
+        let mut debug = self::tests::debug();
+        // A metadata index past the array.
+        debug.scopes[2] = 7;
+        assert!(debug.scopes_at(0x50, true).is_err());
+    }
 }
