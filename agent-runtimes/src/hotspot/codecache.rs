@@ -69,6 +69,9 @@ pub struct CodeBlob {
     pub frame_complete: Option<u64>,
     /// The compiled `Method*` (nmethods).
     pub method: u64,
+    /// The compilation's id (nmethods): an nmethod freed and another
+    /// compiled at the same place has another.
+    pub compile_id: i32,
     /// Where the `PcDesc`s, scopes data and metadata are (nmethods).
     pub pcs: Range<u64>,
     pub scopes_data: u64,
@@ -145,6 +148,7 @@ impl CodeCache {
             layout.code_blob_frame_complete.0,
             nmethod.method,
             nmethod.comp_level,
+            nmethod.compile_id,
             nmethod.scopes_data_begin,
             nmethod.scopes_pcs_offset,
             nmethod.dependencies_offset,
@@ -279,6 +283,7 @@ impl CodeCache {
                 .ok()
                 .map(|offset| code.start.wrapping_add(offset)),
             method: 0,
+            compile_id: 0,
             pcs: 0..0,
             scopes_data: 0,
             metadata: 0,
@@ -298,6 +303,7 @@ fn nmethod_fields(blob: &mut CodeBlob, header: &[u8], layout: &Layout) -> Result
     let start = blob.start;
     let offset = |at: u64| start.wrapping_add(field_i32(header, at) as u64);
     blob.method = field_u64(header, nmethod.method);
+    blob.compile_id = field_i32(header, nmethod.compile_id);
     blob.pcs = offset(nmethod.scopes_pcs_offset)..offset(nmethod.dependencies_offset);
     blob.scopes_data = field_u64(header, nmethod.scopes_data_begin);
     blob.metadata = offset(nmethod.metadata_offset);

@@ -26,6 +26,8 @@ pub struct NmethodLayout {
     pub method: u64,
     /// `_comp_level`: 1 to 3 C1, 4 C2 (an int).
     pub comp_level: u64,
+    /// `_compile_id`: unique per compilation (an int).
+    pub compile_id: u64,
     /// `_scopes_data_begin`: the address of the scopes data (JDK 17).
     pub scopes_data_begin: u64,
     /// `_scopes_pcs_offset`, `_dependencies_offset`: the `PcDesc` array,
@@ -220,6 +222,7 @@ impl Layout {
         let nmethod = NmethodLayout {
             method: l.offset_of(&[("CompiledMethod", "_method"), ("nmethod", "_method")]),
             comp_level: l.offset("nmethod", "_comp_level"),
+            compile_id: l.offset("nmethod", "_compile_id"),
             scopes_data_begin: l.offset("CompiledMethod", "_scopes_data_begin"),
             scopes_pcs_offset: l.offset("nmethod", "_scopes_pcs_offset"),
             dependencies_offset: l.offset("nmethod", "_dependencies_offset"),

@@ -47,7 +47,8 @@ pub struct NamedJavaFrame {
 /// cached and checked again on each use.
 pub struct JavaNamer {
     methods: MethodNamer,
-    nmethods: LruCache<(u64, u64), Arc<NmethodDebug>>,
+    /// By code start and compile id.
+    nmethods: LruCache<(u64, i32), Arc<NmethodDebug>>,
 }
 
 impl Default for JavaNamer {
@@ -103,10 +104,17 @@ impl JavaNamer {
             JavaFrame::Compiled {
                 code,
                 method,
+                compile_id,
                 pc,
                 exact,
                 tier,
-            } => self.compiled(memory, layout, cache, (code, method, pc, exact, tier)),
+            } => self.compiled(
+                memory,
+                layout,
+                cache,
+                (code, method, compile_id),
+                (pc, exact, tier),
+            ),
             JavaFrame::Stub { .. } => Ok(Vec::new()),
         }
     }
@@ -117,9 +125,10 @@ impl JavaNamer {
         memory: &mut dyn Memory,
         layout: &Layout,
         cache: &CodeCache,
-        (code, method, pc, exact, tier): (u64, u64, u64, bool, u8),
+        (code, method, compile_id): (u64, u64, i32),
+        (pc, exact, tier): (u64, bool, u8),
     ) -> Result<Vec<NamedJavaFrame>, HotSpotError> {
-        let debug = match self.nmethods.get(&(code, method)) {
+        let debug = match self.nmethods.get(&(code, compile_id)) {
             Some(debug) => debug.clone(),
             None => {
                 // The blob again, as it is now: it must still be the same
@@ -129,11 +138,12 @@ impl JavaNamer {
                     .filter(|blob| {
                         blob.code.start == code
                             && blob.method == method
+                            && blob.compile_id == compile_id
                             && matches!(blob.kind, BlobKind::Compiled { .. })
                     })
                     .ok_or_else(|| invalid("an nmethod", code, "gone since the sample"))?;
                 let debug = Arc::new(NmethodDebug::read(memory, &blob)?);
-                self.nmethods.put((code, method), debug.clone());
+                self.nmethods.put((code, compile_id), debug.clone());
                 debug
             }
         };

@@ -43,6 +43,7 @@ pub enum JavaFrame {
     Compiled {
         code: u64,
         method: u64,
+        compile_id: i32,
         pc: u64,
         exact: bool,
         tier: u8,
@@ -76,6 +77,7 @@ pub fn step(
         BlobKind::Compiled { tier } => JavaFrame::Compiled {
             code: blob.code.start,
             method: blob.method,
+            compile_id: blob.compile_id,
             pc: regs.ip,
             exact: !interrupted,
             tier,
