@@ -132,7 +132,7 @@ fn marked_line(name: &str) -> i64 {
 
 /// Whether `frames` hold accumulate (any line of its body) <- reconcile
 /// <- settle <- main at their call lines, Java frames of Chain.java, then
-/// the JVM's native frames below main.
+/// the call stub and the JVM's native frames below main.
 fn holds_chain(frames: &[Frame]) -> bool {
     let body = marked_line("accumulate") - 3..=marked_line("accumulate") + 3;
     let Some(leaf) = frames
@@ -156,7 +156,8 @@ fn holds_chain(frames: &[Frame]) -> bool {
             .iter()
             .zip(wanted)
             .all(|(frame, (name, line))| frame.name == name && frame.line == line)
-        && chain[wanted.len() + 1..]
+        && chain[wanted.len() + 1].name == "[call_stub]"
+        && chain[wanted.len() + 2..]
             .iter()
             .any(|frame| frame.name == "JavaCalls::call_helper")
 }

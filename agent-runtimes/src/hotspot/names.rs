@@ -72,7 +72,7 @@ impl JavaNamer {
     }
 
     /// The Java frames `frame` stands for, innermost first; empty for a
-    /// stub.
+    /// stub (named by its blob, [`JavaFrame::Stub`]).
     pub fn name(
         &mut self,
         memory: &mut dyn Memory,

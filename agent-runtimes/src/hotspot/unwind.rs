@@ -85,6 +85,11 @@ pub fn step(
         BlobKind::Native => JavaFrame::Native {
             method: blob.method,
         },
+        // The call stub's blob holds other stubs too: the call stub is
+        // the one Java code returns to.
+        BlobKind::Stub if regs.ip == cache.call_stub_return => JavaFrame::Stub {
+            name: "call_stub".to_owned(),
+        },
         BlobKind::Stub => JavaFrame::Stub {
             name: blob.name.clone(),
         },

@@ -330,6 +330,17 @@ impl JavaRuntime {
                 out.push(UserFrame::Native(address));
                 continue;
             };
+            if let JavaFrame::Stub { name } = frame {
+                // Generated code of the JVM: named by its blob, a frame of
+                // the JVM rather than of Java.
+                out.push(UserFrame::Interpreted(Arc::new(InterpretedFrame {
+                    runtime: Runtime::Java,
+                    function: format!("[{name}]").into(),
+                    file: "".into(),
+                    line: 0,
+                })));
+                continue;
+            }
             match jvm.namer.name(&mut memory, &jvm.layout, &jvm.cache, frame) {
                 Ok(named) if named.is_empty() => out.push(UserFrame::Native(address)),
                 Ok(named) => {
