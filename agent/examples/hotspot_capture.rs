@@ -59,7 +59,7 @@ fn main() -> Result<()> {
         tables.counts()
     );
 
-    let chosen = nmethods_of(pid, &cache, &layout, class)?;
+    let chosen = nmethods_of(pid, &layout, class)?;
     let mut meta = String::new();
     for (name, address) in symbols_of(&symbols) {
         writeln!(meta, "symbol {name} {address:#x}")?;
@@ -163,9 +163,12 @@ fn jvm_symbols(pid: u32) -> Result<agent_runtimes::hotspot::JvmObject> {
 
 /// The code starts of the compiled methods of `class`, looked for
 /// without the recorder.
-fn nmethods_of(pid: u32, cache: &CodeCache, layout: &Layout, class: &str) -> Result<Vec<u64>> {
+fn nmethods_of(pid: u32, layout: &Layout, class: &str) -> Result<Vec<u64>> {
     // Which nmethods are the class's: looked for without the recorder.
     let mut plain = ProcessMemory::new(pid);
+    // A code cache of its own: what it remembers must not spare the
+    // recorded one a read.
+    let cache = &CodeCache::read(&mut plain, layout)?;
     let mut namer = MethodNamer::new();
     let mut chosen = Vec::new();
     for blob in cache.blobs(&mut plain, layout)? {

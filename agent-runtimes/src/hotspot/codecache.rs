@@ -7,7 +7,7 @@
 //! hop back towards the block's first. A block is a `HeapBlock` header
 //! followed by the `CodeBlob`.
 
-use std::ops::Range;
+use std::{cell::RefCell, collections::HashMap, ops::Range};
 
 use super::{
     HotSpotError, invalid,
@@ -29,6 +29,9 @@ const MAX_BLOB_NAME: usize = 96;
 /// Largest blob believed (the code cache is at most 2 GiB; one blob of
 /// more than 64 MiB is corruption).
 const MAX_BLOB_SIZE: u64 = 64 << 20;
+
+/// Blob names remembered.
+const MAX_NAMES: usize = 256;
 
 /// A segment map byte for a free segment.
 const FREE_SEGMENT: u8 = 0xff;
@@ -88,6 +91,9 @@ pub struct CodeCache {
     pub call_stub_return: u64,
     /// Bytes of a blob's header read: enough for every field read.
     header_bytes: usize,
+    /// Blob names by address: they point at a few static strings of
+    /// libjvm (`nmethod`, the stubs'), not worth a read per frame.
+    names: RefCell<HashMap<u64, String>>,
 }
 
 impl CodeCache {
@@ -167,6 +173,7 @@ impl CodeCache {
             interpreter,
             call_stub_return,
             header_bytes: last as usize + 8,
+            names: RefCell::new(HashMap::new()),
         })
     }
 
@@ -183,6 +190,20 @@ impl CodeCache {
     /// Whether `pc` is in the template interpreter.
     pub fn is_interpreter(&self, pc: u64) -> bool {
         self.interpreter.contains(&pc)
+    }
+
+    /// The name at `address`, read once.
+    fn name(&self, memory: &mut dyn Memory, address: u64) -> Result<String, HotSpotError> {
+        if let Some(name) = self.names.borrow().get(&address) {
+            return Ok(name.clone());
+        }
+        let name = c_string(memory, address, MAX_BLOB_NAME)?;
+        let mut names = self.names.borrow_mut();
+        if names.len() >= MAX_NAMES {
+            names.clear();
+        }
+        names.insert(address, name.clone());
+        Ok(name)
     }
 
     /// The start of every blob in use, heap by heap in address order (for
@@ -227,15 +248,16 @@ impl CodeCache {
         let Some(block) = block_start(memory, heap, pc)? else {
             return Ok(None);
         };
-        let mut used = [0u8];
-        read(memory, block + layout.heap_block_used, &mut used)?;
-        if used[0] == 0 {
+        // The block's header and the blob's, in one read.
+        let skip = layout.heap_block_size as usize;
+        let mut both = vec![0; skip + self.header_bytes];
+        read(memory, block, &mut both)?;
+        if field(&both, layout.heap_block_used, 1) == 0 {
             return Ok(None);
         }
         let start = block + layout.heap_block_size;
-        let mut header = vec![0; self.header_bytes];
-        read(memory, start, &mut header)?;
-        let size = field_i32(&header, layout.code_blob_size);
+        let header = &both[skip..];
+        let size = field_i32(header, layout.code_blob_size);
         let size = u64::try_from(size)
             .ok()
             .filter(|&size| size >= layout.code_blob_header && size <= MAX_BLOB_SIZE)
@@ -246,32 +268,28 @@ impl CodeCache {
         }
         let code = match layout.code_bounds {
             CodeBounds::Addresses { begin, end } => {
-                field_u64(&header, begin)..field_u64(&header, end)
+                field_u64(header, begin)..field_u64(header, end)
             }
             CodeBounds::Offsets { code, data } => {
-                start.wrapping_add(field_i32(&header, code) as u64)
-                    ..start.wrapping_add(field_i32(&header, data) as u64)
+                start.wrapping_add(field_i32(header, code) as u64)
+                    ..start.wrapping_add(field_i32(header, data) as u64)
             }
         };
         if code.start < start || code.end > end || code.start > code.end {
             return Err(invalid("a code blob", start, "code outside the blob"));
         }
         // Blobs without frames of their own (buffer blobs) say -1.
-        let frame_words = field_i32(&header, layout.code_blob_frame_size).max(0);
+        let frame_words = field_i32(header, layout.code_blob_frame_size).max(0);
         if frame_words > 1 << 16 {
             return Err(invalid("a code blob", start, "an implausible frame size"));
         }
         let (complete_at, complete_width) = layout.code_blob_frame_complete;
-        let complete = field(&header, complete_at, complete_width);
+        let complete = field(header, complete_at, complete_width);
         let complete = match complete_width {
             2 => i64::from(complete as u16 as i16),
             _ => i64::from(complete as u32 as i32),
         };
-        let name = c_string(
-            memory,
-            field_u64(&header, layout.code_blob_name),
-            MAX_BLOB_NAME,
-        )?;
+        let name = self.name(memory, field_u64(header, layout.code_blob_name))?;
         let mut blob = CodeBlob {
             start,
             end,
@@ -291,7 +309,7 @@ impl CodeCache {
         if self.is_interpreter(pc) {
             blob.kind = BlobKind::Interpreter;
         } else if blob.name.contains("nmethod") {
-            nmethod_fields(&mut blob, &header, layout)?;
+            nmethod_fields(&mut blob, header, layout)?;
         }
         Ok(Some(blob))
     }
