@@ -103,12 +103,12 @@ impl CodeCache {
         if array == 0 {
             return Err(invalid("CodeCache::_heaps", layout.code_heaps, "null"));
         }
-        let count = i32_at(memory, array + layout.growable_array_len)?;
+        let count = i32_at(memory, array.wrapping_add(layout.growable_array_len))?;
         let count = usize::try_from(count)
             .ok()
             .filter(|&count| (1..=MAX_HEAPS).contains(&count))
             .ok_or_else(|| invalid("the code heaps", array, "an implausible count"))?;
-        let data = u64_at(memory, array + layout.growable_array_data)?;
+        let data = u64_at(memory, array.wrapping_add(layout.growable_array_data))?;
         let mut heaps = Vec::with_capacity(count);
         for index in 0..count as u64 {
             let heap = u64_at(memory, data.wrapping_add(index * 8))?;
@@ -141,8 +141,8 @@ impl CodeCache {
         let interpreter = if queue == 0 {
             0..0
         } else {
-            let buffer = u64_at(memory, queue + layout.stub_queue_buffer)?;
-            let limit = i32_at(memory, queue + layout.stub_queue_limit)?;
+            let buffer = u64_at(memory, queue.wrapping_add(layout.stub_queue_buffer))?;
+            let limit = i32_at(memory, queue.wrapping_add(layout.stub_queue_limit))?;
             buffer..buffer.wrapping_add(limit.max(0) as u64)
         };
         let call_stub_return = u64_at(memory, layout.call_stub_return_address)?;

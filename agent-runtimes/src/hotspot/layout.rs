@@ -142,19 +142,34 @@ struct Lookup<'a> {
     missing: Vec<String>,
 }
 
+/// Largest field offset or type size believed: the JVM's types are a
+/// few hundred bytes; firn allocates what a size says to read a header.
+const MAX_OFFSET: u64 = 1 << 16;
+
 impl Lookup<'_> {
     fn offset(&mut self, type_name: &str, field: &str) -> u64 {
-        self.tables.offset(type_name, field).unwrap_or_else(|| {
+        let offset = self.tables.offset(type_name, field).unwrap_or_else(|| {
             self.missing.push(format!("{type_name}::{field}"));
             0
-        })
+        });
+        self.bounded(offset, || format!("{type_name}::{field}"))
+    }
+
+    /// `value`, or 0 and an error if it is no plausible offset or size.
+    fn bounded(&mut self, value: u64, what: impl FnOnce() -> String) -> u64 {
+        if value <= MAX_OFFSET {
+            return value;
+        }
+        self.missing
+            .push(format!("a plausible {} ({value:#x})", what()));
+        0
     }
 
     /// The first of several names a field went by across JDKs.
     fn offset_of(&mut self, candidates: &[(&str, &str)]) -> u64 {
         for (type_name, field) in candidates {
             if let Some(offset) = self.tables.offset(type_name, field) {
-                return offset;
+                return self.bounded(offset, || format!("{type_name}::{field}"));
             }
         }
         let (type_name, field) = candidates[0];
@@ -172,10 +187,11 @@ impl Lookup<'_> {
     }
 
     fn size(&mut self, type_name: &str) -> u64 {
-        self.tables.size(type_name).unwrap_or_else(|| {
+        let size = self.tables.size(type_name).unwrap_or_else(|| {
             self.missing.push(format!("the size of {type_name}"));
             0
-        })
+        });
+        self.bounded(size, || format!("size of {type_name}"))
     }
 
     fn constant_of(&mut self, candidates: &[&str]) -> i64 {
@@ -213,7 +229,10 @@ impl Layout {
             tables.offset("CodeBlob", "_code_begin"),
             tables.offset("CodeBlob", "_code_end"),
         ) {
-            (Some(begin), Some(end)) => CodeBounds::Addresses { begin, end },
+            (Some(begin), Some(end)) => CodeBounds::Addresses {
+                begin: l.bounded(begin, || "CodeBlob::_code_begin".into()),
+                end: l.bounded(end, || "CodeBlob::_code_end".into()),
+            },
             _ => CodeBounds::Offsets {
                 code: l.offset("CodeBlob", "_code_offset"),
                 data: l.offset("CodeBlob", "_data_offset"),
@@ -303,6 +322,14 @@ impl Layout {
                     .unwrap_or(INTERPRETER_FRAME_X86_64.bcp),
             },
         };
+        let slots = layout.interpreter_frame;
+        if [slots.sender_sp, slots.method, slots.bcp]
+            .iter()
+            .any(|words| !(-64..=64).contains(words))
+        {
+            l.missing
+                .push(format!("plausible interpreter frame slots ({slots:?})"));
+        }
         match l.missing.is_empty() {
             true => Ok(layout),
             false => Err(LayoutError::Missing {

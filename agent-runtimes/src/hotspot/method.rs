@@ -143,7 +143,7 @@ impl MethodNamer {
         if method == 0 || !method.is_multiple_of(8) {
             return Err(invalid("a Method*", method, "null or misaligned"));
         }
-        let const_method = u64_at(memory, method + layout.method_const_method)?;
+        let const_method = u64_at(memory, method.wrapping_add(layout.method_const_method))?;
         if let Some(cached) = self.cache.get(&method)
             && cached.const_method == const_method
         {
@@ -191,7 +191,7 @@ fn read_method(
     let name_index = field_u16(&cm, layout.const_method_name_index);
     let signature_index = field_u16(&cm, layout.const_method_signature_index);
     let total_words = field_i32(&cm, layout.const_method_total_size);
-    let code = const_method + layout.const_method_size;
+    let code = const_method.wrapping_add(layout.const_method_size);
     if constants == 0 || !constants.is_multiple_of(8) {
         return Err(invalid("a ConstantPool*", constants, "null or misaligned"));
     }
@@ -212,14 +212,16 @@ fn read_method(
     if holder == 0 || !holder.is_multiple_of(8) {
         return Err(invalid("a class", holder, "null or misaligned"));
     }
-    if u64_at(memory, holder + layout.instance_klass_constants)? != constants {
+    if u64_at(memory, holder.wrapping_add(layout.instance_klass_constants))? != constants {
         return Err(invalid("a ConstantPool", constants, "not its class's"));
     }
     let slot = |index: u16| -> Result<u64, HotSpotError> {
         if index == 0 || i32::from(index) >= length {
             return Err(invalid("a constant pool index", constants, "out of range"));
         }
-        Ok(constants + layout.constant_pool_size + u64::from(index) * 8)
+        Ok(constants
+            .wrapping_add(layout.constant_pool_size)
+            .wrapping_add(u64::from(index) * 8))
     };
     let symbol_at = |memory: &mut dyn Memory, pointer: u64| {
         let address = u64_at(memory, pointer)?;
@@ -227,14 +229,14 @@ fn read_method(
     };
     let name = symbol_at(memory, slot(name_index)?)?;
     let signature = symbol_at(memory, slot(signature_index)?)?;
-    let class = symbol_at(memory, holder + layout.klass_name)?;
+    let class = symbol_at(memory, holder.wrapping_add(layout.klass_name))?;
     let source = match source_index {
         0 => String::new(),
         index => symbol_at(memory, slot(index)?)?,
     };
     let lines = if flags & layout.has_line_number_table != 0 {
-        let start = code + code_size;
-        read_line_table(memory, start, const_method + total)?
+        let start = code.wrapping_add(code_size);
+        read_line_table(memory, start, const_method.wrapping_add(total))?
     } else {
         Vec::new()
     };
@@ -280,13 +282,17 @@ fn symbol(memory: &mut dyn Memory, layout: &Layout, address: u64) -> Result<Stri
         return Err(invalid("a Symbol*", address, "null or misaligned"));
     }
     let mut length = [0u8; 2];
-    read(memory, address + layout.symbol_length, &mut length)?;
+    read(
+        memory,
+        address.wrapping_add(layout.symbol_length),
+        &mut length,
+    )?;
     let length = u16::from_le_bytes(length) as usize;
     if length == 0 || length > MAX_SYMBOL {
         return Err(invalid("a Symbol", address, "an implausible length"));
     }
     let mut body = vec![0; length];
-    read(memory, address + layout.symbol_body, &mut body)?;
+    read(memory, address.wrapping_add(layout.symbol_body), &mut body)?;
     if body
         .iter()
         .any(|&byte| byte == 0 || byte < 0x20 && byte != b'\t')

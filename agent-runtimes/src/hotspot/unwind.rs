@@ -126,8 +126,8 @@ fn interpreted(
     // above the return address.
     let sender_sp = slot(slots.sender_sp)
         .ok()
-        .filter(|&sp| sp >= bp + 16 && sp.is_multiple_of(8))
-        .unwrap_or(bp + 16);
+        .filter(|&sp| sp >= bp.saturating_add(16) && sp.is_multiple_of(8))
+        .unwrap_or(bp.wrapping_add(16));
     Ok(Step {
         caller: FrameRegs {
             ip,
@@ -150,19 +150,19 @@ fn sized(
 ) -> Result<FrameRegs, HotSpotError> {
     let built = FrameRegs {
         ip: 0,
-        sp: regs.sp + blob.frame_size,
-        bp: stack(regs.sp + blob.frame_size - 16),
+        sp: regs.sp.wrapping_add(blob.frame_size),
+        bp: stack(regs.sp.wrapping_add(blob.frame_size).wrapping_sub(16)),
     };
     // Nothing pushed yet (the entry), or rbp pushed and the frame not
     // yet made (or already popped).
     let bare = FrameRegs {
         ip: 0,
-        sp: regs.sp + 8,
+        sp: regs.sp.wrapping_add(8),
         bp: regs.bp,
     };
     let pushed = FrameRegs {
         ip: 0,
-        sp: regs.sp + 16,
+        sp: regs.sp.wrapping_add(16),
         bp: stack(regs.sp),
     };
     let candidates: &[FrameRegs] = if !interrupted {
@@ -201,7 +201,7 @@ fn frameless(
         && let Some(caller) = with_return_address(
             FrameRegs {
                 ip: 0,
-                sp: regs.sp + 8,
+                sp: regs.sp.wrapping_add(8),
                 bp: regs.bp,
             },
             stack,
@@ -215,14 +215,15 @@ fn frameless(
         .filter(|&bp| bp >= regs.sp && bp.is_multiple_of(8))
         .ok_or_else(|| invalid("a stub frame", regs.sp, "rbp is not a frame"))?;
     Ok(FrameRegs {
-        ip: stack(bp + 8).ok_or_else(|| invalid("a stub frame", bp, "beyond the stack copy"))?,
-        sp: bp + 16,
+        ip: stack(bp.wrapping_add(8))
+            .ok_or_else(|| invalid("a stub frame", bp, "beyond the stack copy"))?,
+        sp: bp.wrapping_add(16),
         bp: stack(bp),
     })
 }
 
 /// `caller` with its return address (just below its sp) filled in.
 fn with_return_address(caller: FrameRegs, stack: &dyn Fn(u64) -> Option<u64>) -> Option<FrameRegs> {
-    let ip = stack(caller.sp - 8)?;
+    let ip = stack(caller.sp.wrapping_sub(8))?;
     (ip != 0).then_some(FrameRegs { ip, ..caller })
 }

@@ -299,3 +299,54 @@ fn pcs_outside_the_code_cache_find_nothing() {
     );
 }
 mod unwind;
+
+#[test]
+fn hostile_pointers_and_tables_are_errors_not_panics() {
+    let mut loaded = load(&CAPTURES[0]);
+    let (mut tables, layout) = layout_of(&mut loaded);
+    let cache = CodeCache::read(&mut loaded.memory, &layout).expect("the code heaps");
+    let mut namer = JavaNamer::new();
+    for pointer in [8, 0x1000, u64::MAX - 7, u64::MAX - 15, 1 << 63] {
+        let frames = [
+            JavaFrame::Interpreted {
+                method: pointer,
+                bcp: pointer,
+            },
+            JavaFrame::Native { method: pointer },
+            JavaFrame::Compiled {
+                code: pointer,
+                method: pointer,
+                compile_id: 1,
+                pc: pointer,
+                exact: false,
+                tier: 4,
+            },
+        ];
+        for frame in frames {
+            assert!(
+                namer
+                    .name(&mut loaded.memory, &layout, &cache, &frame)
+                    .is_err(),
+                "{frame:?}"
+            );
+        }
+    }
+    // A blob's frame at the very top of the address space.
+    let blob = cache
+        .find(&mut loaded.memory, &layout, loaded.nmethods[0])
+        .expect("readable")
+        .expect("a blob");
+    for sp in [u64::MAX - 7, 0, 8] {
+        let regs = FrameRegs {
+            ip: blob.code.start,
+            sp,
+            bp: Some(u64::MAX - 7),
+        };
+        let _ = step(&cache, &layout, &blob, regs, true, &|_| Some(u64::MAX));
+        let _ = step(&cache, &layout, &blob, regs, false, &|_| Some(u64::MAX));
+    }
+    // A table saying a type is 4 GiB: refused, not allocated.
+    tables.types.insert("ConstMethod".to_owned(), 1 << 32);
+    let error = Layout::new(&tables).expect_err("implausible");
+    assert!(error.to_string().contains("size of ConstMethod"), "{error}");
+}
