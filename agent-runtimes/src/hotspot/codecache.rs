@@ -38,7 +38,10 @@ const FREE_SEGMENT: u8 = 0xff;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Heap {
+    /// All the heap may hold (reserved): it commits more as it fills.
     code: Range<u64>,
+    /// Its committed end when firn read it, for the walk of its blocks.
+    committed: u64,
     segmap: u64,
     log2_segment_size: u32,
 }
@@ -112,28 +115,7 @@ impl CodeCache {
         let mut heaps = Vec::with_capacity(count);
         for index in 0..count as u64 {
             let heap = u64_at(memory, data.wrapping_add(index * 8))?;
-            let space = |offset: u64| heap.wrapping_add(offset);
-            let low = u64_at(
-                memory,
-                space(layout.code_heap_memory + layout.virtual_space_low),
-            )?;
-            let high = u64_at(
-                memory,
-                space(layout.code_heap_memory + layout.virtual_space_high),
-            )?;
-            let segmap = u64_at(
-                memory,
-                space(layout.code_heap_segmap + layout.virtual_space_low),
-            )?;
-            let log2 = i32_at(memory, space(layout.code_heap_log2_segment_size))?;
-            if low >= high || !(4..=16).contains(&log2) || segmap == 0 {
-                return Err(invalid("a code heap", heap, "implausible bounds"));
-            }
-            heaps.push(Heap {
-                code: low..high,
-                segmap,
-                log2_segment_size: log2 as u32,
-            });
+            heaps.push(read_heap(memory, layout, heap)?);
         }
         let bounds =
             u64_at(memory, layout.code_low_bound)?..u64_at(memory, layout.code_high_bound)?;
@@ -217,7 +199,7 @@ impl CodeCache {
         let (length_at, length_width) = layout.heap_block_length;
         for heap in &self.heaps {
             let mut block = heap.code.start;
-            while block < heap.code.end {
+            while block < heap.committed {
                 let mut header = [0u8; 16];
                 read(memory, block, &mut header)?;
                 let segments = field(&header, length_at, length_width);
@@ -313,6 +295,28 @@ impl CodeCache {
         }
         Ok(Some(blob))
     }
+}
+
+/// A `CodeHeap`: its bounds and segment map.
+fn read_heap(memory: &mut dyn Memory, layout: &Layout, heap: u64) -> Result<Heap, HotSpotError> {
+    let mut word = |offset: u64| u64_at(memory, heap.wrapping_add(offset));
+    let low = word(layout.code_heap_memory + layout.virtual_space_low)?;
+    let high = word(layout.code_heap_memory + layout.virtual_space_high)?;
+    let reserved = word(layout.code_heap_memory + layout.virtual_space_high_boundary)?;
+    let segmap = word(layout.code_heap_segmap + layout.virtual_space_low)?;
+    let log2 = i32_at(
+        memory,
+        heap.wrapping_add(layout.code_heap_log2_segment_size),
+    )?;
+    if low >= high || high > reserved || !(4..=16).contains(&log2) || segmap == 0 {
+        return Err(invalid("a code heap", heap, "implausible bounds"));
+    }
+    Ok(Heap {
+        code: low..reserved,
+        committed: high,
+        segmap,
+        log2_segment_size: log2 as u32,
+    })
 }
 
 /// What an nmethod's header says of its method and debug information.

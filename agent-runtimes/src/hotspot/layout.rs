@@ -60,6 +60,7 @@ pub struct Layout {
     pub code_heap_log2_segment_size: u64,
     pub virtual_space_low: u64,
     pub virtual_space_high: u64,
+    pub virtual_space_high_boundary: u64,
     /// `sizeof(HeapBlock)`: a blob starts this far past its block.
     pub heap_block_size: u64,
     /// `HeapBlock::Header::_used` from the block's start.
@@ -267,6 +268,7 @@ impl Layout {
             code_heap_log2_segment_size: l.offset("CodeHeap", "_log2_segment_size"),
             virtual_space_low: l.offset("VirtualSpace", "_low"),
             virtual_space_high: l.offset("VirtualSpace", "_high"),
+            virtual_space_high_boundary: l.offset("VirtualSpace", "_high_boundary"),
             heap_block_size: l.size("HeapBlock"),
             heap_block_used: l.offset("HeapBlock", "_header")
                 + l.offset("HeapBlock::Header", "_used"),
