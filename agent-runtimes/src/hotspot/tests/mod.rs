@@ -38,12 +38,23 @@ struct Loaded {
     memory: Replay,
     symbols: JvmObject,
     nmethods: Vec<u64>,
+    stacks: Vec<Stopped>,
+}
+
+/// The Java main thread stopped in the chain: its registers and the part
+/// of its stack the capture's unwind read, from `sp` up.
+struct Stopped {
+    ip: u64,
+    sp: u64,
+    bp: u64,
+    stack: Vec<u8>,
 }
 
 fn load(capture: &JvmCapture) -> Loaded {
     let memory = Replay(Regions::parse(capture.memory).expect("the regions parse"));
     let mut symbols = Vec::new();
     let mut nmethods = Vec::new();
+    let mut stacks = Vec::new();
     for line in capture.meta.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
         let hex = |text: &str| u64::from_str_radix(text.trim_start_matches("0x"), 16).expect("hex");
@@ -56,6 +67,14 @@ fn load(capture: &JvmCapture) -> Loaded {
                 symbols.push((*name, hex(address)));
             }
             ["nmethod", address] => nmethods.push(hex(address)),
+            ["stack", ip, sp, bp, bytes] => stacks.push(Stopped {
+                ip: hex(ip),
+                sp: hex(sp),
+                bp: hex(bp),
+                stack: (0..bytes.len() / 2)
+                    .map(|at| u8::from_str_radix(&bytes[at * 2..at * 2 + 2], 16).expect("hex"))
+                    .collect(),
+            }),
             _ => panic!("{}: unexpected line {line:?}", capture.name),
         }
     }
@@ -63,6 +82,7 @@ fn load(capture: &JvmCapture) -> Loaded {
         memory,
         symbols: JvmObject::from_symbols(symbols),
         nmethods,
+        stacks,
     }
 }
 

@@ -279,3 +279,75 @@ fn interpreted_frames_take_method_and_bytecode_from_their_slots() {
 fn interpreter_pc(jvm: &Jvm) -> u64 {
     jvm.cache.interpreter_start()
 }
+
+/// The Java frames of a stopped thread, unwound over its stack copy from
+/// its registers to the first frame outside the code cache, named.
+fn unwind_stopped(jvm: &mut Jvm, stopped: &Stopped) -> Vec<String> {
+    let word = |address: u64| {
+        let offset = usize::try_from(address.checked_sub(stopped.sp)?).ok()?;
+        let bytes = stopped.stack.get(offset..offset + 8)?;
+        Some(u64::from_le_bytes(bytes.try_into().ok()?))
+    };
+    let mut namer = JavaNamer::new();
+    let mut regs = FrameRegs {
+        ip: stopped.ip,
+        sp: stopped.sp,
+        bp: Some(stopped.bp),
+    };
+    let mut names = Vec::new();
+    for depth in 0..32 {
+        if !jvm.cache.contains(regs.ip) {
+            return names;
+        }
+        let blob = jvm.blob(if depth == 0 { regs.ip } else { regs.ip - 1 });
+        let step = step(&jvm.cache, &jvm.layout, &blob, regs, depth == 0, &word)
+            .unwrap_or_else(|error| panic!("{names:?} then {error}"));
+        match &step.frame {
+            JavaFrame::Stub { name } => names.push(format!("[{name}]")),
+            frame => names.extend(jvm.name(&mut namer, frame)),
+        }
+        regs = step.caller;
+    }
+    panic!("no end to {names:?}");
+}
+
+#[test]
+fn stopped_threads_unwind_through_the_chain_to_the_call_stub() {
+    for capture in CAPTURES {
+        let mut jvm = jvm(capture);
+        let stacks = std::mem::take(&mut jvm.loaded.stacks);
+        assert!(
+            stacks.len() >= 4,
+            "{}: {} stacks",
+            capture.name,
+            stacks.len()
+        );
+        // C1: accumulate and reconcile compiled on their own, settle with
+        // reconcile inlined, main interpreted; C2: the whole chain inlined
+        // into settle. Either way the same frames by name.
+        let c2 = capture.name.ends_with("c2");
+        let expected = [
+            format!(
+                "Chain.accumulate:{} {}",
+                marked_line("accumulate") - 1,
+                if c2 { "Inlined" } else { "C1" }
+            ),
+            format!("Chain.reconcile:{} Inlined", marked_line("reconcile")),
+            format!(
+                "Chain.settle:{} {}",
+                marked_line("settle"),
+                if c2 { "C2" } else { "C1" }
+            ),
+            format!("Chain.main:{} Interpreted", marked_line("main")),
+            "[call_stub]".to_owned(),
+        ];
+        for stopped in &stacks {
+            assert_eq!(
+                unwind_stopped(&mut jvm, stopped),
+                expected,
+                "{}",
+                capture.name
+            );
+        }
+    }
+}

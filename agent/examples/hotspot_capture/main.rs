@@ -5,12 +5,16 @@
 //! ```
 //!
 //! reads the JVM's tables, layout and code cache, finds the compiled
-//! methods of `CLASS`, and names every scope of their debug information
-//! (and the interpreter's range), reading the process only through a
-//! recorder. It writes `OUTPUT.mem.gz` (every byte range read, in
+//! methods of `CLASS`, names every scope of their debug information (and
+//! the interpreter's blob), and stops the Java main thread with ptrace
+//! until six stops in `CLASS.accumulate` were unwound through their Java
+//! frames, reading the process only through a recorder. It writes `OUTPUT.mem.gz` (every byte range read, in
 //! `agent_fixtures::memory` format) and `OUTPUT.txt` (the table symbols'
-//! run-time addresses and the nmethods named), and prints what it named,
+//! run-time addresses, the nmethods named, the stops' registers and
+//! stacks), and prints what it named,
 //! which the tests then expect of the same reads.
+
+mod stacks;
 
 use std::{fmt::Write as _, io::Write as _};
 
@@ -111,6 +115,11 @@ fn main() -> Result<()> {
         found.map(|blob| (blob.kind, blob.name))
     );
 
+    // Stops of the main thread in the chain, with the part of their stack
+    // copies the unwind read (in hex: the stops overlap in address).
+    let leaf = format!("{class}.accumulate");
+    let stops = stacks::sample(pid, &mut recorder, &cache, &layout, &leaf, 6)?;
+    stacks::describe(&stops, &mut meta)?;
     write(output, &recorder.regions, &meta)?;
     Ok(())
 }
