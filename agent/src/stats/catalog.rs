@@ -168,12 +168,14 @@ declare_metrics! {
     }
     unwind_frames_without_cfi: Counter,
         "Frames the DWARF unwinder stepped over without CFI, by kind: frame_pointer (code \
-        without CFI, such as JIT code, unwound by following rbp), signal (signal \
-        trampolines)."
+        without CFI, such as JIT code, unwound by following rbp), runtime (JIT code a \
+        runtime unwound by its own frame layout: HotSpot's), signal (signal trampolines)."
     {
         stats: [
             /// Frames without CFI unwound by following rbp (JIT code).
             unwind_rbp_frames { kind = "frame_pointer" },
+            /// Frames of JIT code unwound by their runtime (HotSpot).
+            unwind_jit_frames { kind = "runtime" },
             /// Signal frames unwound.
             unwind_signal_frames { kind = "signal" },
         ],
@@ -711,6 +713,47 @@ declare_metrics! {
             python_code_cache_misses { result = "miss" },
             /// Code object cache entries evicted by the byte bound.
             python_code_cache_evictions { result = "eviction" },
+        ],
+    }
+    java_processes: Counter,
+        "HotSpot JVMs found whose Java frames firn unwinds and names."
+    {
+        stats: [
+            /// JVMs whose tables and code cache were read.
+            java_processes {},
+        ],
+    }
+    java_processes_skipped: Counter,
+        "JVMs whose Java frames firn does not unwind (their native frames are still \
+        profiled), by reason: layout (the JVM's structure tables lack a field firn needs), \
+        unreadable (libjvm.so or the tables could not be read)."
+    {
+        stats: [
+            /// JVMs skipped: a field firn needs is missing from their tables.
+            java_skipped_layout { reason = "layout" },
+            /// JVMs skipped: libjvm.so or the tables could not be read.
+            java_skipped_unreadable { reason = "unreadable" },
+        ],
+    }
+    java_frames: Counter,
+        "Java frames named (an inlined method counts as a frame of its own)."
+    {
+        stats: [
+            /// Java frames named.
+            java_frames {},
+        ],
+    }
+    java_read_failures: Counter,
+        "Java frames that could not be made sense of, by stage: unwind (no code blob at \
+        the frame's pc, or its frame did not lead back into Java code; the stack ends \
+        there), name (its method or debug information could not be read, or had changed \
+        since the sample: the frame is named <unknown> rather than misnamed)."
+    {
+        stats: [
+            /// Java frames not unwound.
+            java_unwind_failures { stage = "unwind" },
+            /// Java frames not named.
+            java_name_failures { stage = "name" },
         ],
     }
 }
