@@ -34,7 +34,7 @@ pub const PYROSCOPE_VERSION: &str = "v1.19.3";
 /// virtualenv, tmux to drive `firn top` in a terminal, Docker (the daemon
 /// the container metadata test runs a real container with, on a socket of
 /// its own), debootstrap for the root file systems of the container image
-/// test's base images.
+/// test's base images, JDK 17 for the Java tests (javac and a HotSpot JVM).
 const DEBIAN_PACKAGES: &[&str] = &[
     "gcc",
     "libc6-dev",
@@ -48,6 +48,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "tmux",
     "docker.io",
     "debootstrap",
+    "openjdk-17-jdk-headless",
 ];
 
 /// Python tools the tests and benchmarks use, pinned: the Prometheus
