@@ -31,6 +31,7 @@
 
 pub mod libc;
 pub mod python;
+pub mod v8;
 
 /// A failed read of another process's memory.
 #[derive(Debug, thiserror::Error)]

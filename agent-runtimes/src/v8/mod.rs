@@ -1,0 +1,25 @@
+//! V8 (Node.js and other embedders) on x86-64: JavaScript frames named
+//! from V8's own post-mortem constants.
+//!
+//! - [`inspect_object`]: does a mapped object embed V8 with its
+//!   post-mortem constants (`v8dbg_*` symbols), and their values, read
+//!   from the object's bytes.
+//! - [`Layout::new`]: the tagging, frame slots, instance types and field
+//!   offsets firn follows, from those constants alone; a constant missing
+//!   is an error naming it, never a guess.
+//!
+//! V8's generated code keeps frame pointers, so the native frame-pointer
+//! walk already passes through JavaScript frames; each one holds its
+//! JSFunction in a fixed slot below its frame pointer
+//! ([`FrameSlots::function`]), the root of everything that names it.
+
+mod layout;
+mod object;
+
+#[cfg(test)]
+mod tests;
+
+pub use layout::{
+    Fields, FrameSlots, Layout, LayoutError, ScopeInfoSlots, StringTags, Tagging, Types,
+};
+pub use object::{Constants, ObjectError, inspect_object};

@@ -1,0 +1,5 @@
+//! The V8 reader over real builds' constants (`agent_fixtures::v8`) and a
+//! small ELF file made here.
+
+mod elf;
+mod layout;
