@@ -13,8 +13,11 @@
 //! JSFunction in a fixed slot below its frame pointer
 //! ([`FrameSlots::function`]), the root of everything that names it.
 
+mod heap;
 mod layout;
+mod namer;
 mod object;
+mod scope;
 
 #[cfg(test)]
 mod tests;
@@ -22,4 +25,5 @@ mod tests;
 pub use layout::{
     Fields, FrameSlots, Layout, LayoutError, ScopeInfoSlots, StringTags, Tagging, Types,
 };
+pub use namer::{JsFunction, NameError, NamerCounts, V8Namer};
 pub use object::{Constants, ObjectError, inspect_object};

@@ -2,4 +2,5 @@
 //! small ELF file made here.
 
 mod elf;
+mod frames;
 mod layout;
