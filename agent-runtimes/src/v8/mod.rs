@@ -7,6 +7,10 @@
 //! - [`Layout::new`]: the tagging, frame slots, instance types and field
 //!   offsets firn follows, from those constants alone; a constant missing
 //!   is an error naming it, never a guess.
+//! - [`walk_chain`]: a sample's frame-pointer chain over its stack copy,
+//!   with each frame's function slot as of the sample.
+//! - [`V8Namer`]: a function slot's JSFunction as name and file, checked
+//!   object by object against the live heap and cached.
 //!
 //! V8's generated code keeps frame pointers, so the native frame-pointer
 //! walk already passes through JavaScript frames; each one holds its
@@ -18,6 +22,7 @@ mod layout;
 mod namer;
 mod object;
 mod scope;
+mod walk;
 
 #[cfg(test)]
 mod tests;
@@ -27,3 +32,4 @@ pub use layout::{
 };
 pub use namer::{JsFunction, NameError, NamerCounts, V8Namer};
 pub use object::{Constants, ObjectError, inspect_object};
+pub use walk::{ChainFrame, MAX_FRAMES, StackCopy, walk_chain};

@@ -10,7 +10,7 @@ use agent_fixtures::{
 
 use crate::{
     Memory, MemoryError,
-    v8::{Constants, JsFunction, Layout, NameError, V8Namer},
+    v8::{ChainFrame, Constants, JsFunction, Layout, NameError, StackCopy, V8Namer, walk_chain},
 };
 
 struct Replay(Regions);
@@ -198,4 +198,114 @@ fn an_object_that_changed_is_not_named_from_the_cache() {
     // A word that is not a heap pointer at all.
     let error = namer.name(&mut loaded.memory, 42 << 32).expect_err("a Smi");
     assert_eq!(error.reason(), "not_an_object");
+}
+
+/// The capture's stack as the BPF program would have copied it: from the
+/// stack pointer to past the outermost frame, the bytes the namer read in
+/// place and zeros between.
+fn stack_copy(capture: &V8Capture, loaded: &Loaded) -> (u64, u64, u64, Vec<u8>) {
+    let words: Vec<u64> = capture
+        .meta
+        .split_whitespace()
+        .skip(1)
+        .map(|word| u64::from_str_radix(word.trim_start_matches("0x"), 16).expect("hex"))
+        .collect();
+    let [ip, bp, sp] = words.as_slice() else {
+        panic!("registers");
+    };
+    let end = loaded.frame_pointers.last().expect("frames") + 16;
+    let mut bytes = vec![0; (end - sp) as usize];
+    for (address, data) in &loaded.memory.0.0 {
+        for (index, byte) in data.iter().enumerate() {
+            let at = address + index as u64;
+            if (*sp..end).contains(&at) {
+                bytes[(at - sp) as usize] = *byte;
+            }
+        }
+    }
+    (*ip, *bp, *sp, bytes)
+}
+
+#[test]
+fn the_chain_walked_over_a_stack_copy_is_named() {
+    for capture in &CAPTURES {
+        let mut loaded = load(capture);
+        let (ip, bp, sp, bytes) = stack_copy(capture, &loaded);
+        let stack = StackCopy { sp, bytes: &bytes };
+        let chain = walk_chain(stack, &loaded.layout, ip, bp);
+        let fps: Vec<u64> = chain.iter().map(|frame| frame.fp).collect();
+        assert_eq!(fps, loaded.frame_pointers, "{}", capture.name);
+        assert_eq!(chain[0].pc, ip);
+        let mut namer = V8Namer::new(loaded.layout);
+        let names: Vec<String> = chain
+            .iter()
+            .filter_map(|frame| namer.name(&mut loaded.memory, frame.function?).ok())
+            .filter(|named| named.file.ends_with(SCRIPT))
+            .map(|named| named.name.to_string())
+            .collect();
+        assert_eq!(
+            names.first().map(String::as_str),
+            Some("burnLeaf"),
+            "{}",
+            capture.name
+        );
+        assert_eq!(
+            names.last().map(String::as_str),
+            Some("(anonymous)"),
+            "{}",
+            capture.name
+        );
+        // Each frame's pc is the return address its callee saved.
+        for pair in chain.windows(2) {
+            let saved = loaded.memory.word(pair[0].fp + 8).expect("captured");
+            assert_eq!(pair[1].pc, saved);
+        }
+    }
+}
+
+#[test]
+fn the_walk_stops_where_the_copy_or_the_chain_does() {
+    let layout = load(&CAPTURES[0]).layout;
+    let sp = 0x7ffc_0000_1000;
+    let mut bytes = vec![0u8; 0x100];
+    let mut put = |at: u64, value: u64| {
+        let offset = (at - sp) as usize;
+        bytes[offset..offset + 8].copy_from_slice(&value.to_le_bytes());
+    };
+    // Frame at sp+0x40 whose caller is at sp+0x80, whose caller points
+    // down the stack (a frame pointer used as a general register).
+    put(sp + 0x40, sp + 0x80);
+    put(sp + 0x48, 0x1111);
+    put(sp + 0x30, 0xf00d);
+    put(sp + 0x80, sp + 0x10);
+    put(sp + 0x88, 0x2222);
+    let stack = StackCopy { sp, bytes: &bytes };
+    let chain = walk_chain(stack, &layout, 0x42, sp + 0x40);
+    assert_eq!(
+        chain,
+        [
+            ChainFrame {
+                pc: 0x42,
+                fp: sp + 0x40,
+                function: Some(0xf00d)
+            },
+            ChainFrame {
+                pc: 0x1111,
+                fp: sp + 0x80,
+                function: Some(0)
+            },
+        ]
+    );
+    // A frame pointer past the copy: the frame, with no slot to read.
+    let chain = walk_chain(stack, &layout, 0x42, sp + 0x1000);
+    assert_eq!(
+        chain,
+        [ChainFrame {
+            pc: 0x42,
+            fp: sp + 0x1000,
+            function: None
+        }]
+    );
+    // Below the stack pointer: nothing.
+    assert!(walk_chain(stack, &layout, 0x42, sp - 0x100).is_empty());
 }
