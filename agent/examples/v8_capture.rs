@@ -11,6 +11,15 @@
 //! `OUTPUT.mem.gz` (every byte range read, in `agent_fixtures::memory`
 //! format) and `OUTPUT.txt` (the registers the walk started from); it
 //! prints what it named, which the tests then expect of the same reads.
+//!
+//! ```text
+//! cargo run -p firn --example v8_capture -- PID --samples N
+//! ```
+//!
+//! stops the process N times, 10 ms apart, names each stop's frames the
+//! same way and prints how many stops had JavaScript frames named and the
+//! most frequent stacks (innermost first): a measure of the namer on a
+//! live process, apart from the BPF program.
 
 use std::{fmt::Write as _, io::Write as _};
 
@@ -23,7 +32,7 @@ use anyhow::{Context, Result, bail};
 use firn::runtimes::ProcessMemory;
 
 /// Frames walked at most.
-const MAX_FRAMES: usize = 256;
+const MAX_FRAMES: usize = agent_runtimes::v8::MAX_FRAMES;
 
 /// Reads through to the process, keeping a copy of all it read.
 struct Recorder {
@@ -80,8 +89,11 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let (pid, output) = match args.as_slice() {
         [_, pid] => (pid, None),
+        [_, pid, flag, count] if flag == "--samples" => {
+            return sample(pid.parse().context("PID")?, count.parse().context("N")?);
+        }
         [_, pid, output] => (pid, Some(output.clone())),
-        _ => bail!("usage: v8_capture PID [OUTPUT]"),
+        _ => bail!("usage: v8_capture PID [OUTPUT | --samples N]"),
     };
     let pid: u32 = pid.parse().context("PID")?;
     let exe = std::fs::read(format!("/proc/{pid}/exe")).context("reading the executable")?;
@@ -149,6 +161,63 @@ fn main() -> Result<()> {
             recorder.regions.total_bytes(),
             recorder.regions.0.len()
         );
+    }
+    Ok(())
+}
+
+/// The JavaScript frames of one stop, innermost first, and how many
+/// frames the chain had.
+fn named_stack(
+    memory: &mut dyn Memory,
+    namer: &mut V8Namer,
+    regs: &Registers,
+) -> (Vec<String>, usize) {
+    let layout = *namer.layout();
+    let mut names = Vec::new();
+    let mut fp = regs.rbp;
+    let mut frames = 0;
+    while fp != 0 && frames < MAX_FRAMES {
+        frames += 1;
+        let mut word = [0; 8];
+        if memory
+            .read(fp.wrapping_add_signed(layout.frame.function), &mut word)
+            .is_ok()
+            && let Ok(named) = namer.name(memory, u64::from_le_bytes(word))
+        {
+            let file = named.file.rsplit('/').next().unwrap_or_default().to_owned();
+            names.push(format!("{}@{file}", named.name));
+        }
+        if memory.read(fp, &mut word).is_err() {
+            break;
+        }
+        let caller = u64::from_le_bytes(word);
+        if caller <= fp {
+            break;
+        }
+        fp = caller;
+    }
+    (names, frames)
+}
+
+fn sample(pid: u32, count: usize) -> Result<()> {
+    let exe = std::fs::read(format!("/proc/{pid}/exe")).context("reading the executable")?;
+    let constants = inspect_object(&exe)?.context("no v8dbg_ constants")?;
+    let mut namer = V8Namer::new(Layout::new(&constants)?);
+    let mut memory = ProcessMemory::new(pid);
+    let mut stacks: std::collections::HashMap<Vec<String>, usize> = Default::default();
+    let mut with_js = 0;
+    for _ in 0..count {
+        let (names, _) = stopped(pid, |regs| Ok(named_stack(&mut memory, &mut namer, regs)))?;
+        with_js += usize::from(!names.is_empty());
+        *stacks.entry(names).or_default() += 1;
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    println!("{with_js} of {count} stops with JavaScript frames named");
+    let mut stacks: Vec<_> = stacks.into_iter().collect();
+    stacks.sort_by(|a, b| b.1.cmp(&a.1));
+    for (names, seen) in stacks.iter().take(8) {
+        let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
+        println!("{seen:5} {}", shown.join(" < "));
     }
     Ok(())
 }
