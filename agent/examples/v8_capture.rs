@@ -214,7 +214,7 @@ fn sample(pid: u32, count: usize) -> Result<()> {
     }
     println!("{with_js} of {count} stops with JavaScript frames named");
     let mut stacks: Vec<_> = stacks.into_iter().collect();
-    stacks.sort_by(|a, b| b.1.cmp(&a.1));
+    stacks.sort_by_key(|(_, seen)| std::cmp::Reverse(*seen));
     for (names, seen) in stacks.iter().take(8) {
         let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
         println!("{seen:5} {}", shown.join(" < "));
