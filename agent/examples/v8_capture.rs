@@ -97,11 +97,13 @@ fn main() -> Result<()> {
     };
     let pid: u32 = pid.parse().context("PID")?;
     let exe = std::fs::read(format!("/proc/{pid}/exe")).context("reading the executable")?;
-    let constants = inspect_object(&exe)?.context("no v8dbg_ constants")?;
+    let object = inspect_object(&exe)?.context("no v8dbg_ constants")?;
+    let constants = object.constants;
     println!(
-        "{} constants ({} skipped)",
+        "{} constants ({} skipped), builtins {:x?}",
         constants.len(),
-        constants.skipped
+        constants.skipped,
+        object.builtins
     );
     let layout = Layout::new(&constants)?;
     let mut recorder = Recorder {
@@ -201,7 +203,9 @@ fn named_stack(
 
 fn sample(pid: u32, count: usize) -> Result<()> {
     let exe = std::fs::read(format!("/proc/{pid}/exe")).context("reading the executable")?;
-    let constants = inspect_object(&exe)?.context("no v8dbg_ constants")?;
+    let constants = inspect_object(&exe)?
+        .context("no v8dbg_ constants")?
+        .constants;
     let mut namer = V8Namer::new(Layout::new(&constants)?);
     let mut memory = ProcessMemory::new(pid);
     let mut stacks: std::collections::HashMap<Vec<String>, usize> = Default::default();

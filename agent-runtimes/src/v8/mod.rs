@@ -3,7 +3,7 @@
 //!
 //! - [`inspect_object`]: does a mapped object embed V8 with its
 //!   post-mortem constants (`v8dbg_*` symbols), and their values, read
-//!   from the object's bytes.
+//!   from the object's bytes; where its embedded builtins are.
 //! - [`Layout::new`]: the tagging, frame slots, instance types and field
 //!   offsets firn follows, from those constants alone; a constant missing
 //!   is an error naming it, never a guess.
@@ -31,5 +31,5 @@ pub use layout::{
     Fields, FrameSlots, Layout, LayoutError, ScopeInfoSlots, StringTags, Tagging, Types,
 };
 pub use namer::{JsFunction, NameError, NamerCounts, V8Namer};
-pub use object::{Constants, ObjectError, inspect_object};
+pub use object::{Constants, ObjectError, V8Object, inspect_object};
 pub use walk::{ChainFrame, MAX_FRAMES, StackCopy, walk_chain};

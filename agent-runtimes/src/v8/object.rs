@@ -8,7 +8,7 @@
 //! object's bytes, not from the process: a constant of value 0 lands in
 //! `.bss` and has no bytes in the file.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, ops::Range};
 
 use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
 
@@ -20,6 +20,22 @@ const CONSTANT_SIZE: u64 = 4;
 pub(crate) const MAX_CONSTANTS: usize = 4096;
 /// The prefix every post-mortem symbol carries.
 const PREFIX: &str = "v8dbg_";
+/// The prefix of V8's builtins (`Builtins_InterpreterEntryTrampoline`,
+/// the bytecode handlers, ...) in the symbol table of an embedder whose
+/// builtins are embedded in its text.
+const BUILTINS_PREFIX: &str = "Builtins_";
+
+/// A V8 embedder as its ELF file shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct V8Object {
+    pub constants: Constants,
+    /// Link-time addresses of the embedded builtins (add the object's load
+    /// bias): frames there are V8's, as are frames in anonymous executable
+    /// memory (generated code, and the copy of the builtins V8 makes next
+    /// to it when short builtin calls are on, as in Node 24). `None` when
+    /// the symbol table (stripped) does not name them.
+    pub builtins: Option<Range<u64>>,
+}
 
 /// A V8 embedder's post-mortem constants, by name without the `v8dbg_`
 /// prefix (`off_fp_function`, `type_JSFunction__JS_FUNCTION_TYPE`, ...).
@@ -110,8 +126,9 @@ pub enum ObjectError {
 /// post-mortem support, which firn cannot name).
 ///
 /// The constants are exported (`.dynsym`) by Node's executable; the symbol
-/// table is read as well, for embedders that keep them local.
-pub fn inspect_object(elf: &[u8]) -> Result<Option<Constants>, ObjectError> {
+/// table is read as well, for embedders that keep them local, and for the
+/// builtins, which are local symbols.
+pub fn inspect_object(elf: &[u8]) -> Result<Option<V8Object>, ObjectError> {
     // The prefix in the bytes at all is a cheap test that spares parsing
     // the symbol tables of every other object a process maps.
     if memchr::memmem::find(elf, PREFIX.as_bytes()).is_none() {
@@ -119,9 +136,21 @@ pub fn inspect_object(elf: &[u8]) -> Result<Option<Constants>, ObjectError> {
     }
     let file = object::File::parse(elf).map_err(|source| ObjectError::Parse { source })?;
     let mut constants = Constants::default();
+    let mut builtins: Option<Range<u64>> = None;
     for symbols in [file.dynamic_symbols(), file.symbols()] {
         for symbol in symbols {
             let Ok(name) = symbol.name() else { continue };
+            if name.starts_with(BUILTINS_PREFIX)
+                && symbol.kind() == object::SymbolKind::Text
+                && symbol.is_definition()
+            {
+                let end = symbol.address().saturating_add(symbol.size());
+                builtins = Some(match builtins {
+                    Some(range) => range.start.min(symbol.address())..range.end.max(end),
+                    None => symbol.address()..end,
+                });
+                continue;
+            }
             let Some(name) = name.strip_prefix(PREFIX) else {
                 continue;
             };
@@ -139,7 +168,10 @@ pub fn inspect_object(elf: &[u8]) -> Result<Option<Constants>, ObjectError> {
             }
         }
     }
-    Ok((!constants.is_empty()).then_some(constants))
+    Ok((!constants.is_empty()).then_some(V8Object {
+        constants,
+        builtins,
+    }))
 }
 
 /// The `int` a constant symbol defines: its bytes in its section, or 0 in

@@ -16,6 +16,7 @@ struct Symbol {
     section: u16,
     address: u64,
     size: u64,
+    function: bool,
 }
 
 /// A section header: name, type, flags, address, offset, size, link,
@@ -31,7 +32,8 @@ fn symbol_table(symbols: &[Symbol]) -> (Vec<u8>, Vec<u8>) {
         strtab.extend_from_slice(symbol.name.as_bytes());
         strtab.push(0);
         symtab.extend_from_slice(&name.to_le_bytes());
-        symtab.push(0x11); // STB_GLOBAL, STT_OBJECT
+        // STB_GLOBAL with STT_FUNC or STT_OBJECT.
+        symtab.push(if symbol.function { 0x12 } else { 0x11 });
         symtab.push(0);
         symtab.extend_from_slice(&symbol.section.to_le_bytes());
         symtab.extend_from_slice(&symbol.address.to_le_bytes());
@@ -113,35 +115,42 @@ fn constants_are_read_from_data_and_bss() {
             section: 1,
             address: DATA_ADDRESS,
             size: 4,
+            function: false,
         },
         Symbol {
             name: "v8dbg_type_JSFunction__JS_FUNCTION_TYPE",
             section: 1,
             address: DATA_ADDRESS + 4,
             size: 4,
+            function: false,
         },
         Symbol {
             name: "v8dbg_wide",
             section: 1,
             address: DATA_ADDRESS + 8,
             size: 8,
+            function: false,
         },
         Symbol {
             name: "v8dbg_SmiTag",
             section: 2,
             address: BSS_ADDRESS,
             size: 4,
+            function: false,
         },
         Symbol {
             name: "not_a_constant",
             section: 1,
             address: DATA_ADDRESS,
             size: 4,
+            function: false,
         },
     ];
-    let constants = inspect_object(&elf(&data, &symbols))
+    let object = inspect_object(&elf(&data, &symbols))
         .expect("parses")
         .expect("has constants");
+    assert_eq!(object.builtins, None);
+    let constants = object.constants;
     assert_eq!(constants.get("off_fp_function"), Some(-16));
     assert_eq!(
         constants.get("type_JSFunction__JS_FUNCTION_TYPE"),
@@ -154,12 +163,55 @@ fn constants_are_read_from_data_and_bss() {
 }
 
 #[test]
+fn the_builtins_range_spans_their_symbols() {
+    let symbols = [
+        Symbol {
+            name: "v8dbg_SmiTag",
+            section: 2,
+            address: BSS_ADDRESS,
+            size: 4,
+            function: false,
+        },
+        Symbol {
+            name: "Builtins_InterpreterEntryTrampoline",
+            section: 1,
+            address: DATA_ADDRESS + 0x20,
+            size: 0x10,
+            function: true,
+        },
+        Symbol {
+            name: "Builtins_CallFunction",
+            section: 1,
+            address: DATA_ADDRESS + 0x8,
+            size: 0x8,
+            function: true,
+        },
+        // Not code: not a builtin.
+        Symbol {
+            name: "Builtins_table",
+            section: 1,
+            address: DATA_ADDRESS,
+            size: 0x40,
+            function: false,
+        },
+    ];
+    let object = inspect_object(&elf(&[0; 0x40], &symbols))
+        .expect("parses")
+        .expect("has constants");
+    assert_eq!(
+        object.builtins,
+        Some(DATA_ADDRESS + 0x8..DATA_ADDRESS + 0x30)
+    );
+}
+
+#[test]
 fn objects_without_constants_are_not_v8() {
     let symbols = [Symbol {
         name: "main",
         section: 1,
         address: DATA_ADDRESS,
         size: 4,
+        function: false,
     }];
     assert!(
         inspect_object(&elf(&[0; 8], &symbols))
