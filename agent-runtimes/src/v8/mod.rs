@@ -17,7 +17,7 @@
 //! JSFunction in a fixed slot below its frame pointer
 //! ([`FrameSlots::function`]), the root of everything that names it.
 
-mod heap;
+pub(crate) mod heap;
 mod layout;
 mod namer;
 mod object;

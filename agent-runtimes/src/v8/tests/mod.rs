@@ -4,3 +4,4 @@
 mod elf;
 mod frames;
 mod layout;
+mod strings;
