@@ -376,6 +376,23 @@ fn exited_process_with_deleted_binary_is_symbolized() {
 
 #[test]
 fn node_perf_map_names_javascript_functions() {
+    node_jit_file_names_javascript_functions("--perf-basic-prof", "/tmp/perf-{}.map", None);
+}
+
+/// V8's `--perf-prof` writes a jitdump (`jit-PID.dump` in its working
+/// directory, found by the page of it Node maps) instead of a perf map.
+/// V8 buffers it: the newest code (the hot loop's) reaches the file when
+/// Node exits, so Node runs for less than the recording and firn names its
+/// frames from the file it kept open.
+#[test]
+fn node_jitdump_names_javascript_functions() {
+    node_jit_file_names_javascript_functions("--perf-prof", "{dir}/jit-{}.dump", Some(5_000));
+}
+
+/// Node run with `flag` names its compiled functions in the file `pattern`
+/// (`{}` the pid, `{dir}` its working directory) and firn names them from
+/// it. Node runs for `lifetime_ms`, or until the test ends.
+fn node_jit_file_names_javascript_functions(flag: &str, pattern: &str, lifetime_ms: Option<u64>) {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -387,25 +404,31 @@ fn node_perf_map_names_javascript_functions() {
          \x20 for (let i = 0; i < n; i++) { x = (x * 31 + i) % 1000003; }\n\
          \x20 return x;\n\
          }\n\
-         function outerCaller() {\n\
+         function outerCaller(end) {\n\
          \x20 let s = 0;\n\
-         \x20 for (;;) { s += hotLoop(100000); if (s < 0) break; }\n\
+         \x20 for (;;) { s += hotLoop(100000); if (s < 0 || Date.now() > end) break; }\n\
          }\n\
-         outerCaller();\n",
+         outerCaller(Date.now() + Number(process.argv[2]));\n",
     )
     .expect("script");
     // Node also writes a v8 log into its working directory.
     let node = TestProcess::spawn(
         Command::new("node")
             .current_dir(dir.path())
-            .arg("--perf-basic-prof")
-            .arg(&script),
+            .arg(flag)
+            .arg(&script)
+            .arg(lifetime_ms.unwrap_or(600_000).to_string()),
     );
-    let _perf_map = RemoveOnDrop(PathBuf::from(format!("/tmp/perf-{}.map", node.pid())));
+    let _jit_file = RemoveOnDrop(PathBuf::from(
+        pattern
+            .replace("{dir}", &dir.path().display().to_string())
+            .replace("{}", &node.pid().to_string()),
+    ));
     // Let V8 compile the hot function.
     std::thread::sleep(Duration::from_millis(1_500));
     let pid = node.pid().to_string();
-    let (_, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
+    let duration = if lifetime_ms.is_some() { "6s" } else { "3s" };
+    let (_, profile) = record(dir.path(), &["--duration", duration, "--pid", &pid]);
     let stacks = stacks_of(&profile, node.pid());
     let total: i64 = stacks.iter().map(|(_, count)| count).sum();
     assert!(total >= 60, "node should be busy: {total} samples");
@@ -422,7 +445,7 @@ fn node_perf_map_names_javascript_functions() {
         .sum();
     assert!(
         in_js * 2 >= total,
-        "JavaScript names from the perf map in {in_js} of {total} samples:\n{}",
+        "JavaScript names from {pattern} in {in_js} of {total} samples:\n{}",
         describe(&stacks)
     );
 }

@@ -235,5 +235,54 @@ fn u64_at(bytes: &[u8], at: usize) -> u64 {
         .map_or(0, u64::from_le_bytes)
 }
 
+/// A JIT's symbol file of either kind, told apart by its first bytes:
+/// a jitdump starts with its magic, a perf map with a hex address.
+#[derive(Debug)]
+pub enum JitTable {
+    PerfMap(PerfMapTable),
+    Jitdump(JitdumpTable),
+}
+
+impl JitTable {
+    /// An empty table for `file`, of the kind its first bytes say; `None`
+    /// while the file is empty.
+    pub fn for_file(file: &dyn PerfMapSource) -> Option<Self> {
+        let mut magic = [0; 4];
+        if !read_exact(file, &mut magic, 0).ok()? {
+            return None;
+        }
+        Some(if u32::from_le_bytes(magic) == MAGIC {
+            Self::Jitdump(JitdumpTable::default())
+        } else {
+            Self::PerfMap(PerfMapTable::default())
+        })
+    }
+
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            Self::PerfMap(table) => table.heap_bytes(),
+            Self::Jitdump(table) => table.heap_bytes(),
+        }
+    }
+
+    pub fn lookup(&self, address: u64) -> Option<&str> {
+        match self {
+            Self::PerfMap(table) => table.lookup(address),
+            Self::Jitdump(table) => table.lookup(address),
+        }
+    }
+
+    pub fn refresh(
+        &mut self,
+        file: &dyn PerfMapSource,
+        max_file_bytes: u64,
+    ) -> io::Result<ReadReport> {
+        match self {
+            Self::PerfMap(table) => table.refresh(file, max_file_bytes),
+            Self::Jitdump(table) => table.refresh(file, max_file_bytes),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -23,7 +23,7 @@ use std::{io, sync::Arc};
 pub use agent_elf::{BuildId, Bytes, ElfLayout, ObjectKey, debug_files::DebugFileKind};
 pub use demangle::{DemangleMode, demangle};
 pub use dwarf::{DwarfError, DwarfFrame, DwarfInfo, DwarfShape};
-pub use jitdump::JitdumpTable;
+pub use jitdump::{JitTable, JitdumpTable};
 pub use kallsyms::{Kallsyms, KallsymsBuilder, KallsymsError, KernelSymbol, parse_build_id_note};
 pub use perfmap::{
     PerfMapSource, PerfMapStat, PerfMapTable, ReadReport, parse_line as parse_perf_map_line,

@@ -145,3 +145,21 @@ fn reading_stops_at_the_bound_and_starts_over_on_a_new_file() {
     assert_eq!(table.lookup(0x1000), None);
     assert_eq!(table.lookup(0x3000), Some("h"));
 }
+
+#[test]
+fn either_kind_of_file_is_recognized() {
+    let file = MemoryPerfMap::default();
+    assert!(JitTable::for_file(&file).is_none(), "empty: not yet known");
+    file.append(&header());
+    file.append(&load(0x1000, 0x40, "f"));
+    let mut table = JitTable::for_file(&file).expect("a jitdump");
+    assert!(matches!(table, JitTable::Jitdump(_)));
+    table.refresh(&file, 1 << 20).expect("reads");
+    assert_eq!(table.lookup(0x1000), Some("f"));
+    let file = MemoryPerfMap::default();
+    file.append(b"1000 40 g\n");
+    let mut table = JitTable::for_file(&file).expect("a perf map");
+    assert!(matches!(table, JitTable::PerfMap(_)));
+    table.refresh(&file, 1 << 20).expect("reads");
+    assert_eq!(table.lookup(0x1000), Some("g"));
+}
