@@ -376,23 +376,6 @@ fn exited_process_with_deleted_binary_is_symbolized() {
 
 #[test]
 fn node_perf_map_names_javascript_functions() {
-    node_jit_file_names_javascript_functions("--perf-basic-prof", "/tmp/perf-{}.map", None);
-}
-
-/// V8's `--perf-prof` writes a jitdump (`jit-PID.dump` in its working
-/// directory, found by the page of it Node maps) instead of a perf map.
-/// V8 buffers it: the newest code (the hot loop's) reaches the file when
-/// Node exits, so Node runs for less than the recording and firn names its
-/// frames from the file it kept open.
-#[test]
-fn node_jitdump_names_javascript_functions() {
-    node_jit_file_names_javascript_functions("--perf-prof", "{dir}/jit-{}.dump", Some(5_000));
-}
-
-/// Node run with `flag` names its compiled functions in the file `pattern`
-/// (`{}` the pid, `{dir}` its working directory) and firn names them from
-/// it. Node runs for `lifetime_ms`, or until the test ends.
-fn node_jit_file_names_javascript_functions(flag: &str, pattern: &str, lifetime_ms: Option<u64>) {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -404,31 +387,25 @@ fn node_jit_file_names_javascript_functions(flag: &str, pattern: &str, lifetime_
          \x20 for (let i = 0; i < n; i++) { x = (x * 31 + i) % 1000003; }\n\
          \x20 return x;\n\
          }\n\
-         function outerCaller(end) {\n\
+         function outerCaller() {\n\
          \x20 let s = 0;\n\
-         \x20 for (;;) { s += hotLoop(100000); if (s < 0 || Date.now() > end) break; }\n\
+         \x20 for (;;) { s += hotLoop(100000); if (s < 0) break; }\n\
          }\n\
-         outerCaller(Date.now() + Number(process.argv[2]));\n",
+         outerCaller();\n",
     )
     .expect("script");
     // Node also writes a v8 log into its working directory.
     let node = TestProcess::spawn(
         Command::new("node")
             .current_dir(dir.path())
-            .arg(flag)
-            .arg(&script)
-            .arg(lifetime_ms.unwrap_or(600_000).to_string()),
+            .arg("--perf-basic-prof")
+            .arg(&script),
     );
-    let _jit_file = RemoveOnDrop(PathBuf::from(
-        pattern
-            .replace("{dir}", &dir.path().display().to_string())
-            .replace("{}", &node.pid().to_string()),
-    ));
+    let _perf_map = RemoveOnDrop(PathBuf::from(format!("/tmp/perf-{}.map", node.pid())));
     // Let V8 compile the hot function.
     std::thread::sleep(Duration::from_millis(1_500));
     let pid = node.pid().to_string();
-    let duration = if lifetime_ms.is_some() { "6s" } else { "3s" };
-    let (_, profile) = record(dir.path(), &["--duration", duration, "--pid", &pid]);
+    let (_, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
     let stacks = stacks_of(&profile, node.pid());
     let total: i64 = stacks.iter().map(|(_, count)| count).sum();
     assert!(total >= 60, "node should be busy: {total} samples");
@@ -445,7 +422,61 @@ fn node_jit_file_names_javascript_functions(flag: &str, pattern: &str, lifetime_
         .sum();
     assert!(
         in_js * 2 >= total,
-        "JavaScript names from {pattern} in {in_js} of {total} samples:\n{}",
+        "JavaScript names from the perf map in {in_js} of {total} samples:\n{}",
+        describe(&stacks)
+    );
+}
+
+/// V8's `--perf-prof` writes a jitdump (`jit-PID.dump` in its working
+/// directory, found by the page of it Node maps) instead of a perf map.
+/// V8 buffers the file: its newest code (the hot loop's) reaches it when
+/// Node exits, so Node runs for less than the recording and firn names its
+/// frames from the file it kept open.
+#[test]
+fn node_jitdump_names_javascript_functions() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("hot.js");
+    std::fs::write(
+        &script,
+        "function hotLoop(n) {\n\
+         \x20 let x = 0;\n\
+         \x20 for (let i = 0; i < n; i++) { x = (x * 31 + i) % 1000003; }\n\
+         \x20 return x;\n\
+         }\n\
+         function outerCaller(end) {\n\
+         \x20 let s = 0;\n\
+         \x20 while (Date.now() < end) { s += hotLoop(100000); }\n\
+         \x20 return s;\n\
+         }\n\
+         outerCaller(Date.now() + 5000);\n",
+    )
+    .expect("script");
+    let node = TestProcess::spawn(
+        Command::new("node")
+            .current_dir(dir.path())
+            .arg("--perf-prof")
+            .arg(&script),
+    );
+    let pid = node.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "7s", "--pid", &pid]);
+    let stacks = stacks_of(&profile, node.pid());
+    let total: i64 = stacks.iter().map(|(_, count)| count).sum();
+    assert!(total >= 60, "node should be busy: {total} samples");
+    let from_script = |name: &String| {
+        name.starts_with("JS:")
+            && name.contains("hot.js")
+            && (name.contains("hotLoop") || name.contains("outerCaller"))
+    };
+    let in_js: i64 = stacks
+        .iter()
+        .filter(|(names, _)| names.iter().any(from_script))
+        .map(|(_, count)| count)
+        .sum();
+    assert!(
+        in_js * 2 >= total,
+        "JavaScript names from the jitdump in {in_js} of {total} samples:\n{}",
         describe(&stacks)
     );
 }

@@ -1,6 +1,6 @@
 //! Interpreter runtimes: how firn finds and names the frames of programs
-//! run by an interpreter (CPython) or a JIT (V8, in [`v8`]), whose native
-//! stack shows only the interpreter's own loop or unnamed generated code.
+//! run by an interpreter (CPython first), whose native stack shows only
+//! the interpreter's own loop.
 //!
 //! Every runtime has the same shape, split between kernel and userspace:
 //!
