@@ -446,3 +446,57 @@ fn node_perf_map_names_javascript_functions() {
         describe(&stacks)
     );
 }
+
+/// V8's `--perf-prof` writes a jitdump (`jit-PID.dump` in its working
+/// directory, found by the page of it Node maps) instead of a perf map.
+/// V8 buffers the file: its newest code (the hot loop's) reaches it when
+/// Node exits, so Node runs for less than the recording and firn names its
+/// frames from the file it kept open.
+#[test]
+fn node_jitdump_names_javascript_functions() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("hot.js");
+    std::fs::write(
+        &script,
+        "function hotLoop(n) {\n\
+         \x20 let x = 0;\n\
+         \x20 for (let i = 0; i < n; i++) { x = (x * 31 + i) % 1000003; }\n\
+         \x20 return x;\n\
+         }\n\
+         function outerCaller(end) {\n\
+         \x20 let s = 0;\n\
+         \x20 while (Date.now() < end) { s += hotLoop(100000); }\n\
+         \x20 return s;\n\
+         }\n\
+         outerCaller(Date.now() + 5000);\n",
+    )
+    .expect("script");
+    let node = TestProcess::spawn(
+        Command::new("node")
+            .current_dir(dir.path())
+            .arg("--perf-prof")
+            .arg(&script),
+    );
+    let pid = node.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "7s", "--pid", &pid]);
+    let stacks = stacks_of(&profile, node.pid());
+    let total: i64 = stacks.iter().map(|(_, count)| count).sum();
+    assert!(total >= 60, "node should be busy: {total} samples");
+    let from_script = |name: &String| {
+        name.starts_with("JS:")
+            && name.contains("hot.js")
+            && (name.contains("hotLoop") || name.contains("outerCaller"))
+    };
+    let in_js: i64 = stacks
+        .iter()
+        .filter(|(names, _)| names.iter().any(from_script))
+        .map(|(_, count)| count)
+        .sum();
+    assert!(
+        in_js * 2 >= total,
+        "JavaScript names from the jitdump in {in_js} of {total} samples:\n{}",
+        describe(&stacks)
+    );
+}

@@ -36,6 +36,7 @@
 pub mod hotspot;
 pub mod libc;
 pub mod python;
+pub mod v8;
 
 /// A failed read of another process's memory.
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,7 @@
 //! The symbolizer stage: kernel addresses through kallsyms; user addresses
 //! through the DWARF of the object or of its separate debug file (lines and
 //! inline frames), falling back to its ELF symbols; JIT code through the
-//! process's perf map. Runs when a profile is built, off the sampling path;
+//! process's perf map or jitdump file. Runs when a profile is built, off the sampling path;
 //! every cache is bounded in bytes.
 //!
 //! It does no I/O of its own: the caller reads kallsyms and hands over the
@@ -12,6 +12,7 @@
 
 mod demangle;
 mod dwarf;
+mod jitdump;
 mod kallsyms;
 mod names;
 mod perfmap;
@@ -22,6 +23,7 @@ use std::{io, sync::Arc};
 pub use agent_elf::{BuildId, Bytes, ElfLayout, ObjectKey, debug_files::DebugFileKind};
 pub use demangle::{DemangleMode, demangle};
 pub use dwarf::{DwarfError, DwarfFrame, DwarfInfo, DwarfShape};
+pub use jitdump::{JitTable, JitdumpTable};
 pub use kallsyms::{Kallsyms, KallsymsBuilder, KallsymsError, KernelSymbol, parse_build_id_note};
 pub use perfmap::{
     PerfMapSource, PerfMapStat, PerfMapTable, ReadReport, parse_line as parse_perf_map_line,

@@ -70,6 +70,8 @@ pub struct PerfMapTable {
     /// Identity of the file parsed, to notice a rewrite.
     identity: (u64, u64),
     truncated: bool,
+    /// The order number of the next entry pushed.
+    next_seq: u32,
 }
 
 /// One perf map line: start, size, name.
@@ -118,30 +120,49 @@ impl PerfMapTable {
                 report.errors += 1;
                 continue;
             };
-            let (Ok(name_start), Ok(name_len), Ok(seq)) = (
-                u32::try_from(self.names.len()),
-                u32::try_from(name.len()),
-                u32::try_from(self.entries.len()),
-            ) else {
+            if !self.push(start, size, name) {
                 report.truncated = true;
                 break;
-            };
-            self.names.push_str(name);
-            self.entries.push(Entry {
-                start,
-                end: start.saturating_add(size),
-                seq,
-                name_start,
-                name_len,
-            });
+            }
             report.entries += 1;
         }
-        // Newest first among equal starts, then one entry per start.
+        self.settle();
+        self.consumed += complete as u64;
+        (complete, report)
+    }
+
+    /// Adds one function; `false` when the table cannot index more.
+    /// [`Self::settle`] must run before the next lookup.
+    pub(crate) fn push(&mut self, start: u64, size: u64, name: &str) -> bool {
+        let (Ok(name_start), Ok(name_len)) =
+            (u32::try_from(self.names.len()), u32::try_from(name.len()))
+        else {
+            return false;
+        };
+        // Counted apart from the entries: deduplication drops some, and
+        // newer code must still win over all older.
+        let seq = self.next_seq;
+        let Some(next) = seq.checked_add(1) else {
+            return false;
+        };
+        self.next_seq = next;
+        self.names.push_str(name);
+        self.entries.push(Entry {
+            start,
+            end: start.saturating_add(size),
+            seq,
+            name_start,
+            name_len,
+        });
+        true
+    }
+
+    /// Sorts what was pushed: newest first among equal starts, then one
+    /// entry per start.
+    pub(crate) fn settle(&mut self) {
         self.entries
             .sort_unstable_by(|a, b| a.start.cmp(&b.start).then(b.seq.cmp(&a.seq)));
         self.entries.dedup_by_key(|e| e.start);
-        self.consumed += complete as u64;
-        (complete, report)
     }
 
     /// The function whose code covers `address`.

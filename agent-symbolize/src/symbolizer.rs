@@ -10,8 +10,9 @@ use tracing::debug;
 
 use crate::{
     CacheBytes, DemangleMode, FrameSymbolizer, Kallsyms, Line, ObjectSource, PerfMapSource,
-    PerfMapTable, SymbolConfig, SymbolizerCounts, demangle,
+    SymbolConfig, SymbolizerCounts, demangle,
     dwarf::{DwarfError, DwarfFrame, DwarfInfo},
+    jitdump::JitTable,
     names::{FunctionName, FunctionNames},
 };
 
@@ -48,8 +49,8 @@ pub struct Symbolizer {
     without_dwarf: LruCache<ContentKey, ()>,
     /// Which of an object's debug file candidates matched, if any.
     debug_choices: LruCache<ObjectKey, Option<usize>>,
-    /// By the perf map file's (device, inode).
-    perf_maps: ByteBoundedCache<(u64, u64), PerfMapTable>,
+    /// By the perf map's or jitdump file's (device, inode).
+    perf_maps: ByteBoundedCache<(u64, u64), JitTable>,
     /// The most one object's DWARF may take (the whole cache).
     max_dwarf_bytes: usize,
     perf_map_max_bytes: u64,
@@ -339,7 +340,7 @@ impl FrameSymbolizer for Symbolizer {
             self.counts.perf_maps.hits += 1;
         } else {
             self.counts.perf_maps.misses += 1;
-            let evicted = self.perf_maps.insert(key, PerfMapTable::default(), 0);
+            let evicted = self.perf_maps.insert(key, JitTable::for_file(perf_map)?, 0);
             self.counts.perf_maps.evictions += evicted as u64;
         }
         let table = self.perf_maps.get_mut(&key)?;

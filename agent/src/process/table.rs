@@ -106,8 +106,8 @@ pub struct ProcessImage {
     perf_map: Mutex<PerfMapSlot>,
 }
 
-/// The process's `/tmp/perf-PID.map`, opened when its JIT code is first
-/// sampled and kept open so it stays readable after the process exits.
+/// The process's `/tmp/perf-PID.map`, or else its `/tmp/jit-PID.dump`,
+/// opened when its JIT code is first sampled and kept open so it stays readable after the process exits.
 #[derive(Debug, Default)]
 struct PerfMapSlot {
     file: Option<Arc<PerfMapFile>>,
@@ -301,7 +301,8 @@ impl ProcessTable {
             .clone()
     }
 
-    /// Opens `/tmp/perf-PID.map` as the process sees it (PID in its own pid
+    /// Opens `/tmp/perf-PID.map` (else the jitdump the process mapped, or
+    /// `/tmp/jit-PID.dump`) as the process sees it (PID in its own pid
     /// namespace, the file through its root), retrying at most once per
     /// [`REFRESH_INTERVAL`] while it does not exist.
     fn open_perf_map(&mut self, image: &ProcessImage) {
@@ -323,14 +324,38 @@ impl ProcessTable {
         if self.slow_roots.is_slow(namespace) {
             return;
         }
+        // A JIT writing a jitdump maps a page of it executable so that
+        // profilers find it wherever it was written (V8 writes it into its
+        // working directory): that mapping names the file.
+        let jitdump_marker = image
+            .mappings
+            .iter()
+            .map(|mapping| &mapping.spec)
+            .find(|spec| {
+                !spec.deleted
+                    && Path::new(&spec.path)
+                        .file_name()
+                        .and_then(|name| name.to_str())
+                        .is_some_and(|name| name.starts_with("jit-") && name.ends_with(".dump"))
+            })
+            .map(|spec| PathBuf::from(&spec.path));
         let opened = self.offload.run(move || {
             let nspid = namespace_pid(&process_dir).unwrap_or(pid);
             let fuse = FuseMounts::of_process(&process_dir);
             let root = ProcessRoot::of_process(&process_dir, fuse)?;
+            // A perf map first (`--perf-basic-prof`, the JVM's agents), else
+            // a jitdump (`--perf-prof`, Wasmtime, Julia, .NET); the
+            // symbolizer tells them apart by their first bytes.
             root.open_file(
                 Path::new(&format!("/tmp/perf-{nspid}.map")),
                 untrusted::MAX_OBJECT_BYTES,
             )
+            .or_else(|error| {
+                let jitdump = jitdump_marker
+                    .unwrap_or_else(|| PathBuf::from(format!("/tmp/jit-{nspid}.dump")));
+                root.open_file(&jitdump, untrusted::MAX_OBJECT_BYTES)
+                    .map_err(|_| error)
+            })
         });
         match opened {
             Ok(Ok(file)) => slot.file = Some(Arc::new(PerfMapFile(file))),

@@ -1,0 +1,240 @@
+//! JavaScript frames named from their JSFunction: the function's
+//! SharedFunctionInfo gives its name and its Script the file.
+//!
+//! What a frame holds is the JSFunction as of the sample; by the time it is
+//! named the garbage collector may have moved it. Each object on the way is
+//! checked (tag, map, instance type) and the cache is keyed by the
+//! SharedFunctionInfo's address together with the two fields the name
+//! comes from, so an object that moved and left something else at its
+//! address is read again, not named from the cache.
+
+use std::sync::Arc;
+
+use agent_cache::ByteBoundedCache;
+
+use super::{
+    Layout,
+    heap::{instance_type, is_string, read_string, tagged_field},
+    scope::scope_info_name,
+};
+use crate::{Memory, MemoryError};
+
+/// Bytes of decoded names kept per process.
+const CACHE_BYTES: usize = 1 << 20;
+
+/// A JavaScript function, named.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct JsFunction {
+    /// The function's name; `(anonymous)` for functions without one.
+    pub name: Arc<str>,
+    /// The script's name (a file path or URL); empty when the script has
+    /// none (code from `eval`, `new Function`).
+    pub file: Arc<str>,
+}
+
+impl JsFunction {
+    fn weight(&self) -> usize {
+        std::mem::size_of::<Self>() + self.name.len() + self.file.len()
+    }
+}
+
+/// Why a frame could not be named.
+#[derive(Debug, thiserror::Error)]
+pub enum NameError {
+    #[error("reading the process's memory failed")]
+    Read {
+        #[source]
+        source: MemoryError,
+    },
+    #[error("{value:#x} is not a pointer to a heap object")]
+    NotHeapObject { value: u64 },
+    #[error("the object at {object:#x} has no valid map")]
+    BadMap { object: u64 },
+    #[error("the object at {object:#x} is of instance type {found}, not a {expected}")]
+    WrongType {
+        object: u64,
+        expected: &'static str,
+        found: u16,
+    },
+    #[error("the string at {object:#x} is not valid")]
+    BadString { object: u64 },
+    #[error("the string at {object:#x} is external (its characters are outside the heap)")]
+    ExternalString { object: u64 },
+    #[error("the string at {object:#x} nests too deep")]
+    TooDeep { object: u64 },
+    #[error("the function's ScopeInfo at {object:#x} holds no name firn can find")]
+    NoScopeName { object: u64 },
+}
+
+impl NameError {
+    /// A short name for the reason, for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Read { .. } => "read",
+            Self::NotHeapObject { .. } | Self::BadMap { .. } => "not_an_object",
+            Self::WrongType { .. } => "wrong_type",
+            Self::BadString { .. } | Self::TooDeep { .. } => "bad_string",
+            Self::ExternalString { .. } => "external_string",
+            Self::NoScopeName { .. } => "scope_info",
+        }
+    }
+}
+
+/// Cache hits and misses, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NamerCounts {
+    pub hits: u64,
+    pub misses: u64,
+}
+
+/// Names JavaScript functions of one process, caching by
+/// SharedFunctionInfo.
+pub struct V8Namer {
+    layout: Layout,
+    cache: ByteBoundedCache<(u64, u64, u64), JsFunction>,
+    counts: NamerCounts,
+}
+
+impl V8Namer {
+    pub fn new(layout: Layout) -> Self {
+        Self {
+            layout,
+            cache: ByteBoundedCache::new(CACHE_BYTES),
+            counts: NamerCounts::default(),
+        }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub fn counts(&self) -> NamerCounts {
+        self.counts
+    }
+
+    /// The function a frame's function slot holds (`function`: the tagged
+    /// word at [`FrameSlots::function`](super::FrameSlots) from the frame
+    /// pointer), or why it is not one.
+    pub fn name(
+        &mut self,
+        memory: &mut dyn Memory,
+        function: u64,
+    ) -> Result<JsFunction, NameError> {
+        let layout = self.layout;
+        let kind = instance_type(memory, &layout, function)?;
+        let (first, last) = layout.types.js_function;
+        if !(first..=last).contains(&kind) {
+            return Err(NameError::WrongType {
+                object: function,
+                expected: "JSFunction",
+                found: kind,
+            });
+        }
+        let shared = tagged_field(
+            memory,
+            &layout,
+            layout.tagging.untag(function),
+            layout.fields.js_function_shared,
+        )?;
+        expect_type(
+            memory,
+            &layout,
+            shared,
+            layout.types.shared_function_info,
+            "SharedFunctionInfo",
+        )?;
+        let sfi = layout.tagging.untag(shared);
+        let name_or_scope =
+            tagged_field(memory, &layout, sfi, layout.fields.sfi_name_or_scope_info)?;
+        let script = tagged_field(memory, &layout, sfi, layout.fields.sfi_script)?;
+        let key = (shared, name_or_scope, script);
+        if let Some(named) = self.cache.get(&key) {
+            self.counts.hits += 1;
+            return Ok(named.clone());
+        }
+        self.counts.misses += 1;
+        let name = function_name(memory, &layout, name_or_scope)?;
+        let file = script_name(memory, &layout, script)?;
+        let named = JsFunction { name, file };
+        let weight = named.weight();
+        self.cache.insert(key, named.clone(), weight);
+        Ok(named)
+    }
+}
+
+fn expect_type(
+    memory: &mut dyn Memory,
+    layout: &Layout,
+    tagged: u64,
+    expected_type: u16,
+    expected: &'static str,
+) -> Result<(), NameError> {
+    let found = instance_type(memory, layout, tagged)?;
+    if found != expected_type {
+        return Err(NameError::WrongType {
+            object: tagged,
+            expected,
+            found,
+        });
+    }
+    Ok(())
+}
+
+/// `SharedFunctionInfo::name_or_scope_info`: the name itself until the
+/// function is compiled, then its ScopeInfo, which holds it; a Smi (no
+/// name) for anonymous functions.
+fn function_name(
+    memory: &mut dyn Memory,
+    layout: &Layout,
+    name_or_scope: u64,
+) -> Result<Arc<str>, NameError> {
+    let anonymous = || Arc::from("(anonymous)");
+    if layout.tagging.is_smi(name_or_scope) {
+        return Ok(anonymous());
+    }
+    let kind = instance_type(memory, layout, name_or_scope)?;
+    let name = if is_string(layout, kind) {
+        read_string(memory, layout, name_or_scope)?
+    } else if kind == layout.types.scope_info {
+        match scope_info_name(memory, layout, name_or_scope)? {
+            Some(name) => name,
+            None => return Ok(anonymous()),
+        }
+    } else {
+        return Err(NameError::WrongType {
+            object: name_or_scope,
+            expected: "String or ScopeInfo",
+            found: kind,
+        });
+    };
+    Ok(if name.is_empty() { anonymous() } else { name })
+}
+
+/// The script's name; empty for scripts without one (`eval`).
+fn script_name(
+    memory: &mut dyn Memory,
+    layout: &Layout,
+    script: u64,
+) -> Result<Arc<str>, NameError> {
+    let kind = instance_type(memory, layout, script)?;
+    if kind != layout.types.script {
+        return Err(NameError::WrongType {
+            object: script,
+            expected: "Script",
+            found: kind,
+        });
+    }
+    let name = tagged_field(
+        memory,
+        layout,
+        layout.tagging.untag(script),
+        layout.fields.script_name,
+    )?;
+    if layout.tagging.is_heap_object(name)
+        && is_string(layout, instance_type(memory, layout, name)?)
+    {
+        read_string(memory, layout, name)
+    } else {
+        Ok(Arc::from(""))
+    }
+}
