@@ -17,19 +17,19 @@ use agent_common::UserRegs;
 
 use crate::{
     config_file::ConfigFile,
-    labels::{
-        CgroupInfo,
-        kubernetes::{PodInfo, objects::PodObject},
-        relabel::{LabelSet, relabel},
-    },
-    process::{ProcessImage, parse_maps},
+    labels::relabel::{LabelSet, relabel},
     sampler,
-    untrusted::FuseMounts,
 };
+use agent_config::pod::{PodInfo, PodObject};
 use agent_elf::{
     self as elf, Bytes, ElfLayout,
     debug_files::{self, DebugFileKind},
     gopclntab::GoTable,
+};
+use agent_proc::{
+    cgroup::CgroupInfo,
+    maps::{self, parse_maps},
+    mountinfo::FuseMounts,
 };
 use agent_symbolize::{
     DemangleMode, DwarfInfo, Kallsyms, PerfMapTable, demangle, parse_build_id_note,
@@ -375,11 +375,10 @@ pub fn proc_maps(data: &[u8]) {
         .iter()
         .flat_map(|spec| [spec.start, spec.end, spec.end.wrapping_sub(1)])
         .collect();
-    let image = ProcessImage::new(1, "fuzz".into(), specs);
     for address in probes {
-        let _ = image.mapping_index(address);
+        let _ = maps::mapping_index(&specs, address);
     }
-    let _ = image.executable();
+    let _ = maps::executable(&specs);
 }
 
 /// `/proc/PID/cgroup`.

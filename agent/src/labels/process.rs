@@ -10,9 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use agent_proc::cgroup::CgroupInfo;
 use lru::LruCache;
 
-use super::cgroup::CgroupInfo;
 use crate::stats::Stats;
 
 /// Longest command line kept; the rest is cut (a label is no place for
