@@ -7,5 +7,7 @@
 //! (the daemon reads the file and talks to the API server).
 
 pub mod file;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod pod;
 pub mod relabel;

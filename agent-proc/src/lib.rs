@@ -6,6 +6,8 @@
 //! files (bounded, through its safe path) and hands the text here.
 
 pub mod cgroup;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod maps;
 pub mod mountinfo;
 

@@ -7,6 +7,9 @@
 
 use std::{fmt, mem::size_of};
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
+
 use agent_common::{
     COMM_LEN, InterpreterFrame, MAX_INTERPRETER_FRAMES, MAX_STACK_DEPTH, ProcessRecord, RecordKind,
     SampleRecord, UserRegs, sample_flags,
