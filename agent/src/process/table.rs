@@ -399,13 +399,7 @@ impl ProcessTable {
 /// `NSpid:` field of its status.
 fn namespace_pid(process_dir: &Path) -> Option<u32> {
     let status = std::fs::read_to_string(process_dir.join("status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
+    agent_proc::status::namespace_pid(&status)
 }
 
 #[cfg(test)]
