@@ -1,6 +1,6 @@
 //! Entry points of the fuzz targets (`fuzz/`, `cargo xtask fuzz`) for the
 //! config file, the relabel rules and the labels they rewrite, and the
-//! Kubernetes API's answers. None may panic, hang or allocate without
+//! Kubernetes and container runtime APIs' answers. None may panic, hang or allocate without
 //! bound on any input.
 
 use std::path::Path;
@@ -8,6 +8,7 @@ use std::path::Path;
 use kube_core::{ObjectList, WatchEvent};
 
 use crate::{
+    container,
     file::ConfigFile,
     pod::{PodInfo, PodObject},
     relabel::{LabelSet, Rule, relabel},
@@ -80,8 +81,18 @@ pub fn kubernetes_pod(data: &[u8]) {
     }
 }
 
+/// A container runtime's answer to `GET /containers/{id}/json` (names,
+/// images and labels are whoever started the container's), and the
+/// labels made of it.
+pub fn container_answer(data: &[u8]) {
+    if let Ok(Some(found)) = container::parse_answer(data) {
+        let _ = found.meta_labels("3f4b6c1e2d9a");
+    }
+}
+
 #[cfg(test)]
 agent_fixtures::replays! {
+    "container_answer" => container_answer,
     "config_file" => config_file,
     "relabel" => relabel_labels,
     "kubernetes_pod" => kubernetes_pod,
