@@ -313,14 +313,49 @@ fn the_systemd_unit_passes_systemd_analyze_and_runs_firn_with_its_config() {
     assert_eq!(unit_values(&unit, "StateDirectory"), ["firn"]);
 }
 
-#[test]
-fn the_containerfile_lints_clean_and_builds_what_the_workspace_has() {
-    // No container engine runs here, so the image is not built; the file
-    // is linted and its references checked against the workspace.
-    let path = deploy().join("container/Containerfile");
-    let text = std::fs::read_to_string(&path).expect("Containerfile");
+/// What cargo reads to build the workspace: its manifest and lock file,
+/// every member, every patched crate, the protocol files.
+fn workspace_paths(workspace: &Path) -> Vec<String> {
+    let manifest = std::fs::read_to_string(workspace.join("Cargo.toml")).expect("Cargo.toml");
+    let members = manifest
+        .split_once("members = [")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .map(|(list, _)| list)
+        .expect("workspace members");
+    let patched = manifest
+        .split_once("[patch.crates-io]")
+        .map(|(_, rest)| rest)
+        .expect("the aya patch");
+    members
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .chain(
+            patched
+                .split("path = \"")
+                .skip(1)
+                .filter_map(|rest| rest.split('"').next()),
+        )
+        .chain(["Cargo.toml", "Cargo.lock", "proto"])
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The stable Rust rust-toolchain.toml pins.
+fn rust_channel(workspace: &Path) -> String {
+    let toolchain = std::fs::read_to_string(workspace.join("rust-toolchain.toml")).expect("toml");
+    toolchain
+        .lines()
+        .find_map(|line| line.strip_prefix("channel = "))
+        .expect("channel")
+        .trim_matches('"')
+        .to_owned()
+}
+
+/// hadolint passes `path` (and does refuse a sloppy file).
+fn assert_hadolint_clean(path: &Path) {
     let hadolint = python_tool("hadolint");
-    let output = run(Command::new(&hadolint).arg(&path));
+    let output = run(Command::new(&hadolint).arg(path));
     assert!(
         output.status.success(),
         "hadolint:\n{}",
@@ -333,15 +368,38 @@ fn the_containerfile_lints_clean_and_builds_what_the_workspace_has() {
         !run(Command::new(&hadolint).arg(&sloppy)).status.success(),
         "hadolint refuses an unpinned image"
     );
+}
+
+#[test]
+fn the_containerfile_lints_clean_and_builds_what_the_workspace_has() {
+    // The file is linted and its references checked against the
+    // workspace here; tests/image.rs builds and runs it.
+    let path = deploy().join("container/Containerfile");
+    let text = std::fs::read_to_string(&path).expect("Containerfile");
+    assert_hadolint_clean(&path);
 
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    // The bases are build arguments (local ones in the tests); their
+    // defaults are the public images.
+    let mut defaults = std::collections::BTreeMap::new();
     let mut stages = Vec::new();
+    let mut copied = BTreeSet::new();
     let mut copied_to = Vec::new();
     for line in text.lines().map(str::trim) {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
+            ["ARG", definition] => {
+                if let Some((name, value)) = definition.split_once('=') {
+                    defaults.insert(format!("${{{name}}}"), value.to_owned());
+                }
+            }
             ["FROM", image, rest @ ..] => {
+                let image = defaults.get(*image).map_or(*image, String::as_str);
                 assert!(image.contains(':'), "{image} carries a tag");
+                assert!(
+                    !image.contains('$'),
+                    "{image}: an argument without a default"
+                );
                 if let ["AS", name] = rest {
                     stages.push((*name).to_owned());
                 }
@@ -357,18 +415,27 @@ fn the_containerfile_lints_clean_and_builds_what_the_workspace_has() {
                         workspace.join(source).exists(),
                         "COPY {source}: not in the workspace"
                     );
+                    copied.insert(source.trim_end_matches('/').to_owned());
                 }
             }
             _ => {}
         }
     }
+    // Cargo loads every member's manifest and the patched crates: each is
+    // copied.
+    let needed = workspace_paths(&workspace);
+    assert!(
+        needed.iter().any(|path| path == "third_party/aya"),
+        "{needed:?}"
+    );
+    for path in needed {
+        assert!(
+            copied.contains(&path),
+            "the Containerfile does not copy {path}"
+        );
+    }
     assert_eq!(stages, ["builder"]);
-    let toolchain = std::fs::read_to_string(workspace.join("rust-toolchain.toml")).expect("toml");
-    let channel = toolchain
-        .lines()
-        .find_map(|line| line.strip_prefix("channel = "))
-        .expect("channel")
-        .trim_matches('"');
+    let channel = rust_channel(&workspace);
     assert!(
         text.contains(&format!("rust:{channel}-")),
         "the builder uses the pinned Rust {channel}"
@@ -551,6 +618,12 @@ fn the_granted_capabilities_suffice_and_each_is_needed() {
         "another user's map_files needs CAP_DAC_READ_SEARCH"
     );
     let profile = without("SYS_PTRACE");
+    // Sampled all the same: only the executable is missing.
+    assert!(
+        !stacks_of(&profile, running.pid()).is_empty(),
+        "no samples of {} without CAP_SYS_PTRACE",
+        running.pid()
+    );
     assert_eq!(
         executable(&profile, running.pid()),
         None,

@@ -202,15 +202,26 @@ fn record_checks_its_outputs_and_pids_before_sampling() {
         &["-o", output, "--pid", "4000000"],
         &["no process has the pid 4000000"],
     );
-    // A thread of this test process is no process of its own.
-    // SAFETY: gettid has no preconditions.
-    let tid = unsafe { libc::gettid() } as u32;
-    if tid != std::process::id() {
+    // A thread of this test process is no process of its own: one started
+    // here, since the test may run on the main thread (--test-threads=1).
+    let (tid_sender, tid) = std::sync::mpsc::channel();
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    std::thread::scope(|scope| {
+        // Moved in, so that a failed assertion drops it and ends the thread.
+        let done = done;
+        scope.spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            let _ = tid_sender.send(unsafe { libc::gettid() } as u32);
+            let _ = wait.recv();
+        });
+        let tid = tid.recv().expect("the thread's id");
+        assert_ne!(tid, std::process::id(), "a thread other than the main one");
         record_refused(
             &["-o", output, "--pid", &tid.to_string()],
             &["is a thread of process"],
         );
-    }
+        drop(done);
+    });
 }
 
 #[test]

@@ -155,7 +155,8 @@ fn dropped_processes_never_reach_parca_and_relabeled_labels_do() {
     };
     let keep = copy("keepme");
     let drop = copy("dropme");
-    wait_a_moment();
+    keep.wait_until_running();
+    drop.wait_until_running();
     let config = dir.path().join("firn.yaml");
     std::fs::write(
         &config,

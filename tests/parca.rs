@@ -15,6 +15,7 @@ use agent_pprof as pprof;
 use common::*;
 use parca_support::{
     harness::{Agent, CPU_PROFILE_TYPE, ParcaServer, all_stacks, free_port, log_field},
+    stripped::StrippedWorkload,
     tls_server::{Authority, TlsStore},
 };
 
@@ -441,6 +442,11 @@ fn a_tls_server_demanding_a_token_accepts_the_right_one_and_refusals_are_clear()
     );
 }
 
+/// firn cannot name this workload's frames: it is stripped, and its debug
+/// file holds no symbol table and more DWARF than firn's cache may index.
+/// So firn sends the frames as addresses and, because they are unnamed,
+/// uploads the debug file (no `--debuginfo-upload-symbolized`); the names
+/// Parca then answers with can only be the server's own, from that file.
 #[test]
 #[expect(
     clippy::too_many_lines,
@@ -450,39 +456,15 @@ fn a_stripped_workload_is_named_by_parca_from_the_uploaded_debug_file() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let binary = build_c(
-        dir.path(),
-        "chain.c",
-        "chain",
-        &["-O1", "-g", "-fno-omit-frame-pointer"],
-    );
-    let debug_file = dir.path().join("chain.debug");
-    run(Command::new("objcopy")
-        .arg("--only-keep-debug")
-        .arg(&binary)
-        .arg(&debug_file));
-    run(Command::new("strip").arg("--strip-all").arg(&binary));
-    let build_id = {
-        use object::Object;
-        let bytes = std::fs::read(&binary).expect("binary");
-        let file = object::File::parse(bytes.as_slice()).expect("ELF");
-        let id = file
-            .build_id()
-            .expect("notes")
-            .expect("gcc adds a build id");
-        id.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    };
-    let debug_dir = dir.path().join("debug");
-    let target = debug_dir
-        .join(".build-id")
-        .join(&build_id[..2])
-        .join(format!("{}.debug", &build_id[2..]));
-    std::fs::create_dir_all(target.parent().expect("parent")).expect("debug directory");
-    std::fs::rename(&debug_file, &target).expect("debug file in place");
-
+    let StrippedWorkload {
+        binary,
+        build_id,
+        debug_dir,
+        debug_file: target,
+    } = StrippedWorkload::build(dir.path());
     let parca = ParcaServer::start(&dir.path().join("parca"), free_port());
     let workload = TestProcess::spawn(Command::new(&binary).arg("100000"));
-    wait_a_moment();
+    workload.wait_until_running();
     let pid = workload.pid().to_string();
     let start = SystemTime::now() - MINUTE;
     let agent = Agent::start(
@@ -497,17 +479,67 @@ fn a_stripped_workload_is_named_by_parca_from_the_uploaded_debug_file() {
             &pid,
             "--debuginfo-directories",
             debug_dir.to_str().expect("utf-8"),
-            // firn names these frames itself from the same debug file.
-            "--debuginfo-upload-symbolized",
+            "--debuginfo-cache-size",
+            "1MiB",
         ],
         &[],
     );
-    let uploaded = agent.wait_for_log("debuginfo uploaded", Duration::from_secs(40));
-    std::thread::sleep(Duration::from_secs(4));
+    let address = agent.http_address();
+    agent.wait_until("the debug file uploaded", MINUTE, || {
+        agent.log().contains("debuginfo uploaded")
+    });
+    // Parca symbolizes at query time: until it names the chain in most
+    // samples, while firn keeps sending.
+    let mut query = parca.query();
+    let last = std::cell::RefCell::new(String::new());
+    let mut named = (0.0, 0);
+    wait_for(
+        "Parca to name the stripped workload",
+        2 * MINUTE,
+        || {
+            agent.assert_running();
+            let Ok(profile) = query.try_merged(
+                &format!("{{pid=\"{pid}\"}}"),
+                start,
+                SystemTime::now() + MINUTE,
+            ) else {
+                return false;
+            };
+            let stacks = all_stacks(&profile);
+            named = chain_share(&stacks, &CHAIN);
+            *last.borrow_mut() = format!(
+                "{} samples, {:.1}% with the chain:\n{}",
+                named.1,
+                named.0 * 100.0,
+                describe(&stacks)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+            named.1 >= 200 && named.0 >= 0.85
+        },
+        || format!("{}\nParca:\n{}", last.borrow(), parca.log()),
+    );
+    eprintln!(
+        "Parca named {:.1}% of {} samples of the stripped workload",
+        named.0 * 100.0,
+        named.1
+    );
+    // firn itself named none of them: their object's DWARF was too large
+    // to index, and nothing else names them.
+    let limited = metric(
+        address,
+        "firn_symbolizer_limited_total{reason=\"dwarf_too_large\"}",
+    );
+    let unnamed = metric(
+        address,
+        "firn_frames_unsymbolized_total{stack=\"user\",reason=\"no_symbol\"}",
+    );
     let stopped = agent.stop();
     let log = &stopped.log;
-    assert!(uploaded, "no upload:\n{log}\nParca:\n{}", parca.log());
     assert!(stopped.status.success(), "{log}");
+    assert!(
+        limited.is_some_and(|count| count >= 1.0) && unnamed.is_some_and(|count| count >= 1.0),
+        "firn should have sent the frames unnamed (DWARF too large {limited:?}, unnamed frames {unnamed:?}):\n{log}"
+    );
     let line = log
         .lines()
         .find(|line| line.contains("debuginfo uploaded"))
@@ -525,36 +557,6 @@ fn a_stripped_workload_is_named_by_parca_from_the_uploaded_debug_file() {
         parca.data.join("debuginfo").join(&build_id).exists(),
         "Parca stored the debug file under its build id"
     );
-
-    // Parca symbolizes at query time; give it a few tries.
-    let mut query = parca.query();
-    let mut last = String::new();
-    for _ in 0..15 {
-        let profile = query.merged(
-            &format!("{{pid=\"{pid}\"}}"),
-            start,
-            SystemTime::now() + MINUTE,
-        );
-        let stacks = all_stacks(&profile);
-        let (share, total) = chain_share(&stacks, &CHAIN);
-        if total >= 200 && share >= 0.85 {
-            eprintln!(
-                "Parca named {:.1}% of {total} samples of the stripped workload",
-                share * 100.0
-            );
-            return;
-        }
-        last = format!(
-            "{total} samples, {:.1}% with the chain:\n{}",
-            share * 100.0,
-            describe(&stacks)
-        );
-        std::thread::sleep(Duration::from_secs(2));
-    }
-    panic!(
-        "Parca did not name the stripped workload's frames: {last}\nParca:\n{}",
-        parca.log()
-    );
 }
 
 fn label(
@@ -568,11 +570,4 @@ fn label(
         .iter()
         .find(|l| l.name == name)
         .map(|l| l.value.clone())
-}
-
-fn run(command: &mut Command) {
-    let status = command
-        .status()
-        .unwrap_or_else(|error| panic!("could not run {command:?}: {error}"));
-    assert!(status.success(), "{command:?} failed: {status}");
 }

@@ -189,10 +189,29 @@ fn every_sample_of_a_recording_names_its_thread() {
         &["--frequency", FREQUENCY, "--thread-labels=false"],
         &[&program, Path::new(SPIN_MS)],
     );
+    let mut seen = BTreeMap::new();
     for sample in Reader::new(&profile).samples() {
         assert_eq!(sample.label("thread_name"), None);
-        assert_ne!(sample.label("thread_id"), sample.label("pid"));
+        let names = sample.function_names();
+        let Some(spin) = names.iter().find(|name| name.ends_with("_spin")) else {
+            continue;
+        };
+        let tid = sample.label("thread_id");
+        if spin == "main_spin" {
+            assert_eq!(tid, None, "the main thread's samples carry no thread_id");
+        } else {
+            assert!(
+                tid.is_some() && tid != sample.label("pid"),
+                "{spin}: thread_id {tid:?} of pid {:?}",
+                sample.label("pid")
+            );
+        }
+        *seen.entry(spin.clone()).or_insert(0) += sample.count();
     }
+    assert!(
+        seen.len() == 3 && seen.values().all(|&count| count >= 5),
+        "all three threads sampled without thread labels: {seen:?}"
+    );
 }
 
 /// The summary's rows: `(total %, self %, function)`.

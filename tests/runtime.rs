@@ -5,16 +5,18 @@
 //! runtime that knows only one container, a socket that is missing).
 
 mod common;
+mod docker_support;
 mod labels_support;
 
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
-    time::{Duration, Instant},
+    process::Command,
+    time::Duration,
 };
 
 use common::*;
+use docker_support::*;
 use labels_support::*;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -23,8 +25,23 @@ const MINUTE: Duration = Duration::from_secs(60);
 /// holding `pid`, stops it, and returns that profile's labels of `pid`
 /// and the agent's log.
 fn labels_from_agent(dir: &Path, pid: u32, args: &[&str]) -> (BTreeMap<String, String>, String) {
+    let (mut labels, log) = labels_of_each(dir, &[pid], args);
+    (labels.remove(0), log)
+}
+
+/// [`labels_from_agent`] for several processes (each also given to the
+/// agent as `--pid`): a profile must hold every one of them.
+fn labels_of_each(
+    dir: &Path,
+    pids: &[u32],
+    args: &[&str],
+) -> (Vec<BTreeMap<String, String>>, String) {
     let store = dir.join("profiles");
-    let pid_arg = pid.to_string();
+    let pid_args: Vec<String> = pids
+        .iter()
+        .flat_map(|pid| ["--pid".to_owned(), pid.to_string()])
+        .collect();
+    let pid_args: Vec<&str> = pid_args.iter().map(String::as_str).collect();
     let agent = Agent::start(
         &dir.join("firn.log"),
         &[
@@ -33,16 +50,15 @@ fn labels_from_agent(dir: &Path, pid: u32, args: &[&str]) -> (BTreeMap<String, S
                 "2s",
                 "--local-store-directory",
                 store.to_str().expect("utf-8"),
-                "--pid",
-                &pid_arg,
             ][..],
+            &pid_args,
             args,
         ]
         .concat(),
         &[],
     );
-    let labels = std::cell::RefCell::new(BTreeMap::new());
-    agent.wait_until("a profile holding the workload", MINUTE, || {
+    let labels = std::cell::RefCell::new(Vec::new());
+    agent.wait_until("a profile holding every workload", MINUTE, || {
         let newest = std::fs::read_dir(&store)
             .into_iter()
             .flatten()
@@ -56,115 +72,14 @@ fn labels_from_agent(dir: &Path, pid: u32, args: &[&str]) -> (BTreeMap<String, S
         else {
             return false;
         };
-        let (found, samples) = labels_of(&profile, pid);
-        *labels.borrow_mut() = found;
-        samples > 0
+        let found: Vec<_> = pids.iter().map(|&pid| labels_of(&profile, pid)).collect();
+        let all_sampled = found.iter().all(|(_, samples)| *samples > 0);
+        *labels.borrow_mut() = found.into_iter().map(|(labels, _)| labels).collect();
+        all_sampled
     });
     let stopped = agent.stop();
     assert!(stopped.status.success(), "{}", stopped.log);
     (labels.into_inner(), stopped.log)
-}
-
-/// A Docker daemon of the test's own: its socket, data and state under
-/// `dir`, no networking set up (`--bridge=none`, no iptables). Its
-/// containers are removed and it is stopped (by PID) when dropped.
-struct Dockerd {
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-    containers: Vec<String>,
-}
-
-impl Dockerd {
-    fn start(dir: &Path) -> Self {
-        std::fs::create_dir_all(dir).expect("dockerd directory");
-        let socket = dir.join("docker.sock");
-        let log = dir.join("dockerd.log");
-        let child = Command::new("dockerd")
-            .arg(format!("--data-root={}", dir.join("data").display()))
-            .arg(format!("--exec-root={}", dir.join("exec").display()))
-            .arg(format!("--pidfile={}", dir.join("dockerd.pid").display()))
-            .arg(format!("--host=unix://{}", socket.display()))
-            .args(["--iptables=false", "--ip6tables=false", "--bridge=none"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("dockerd log"))
-            .spawn()
-            .unwrap_or_else(|error| {
-                panic!(
-                    "dockerd is needed for the real container test (Debian's docker.io, \
-                     installed by `cargo xtask setup`): {error}"
-                )
-            });
-        let mut daemon = Self {
-            child,
-            socket,
-            log,
-            containers: Vec::new(),
-        };
-        let deadline = Instant::now() + MINUTE;
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = daemon.child.try_wait() {
-                panic!("dockerd exited ({status}):\n{}", daemon.log());
-            }
-            if daemon.docker(&["version"]).status.success() {
-                return daemon;
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        panic!("dockerd did not answer within a minute:\n{}", daemon.log());
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn docker(&self, args: &[&str]) -> Output {
-        // Debian's client, matched to its daemon.
-        let client = if Path::new("/usr/bin/docker").exists() {
-            "/usr/bin/docker"
-        } else {
-            "docker"
-        };
-        Command::new(client)
-            .env("DOCKER_HOST", format!("unix://{}", self.socket.display()))
-            .args(args)
-            .output()
-            .expect("the docker client runs")
-    }
-
-    fn docker_ok(&self, args: &[&str]) -> String {
-        let output = self.docker(args);
-        assert!(
-            output.status.success(),
-            "docker {args:?} failed: {}\n{}",
-            String::from_utf8_lossy(&output.stderr),
-            self.log()
-        );
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
-    }
-}
-
-impl Drop for Dockerd {
-    fn drop(&mut self) {
-        for container in std::mem::take(&mut self.containers) {
-            let _ = self.docker(&["rm", "-f", &container]);
-        }
-        // SIGTERM, so the daemon unmounts its layers before the directory
-        // is removed; SIGKILL if it does not stop in time.
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            // SAFETY: a plain signal to the daemon this guard started.
-            unsafe { libc::kill(pid, libc::SIGTERM) };
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[test]
@@ -319,13 +234,10 @@ fn docker_containers_get_their_name_and_labels_from_the_runtime_socket() {
     )
     .expect("config");
     let sockets = format!("{},/nonexistent/podman.sock", socket.display());
-    let outside_pid = outside.pid().to_string();
-    let (labels, log) = labels_from_agent(
+    let (each, log) = labels_of_each(
         dir.path(),
-        inside.pid(),
+        &[inside.pid(), outside.pid()],
         &[
-            "--pid",
-            &outside_pid,
             "--config-path",
             config.to_str().expect("utf-8"),
             "--container-runtime-sockets",
@@ -334,6 +246,7 @@ fn docker_containers_get_their_name_and_labels_from_the_runtime_socket() {
     );
     let get =
         |labels: &std::collections::BTreeMap<String, String>, name: &str| labels.get(name).cloned();
+    let labels = &each[0];
     for (name, value) in [
         ("container", "shop-web"),
         ("container_id", id.as_str()),
@@ -341,8 +254,25 @@ fn docker_containers_get_their_name_and_labels_from_the_runtime_socket() {
         ("team", "storefront"),
         ("image", "example/shop:1"),
     ] {
-        assert_eq!(get(&labels, name).as_deref(), Some(value), "{labels:?}");
+        assert_eq!(get(labels, name).as_deref(), Some(value), "{labels:?}");
     }
+    // The process beside the container, in no container cgroup, gets
+    // none of the container's labels: it is named as a plain process.
+    let outside_labels = &each[1];
+    assert_eq!(
+        get(outside_labels, "pid"),
+        Some(outside.pid().to_string()),
+        "{outside_labels:?}"
+    );
+    assert_eq!(get(outside_labels, "comm").as_deref(), Some("chain"));
+    for name in ["container", "container_id", "team", "image"] {
+        assert_eq!(get(outside_labels, name), None, "{outside_labels:?}");
+    }
+    assert_ne!(
+        get(outside_labels, "service_name").as_deref(),
+        Some("shop-web"),
+        "{outside_labels:?}"
+    );
     let log = &log;
     assert!(
         !log.contains("level=error") && !log.contains("level=warn"),

@@ -84,7 +84,7 @@ fn write_heavy_process_shows_named_kernel_write_path() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let dd = TestProcess::spawn(Command::new("dd").args(["if=/dev/zero", "of=/dev/null", "bs=1"]));
-    wait_a_moment();
+    dd.wait_until_running();
     // Whole system, no --pid: dd must be found among everything else.
     let (_, profile) = record(dir.path(), &["--duration", "3s"]);
     let stacks = stacks_of(&profile, dd.pid());
@@ -415,7 +415,14 @@ fn recording_ends_on_time_while_huge_objects_run() {
         dir.path().display()
     );
     let compiler = TestProcess::spawn(Command::new("sh").args(["-c", &script]));
-    std::thread::sleep(Duration::from_millis(1_500));
+    // Until a rustc of the loop has librustc_driver mapped: the object
+    // firn must not stall on is there to be looked at.
+    wait_for(
+        "rustc to map librustc_driver",
+        Duration::from_secs(60),
+        || rustc_child_with_driver(compiler.pid()),
+        String::new,
+    );
     let started = std::time::Instant::now();
     let (output, profile) = record(dir.path(), &["--duration", "3s"]);
     let elapsed = started.elapsed();
@@ -431,4 +438,25 @@ fn recording_ends_on_time_while_huge_objects_run() {
         .map(|s| s.count())
         .sum();
     assert!(rustc_samples > 0, "rustc was sampled:\n{log}");
+}
+
+/// Whether a child of `parent` is a rustc that has mapped librustc_driver.
+fn rustc_child_with_driver(parent: u32) -> bool {
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    processes.filter_map(Result::ok).any(|entry| {
+        let path = entry.path();
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
+            return false;
+        };
+        // `PID (COMM) STATE PPID ...`
+        let child_of_parent = stat.rsplit_once(')').is_some_and(|(head, tail)| {
+            head.ends_with("(rustc")
+                && tail.split_whitespace().nth(1) == Some(parent.to_string().as_str())
+        });
+        child_of_parent
+            && std::fs::read_to_string(path.join("maps"))
+                .is_ok_and(|maps| maps.contains("librustc_driver"))
+    })
 }

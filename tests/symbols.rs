@@ -23,6 +23,9 @@ const INLINE_CHAIN: [&str; 6] = [
     "level_one",
     "main",
 ];
+/// CPU time a workload spends before it exits under a recording: some
+/// 200 samples at 100 Hz.
+const SAMPLED_FOR: Duration = Duration::from_secs(2);
 /// Complete stacks need frame pointers until the DWARF unwinder lands.
 const FLAGS: [&str; 3] = ["-O2", "-g", "-fno-omit-frame-pointer"];
 
@@ -200,7 +203,7 @@ fn dwarf_gives_inline_frames_and_lines_for_the_whole_chain() {
         &["-O2", "-fomit-frame-pointer", "-g"],
     );
     let workload = TestProcess::spawn(Command::new(&binary).arg("100000"));
-    wait_a_moment();
+    workload.wait_until_running();
     let pid = workload.pid().to_string();
     let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
     assert_debugger_quality(&profile, workload.pid(), 0.95, 0.95);
@@ -230,7 +233,7 @@ fn stripped_binary_finds_its_debug_file_by_build_id() {
     run("strip", &["--strip-all", binary.to_str().expect("utf-8")]);
 
     let workload = TestProcess::spawn(Command::new(&binary).arg("100000"));
-    wait_a_moment();
+    workload.wait_until_running();
     let pid = workload.pid().to_string();
     let (output, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
     assert_debugger_quality(&profile, workload.pid(), 0.90, 0.90);
@@ -267,7 +270,7 @@ fn stripped_binary_finds_its_debug_file_by_debuglink() {
         ],
     );
     let workload = TestProcess::spawn(Command::new(&binary).arg("100000"));
-    wait_a_moment();
+    workload.wait_until_running();
     let pid = workload.pid().to_string();
     let (_, profile) = record(
         dir.path(),
@@ -335,13 +338,14 @@ fn binary_only_inside_another_mount_namespace_is_symbolized() {
         "the host must not see the namespace's files"
     );
     let pid = workload.pid().to_string();
-    let mut recording = Recording::start(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    // Ended once the workload is gone (the duration only bounds it).
+    let mut recording = Recording::start(dir.path(), &["--duration", "60s", "--pid", &pid]);
     recording.wait_until_sampling();
     // Sampled for a while, then gone before the recording ends.
-    std::thread::sleep(Duration::from_millis(2_000));
     let pid = workload.pid();
+    wait_for_cpu_time(pid, SAMPLED_FOR, Duration::from_secs(50));
     drop(workload);
-    let (_, profile) = recording.finish(Duration::from_secs(4));
+    let (_, profile) = recording.interrupt();
     let comms: Vec<&str> = Reader::new(&profile)
         .samples()
         .filter_map(|s| s.label("comm"))
@@ -362,15 +366,17 @@ fn exited_process_with_deleted_binary_is_symbolized() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let binary = build_inline_chain(dir.path());
-    let mut recording = Recording::start(dir.path(), &["--duration", "4s"]);
+    // Ended once the workload and its binary are gone (the duration only
+    // bounds it).
+    let mut recording = Recording::start(dir.path(), &["--duration", "60s"]);
     recording.wait_until_sampling();
     // Started after firn: its maps are read on the first sample.
     let workload = TestProcess::spawn(Command::new(&binary).arg("100000"));
-    std::thread::sleep(Duration::from_millis(2_000));
     let pid = workload.pid();
+    wait_for_cpu_time(pid, SAMPLED_FOR, Duration::from_secs(50));
     drop(workload);
     std::fs::remove_file(&binary).expect("delete the binary");
-    let (_, profile) = recording.finish(Duration::from_secs(4));
+    let (_, profile) = recording.interrupt();
     assert_debugger_quality(&profile, pid, 0.90, 0.90);
 }
 
@@ -401,9 +407,23 @@ fn node_perf_map_names_javascript_functions() {
             .arg("--perf-basic-prof")
             .arg(&script),
     );
-    let _perf_map = RemoveOnDrop(PathBuf::from(format!("/tmp/perf-{}.map", node.pid())));
-    // Let V8 compile the hot function.
-    std::thread::sleep(Duration::from_millis(1_500));
+    let perf_map = RemoveOnDrop(PathBuf::from(format!("/tmp/perf-{}.map", node.pid())));
+    // Until V8 has compiled the hot code with its optimizer (`JS:*`), which
+    // runs from then on.
+    wait_for(
+        "V8 to list optimized code of hot.js in its perf map",
+        Duration::from_secs(60),
+        || {
+            std::fs::read_to_string(&perf_map.0).is_ok_and(|map| {
+                map.lines().any(|line| {
+                    line.contains("JS:*")
+                        && line.contains("hot.js")
+                        && (line.contains("hotLoop") || line.contains("outerCaller"))
+                })
+            })
+        },
+        || std::fs::read_to_string(&perf_map.0).unwrap_or_default(),
+    );
     let pid = node.pid().to_string();
     let (_, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
     let stacks = stacks_of(&profile, node.pid());

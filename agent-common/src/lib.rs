@@ -436,6 +436,12 @@ pub struct BpfConfig {
     /// Stacks not walked at all ([`stacks_off`] bits): what is off costs
     /// nothing in the kernel.
     pub stacks_off: u32,
+    /// Byte offset of `tgid` in the kernel's `task_struct`, from its BTF:
+    /// where `follow_fork` reads a new process's id. Zero: unknown, and no
+    /// child is followed.
+    pub task_tgid_offset: u32,
+    /// Keeps the layout free of implicit padding (written as zero).
+    pub reserved: u32,
     /// Wake the reader once this many bytes are waiting in the ring buffer;
     /// below that the daemon drains on its own timer.
     pub wakeup_bytes: u64,
@@ -447,6 +453,8 @@ impl BpfConfig {
         stack_copy_bytes: 0,
         exec_copy_bytes: 0,
         stacks_off: 0,
+        task_tgid_offset: 0,
+        reserved: 0,
         wakeup_bytes: 0,
     };
 }
@@ -473,7 +481,7 @@ const _: () = assert!(core::mem::size_of::<SampleRecord>() == 96);
 const _: () = assert!(core::mem::size_of::<InterpreterFrame>() == 32);
 const _: () = assert!(core::mem::size_of::<PythonProcess>() == 48);
 const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 32);
-const _: () = assert!(core::mem::size_of::<BpfConfig>() == 24);
+const _: () = assert!(core::mem::size_of::<BpfConfig>() == 32);
 const _: () = assert!(MAX_STACK_COPY.is_multiple_of(STACK_COPY_CHUNK));
 const _: () = assert!(MAX_STACK_COPY >= 16 * 1024 + STACK_READ_BYTES);
 // `--stack-copy-bytes`'s help and the README give this bound (64 KiB).

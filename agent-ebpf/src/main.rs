@@ -51,9 +51,9 @@ use aya_ebpf::{
             bpf_get_stack, bpf_ktime_get_ns, bpf_probe_read_user, bpf_task_pt_regs,
         },
     },
-    macros::{map, perf_event, raw_tracepoint, tracepoint},
+    macros::{map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, ProgramArray, RingBuf},
-    programs::{PerfEventContext, RawTracePointContext, TracePointContext},
+    programs::{PerfEventContext, RawTracePointContext},
 };
 
 /// Says why something failed, at debug level under the daemon's log
@@ -640,19 +640,16 @@ pub fn process_exit(ctx: RawTracePointContext) -> u32 {
     0
 }
 
-/// Offsets in the `task/task_newtask` tracepoint's record (its `format`
-/// file; unchanged since the tracepoint came in 3.x). The daemon checks
-/// them against the running kernel's before attaching.
-const NEWTASK_PID_OFFSET: usize = 8;
-const NEWTASK_CLONE_FLAGS_OFFSET: usize = 32;
 const CLONE_THREAD: u64 = 0x0001_0000;
 
 /// A filtered process starting another: the child is sampled too, from
 /// its first instruction (the fork runs in the parent, before the child
-/// can be scheduled).
-#[tracepoint]
-pub fn follow_fork(ctx: TracePointContext) -> u32 {
-    if config().filter_pids == 0 {
+/// can be scheduled). On the `task_newtask` raw tracepoint, whose
+/// arguments are the new `task_struct` and the clone flags.
+#[raw_tracepoint(tracepoint = "task_newtask")]
+pub fn follow_fork(ctx: RawTracePointContext) -> u32 {
+    let config = config();
+    if config.filter_pids == 0 || config.task_tgid_offset == 0 {
         return 0;
     }
     let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
@@ -661,27 +658,35 @@ pub fn follow_fork(ctx: TracePointContext) -> u32 {
     if unsafe { PID_FILTER.get(&parent) }.is_none() {
         return 0;
     }
-    // SAFETY: both offsets lie within the tracepoint's record, whose
-    // layout the daemon checked; the helper fails rather than faults.
-    let (Ok(child), Ok(flags)) = (unsafe { ctx.read_at::<i32>(NEWTASK_PID_OFFSET) }, unsafe {
-        ctx.read_at::<u64>(NEWTASK_CLONE_FLAGS_OFFSET)
-    }) else {
-        return 0;
-    };
     // A new thread belongs to a process that is already in.
-    if flags & CLONE_THREAD != 0 || child <= 0 {
+    let flags: u64 = ctx.arg(1);
+    if flags & CLONE_THREAD != 0 {
         return 0;
     }
-    if let Err(error) = PID_FILTER.insert(&(child as u32), &1, 0) {
-        count(Counter::PidFilterFull);
-        failed!(
-            &ctx,
-            "child {} of tgid {} not followed: PID_FILTER insert returned {}",
-            child,
-            parent,
-            error
-        );
-    }
+    let task: u64 = ctx.arg(0);
+    let at = task.wrapping_add(u64::from(config.task_tgid_offset)) as *const i32;
+    // One log site for both failures (see `process_event`).
+    // SAFETY: the helper reads kernel memory and fails rather than faults;
+    // the offset is `task_struct.tgid`'s in the running kernel's BTF.
+    let (child, what, error) = match unsafe { bpf_probe_read_kernel(at) } {
+        Ok(child) if child > 0 => match PID_FILTER.insert(&(child as u32), &1, 0) {
+            Ok(()) => return 0,
+            Err(error) => {
+                count(Counter::PidFilterFull);
+                (child, "PID_FILTER insert", error as i64)
+            }
+        },
+        Ok(_) => return 0,
+        Err(error) => (0, "bpf_probe_read_kernel of its tgid", i64::from(error)),
+    };
+    failed!(
+        &ctx,
+        "child {} of tgid {} not followed: {} returned {}",
+        child,
+        parent,
+        what,
+        error
+    );
     0
 }
 

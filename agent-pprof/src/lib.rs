@@ -33,6 +33,8 @@ pub enum PprofError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the profile inflates to more than {limit} bytes, more than a profile firn reads")]
+    TooLarge { limit: u64 },
     #[error("not a pprof profile")]
     Decode {
         #[source]
@@ -49,13 +51,31 @@ pub fn encode_gzip(profile: &proto::Profile) -> Vec<u8> {
     encoder.finish().unwrap_or_default()
 }
 
-/// Decodes a profile, gzipped (`1f 8b`) or not.
+/// What a gzipped profile may inflate to: 1 GiB, as much as `firn report`
+/// reads of a file, so gzip lets no larger profile in than a plain file
+/// could be, and a few kilobytes of gzip cannot ask for all memory.
+pub const MAX_INFLATED_BYTES: u64 = 1 << 30;
+
+/// Decodes a profile, gzipped (`1f 8b`) or not, inflated to at most
+/// [`MAX_INFLATED_BYTES`].
 pub fn decode(bytes: &[u8]) -> Result<proto::Profile, PprofError> {
+    decode_within(bytes, MAX_INFLATED_BYTES)
+}
+
+/// [`decode`] with the bound on the inflated size given: inflating stops
+/// one byte past it.
+pub fn decode_within(bytes: &[u8], max_inflated: u64) -> Result<proto::Profile, PprofError> {
     if bytes.starts_with(&[0x1f, 0x8b]) {
         let mut raw = Vec::new();
         GzDecoder::new(bytes)
+            .take(max_inflated.saturating_add(1))
             .read_to_end(&mut raw)
             .map_err(|source| PprofError::Gzip { source })?;
+        if raw.len() as u64 > max_inflated {
+            return Err(PprofError::TooLarge {
+                limit: max_inflated,
+            });
+        }
         proto::Profile::decode(raw.as_slice()).map_err(|source| PprofError::Decode { source })
     } else {
         proto::Profile::decode(bytes).map_err(|source| PprofError::Decode { source })
@@ -82,5 +102,51 @@ mod tests {
         );
         assert!(decode(&[0x1f, 0x8b, 0, 1, 2]).is_err());
         assert!(decode(&[0xff; 7]).is_err());
+    }
+
+    /// A gzip stream of `copies` MiB of zeros in about a kilobyte per MiB:
+    /// one MiB deflated and sync-flushed (no final block) is a run of
+    /// back-references into zeros, valid again after any run of zeros, so
+    /// copies of it stand end to end. The trailer is never reached.
+    fn gzip_bomb(copies: usize) -> Vec<u8> {
+        let mut encoder = GzEncoder::new(Vec::new(), Compression::best());
+        encoder.write_all(&[]).expect("header");
+        encoder.flush().expect("header out");
+        let header = encoder.get_ref().len();
+        encoder.write_all(&vec![0; 1 << 20]).expect("deflate");
+        encoder.flush().expect("sync flush");
+        let stream = encoder.get_ref().clone();
+        let (head, mebibyte) = stream.split_at(header);
+        let mut bomb = head.to_vec();
+        for _ in 0..copies {
+            bomb.extend_from_slice(mebibyte);
+        }
+        bomb
+    }
+
+    #[test]
+    fn a_gzip_bomb_is_refused_at_the_bound() {
+        // 4 GiB of zeros in a few megabytes, refused after 1 MiB inflated.
+        let bomb = gzip_bomb(4096);
+        assert!(bomb.len() < 8 << 20, "{} bytes", bomb.len());
+        let started = std::time::Instant::now();
+        let error = decode_within(&bomb, 1 << 20).expect_err("refused");
+        assert!(
+            matches!(error, PprofError::TooLarge { limit } if limit == 1 << 20),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("1048576"), "{error}");
+        // Inflating all 4 GiB would take seconds and as many bytes.
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        // The same stream under a bound it fits is not refused for its
+        // size (zeros are no profile): the bound stopped the bomb.
+        let small = gzip_bomb(2);
+        let error = decode_within(&small, 4 << 20).expect_err("no profile");
+        assert!(!matches!(error, PprofError::TooLarge { .. }), "{error:?}");
+        assert!(matches!(
+            decode_within(&small, (2 << 20) - 1),
+            Err(PprofError::TooLarge { .. })
+        ));
+        assert_eq!(MAX_INFLATED_BYTES, 1 << 30);
     }
 }

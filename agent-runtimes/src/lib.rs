@@ -1,6 +1,10 @@
 //! Interpreter runtimes: how firn finds and names the frames of programs
-//! run by an interpreter (CPython first), whose native stack shows only
-//! the interpreter's own loop.
+//! run by an interpreter or a JIT compiler (CPython, HotSpot), whose native
+//! stack shows only the interpreter's own loop or anonymous JIT code.
+//!
+//! HotSpot ([`hotspot`]) differs from the shape below: its frames are not
+//! walked in BPF but unwound in userspace over the sample's stack copy,
+//! with a layout read from the JVM's own structure tables; see its module.
 //!
 //! Every runtime has the same shape, split between kernel and userspace:
 //!
@@ -31,6 +35,7 @@
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
+pub mod hotspot;
 pub mod libc;
 pub mod python;
 

@@ -24,6 +24,39 @@ pub enum Code {
 /// Finds the unwind rules for code addresses.
 pub trait CodeLookup {
     fn code(&mut self, address: u64) -> Code;
+
+    /// Code without CFI (a JIT compiler's) whose frames a runtime knows
+    /// how to unwind: the caller's registers, or `None` when the code is
+    /// not the runtime's (then rbp is followed, as for any JIT code).
+    fn foreign(&mut self, _frame: ForeignFrame, _stack: StackCopy<'_>) -> Option<ForeignStep> {
+        None
+    }
+}
+
+/// A frame in code without CFI, as the unwinder reached it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ForeignFrame {
+    /// The interrupted instruction (the leaf) or a return address.
+    pub ip: u64,
+    pub sp: u64,
+    /// `None` once a frame saved it where the unwind cannot read.
+    pub bp: Option<u64>,
+    /// The frame's index in the frames pushed (0: the leaf).
+    pub depth: usize,
+    /// `ip` is where the frame was interrupted (the leaf, or the frame a
+    /// signal interrupted), not a return address: the code at `ip` itself
+    /// runs, and its frame may be half built.
+    pub exact: bool,
+}
+
+/// What a runtime made of a frame in its code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForeignStep {
+    /// The caller's registers: `ip` its return address.
+    Caller { ip: u64, sp: u64, bp: Option<u64> },
+    /// The runtime's code, but its frame could not be unwound: the
+    /// unwind stops here.
+    Stop,
 }
 
 /// Why the unwinder stopped.
@@ -52,6 +85,8 @@ pub struct Outcome {
     pub stop: Stop,
     /// Frames found by following rbp where there was no CFI.
     pub rbp_frames: u32,
+    /// Frames a runtime unwound in its own code (`CodeLookup::foreign`).
+    pub foreign_frames: u32,
     /// Signal frames crossed.
     pub signal_frames: u32,
     /// Callers (not the leaf) outside system libraries whose frame is
@@ -76,10 +111,16 @@ pub struct StackCopy<'a> {
 
 impl StackCopy<'_> {
     fn read(&self, address: u64) -> Result<u64, Stop> {
-        crate::leaf::read_stack_u64(self.bytes, self.sp, address).ok_or(Stop::Truncated)
+        self.word(address).ok_or(Stop::Truncated)
     }
 
-    fn end(&self) -> u64 {
+    /// The 8 bytes at `address`, if the copy holds them.
+    pub fn word(&self, address: u64) -> Option<u64> {
+        crate::leaf::read_stack_u64(self.bytes, self.sp, address)
+    }
+
+    /// The address just past the copy.
+    pub fn end(&self) -> u64 {
         self.sp.saturating_add(self.bytes.len() as u64)
     }
 }
@@ -108,6 +149,7 @@ enum StepKind {
     Cfi,
     Rbp,
     Signal,
+    Foreign,
 }
 
 /// Unwinds from `regs` and pushes the frames, innermost first, onto
@@ -123,6 +165,7 @@ pub fn unwind(
     let mut outcome = Outcome {
         stop: Stop::Complete,
         rbp_frames: 0,
+        foreign_frames: 0,
         signal_frames: 0,
         frameless_callers: 0,
         unmapped: None,
@@ -155,7 +198,10 @@ pub fn unwind(
                 }
                 step_cfi(&row, &state, stack)
             }
-            Code::NoCfi => step_rbp(&state, stack, Stop::NoCfi),
+            Code::NoCfi => match step_foreign(code, &state, stack, frames.len() - 1, exact) {
+                Some(step) => step,
+                None => step_rbp(&state, stack, Stop::NoCfi),
+            },
             Code::Unmapped => {
                 outcome.unmapped.get_or_insert(lookup);
                 step_rbp(&state, stack, Stop::Unmapped)
@@ -171,6 +217,7 @@ pub fn unwind(
         match kind {
             StepKind::Rbp => outcome.rbp_frames += 1,
             StepKind::Signal => outcome.signal_frames += 1,
+            StepKind::Foreign => outcome.foreign_frames += 1,
             StepKind::Cfi => {}
         }
         if next.ip == 0 {
@@ -245,6 +292,34 @@ fn step_signal(state: &Registers, stack: StackCopy<'_>) -> Result<(Registers, St
         bp: slot(UCONTEXT_RBP),
     };
     Ok((next, StepKind::Signal))
+}
+
+/// Code without CFI that a runtime may know: its step, if it does.
+fn step_foreign(
+    code: &mut impl CodeLookup,
+    state: &Registers,
+    stack: StackCopy<'_>,
+    depth: usize,
+    exact: bool,
+) -> Option<Result<(Registers, StepKind), Stop>> {
+    let frame = ForeignFrame {
+        ip: state.ip,
+        sp: state.sp,
+        bp: state.bp.ok(),
+        depth,
+        exact,
+    };
+    Some(match code.foreign(frame, stack)? {
+        ForeignStep::Caller { ip, sp, bp } => Ok((
+            Registers {
+                ip,
+                sp,
+                bp: bp.ok_or(Stop::UnsupportedRule),
+            },
+            StepKind::Foreign,
+        )),
+        ForeignStep::Stop => Err(Stop::NoCfi),
+    })
 }
 
 /// Code without CFI: if rbp points at a saved-rbp/return-address pair
@@ -470,6 +545,79 @@ mod tests {
         let regs = UserRegs { bp: 42, ..regs };
         let (frames, outcome) = run(code, regs, &stack(&words, 16));
         assert_eq!(frames, [0x9050]);
+        assert_eq!(outcome.stop, Stop::NoCfi);
+    }
+
+    /// JIT code at 0x9000..0x9100 whose frames a runtime unwinds: a frame
+    /// of 0x40 bytes with no rbp chain, return address at its top.
+    struct Runtime {
+        code: FakeCode,
+        asked: Vec<ForeignFrame>,
+        stop: bool,
+    }
+
+    impl CodeLookup for Runtime {
+        fn code(&mut self, address: u64) -> Code {
+            self.code.code(address)
+        }
+
+        fn foreign(&mut self, frame: ForeignFrame, stack: StackCopy<'_>) -> Option<ForeignStep> {
+            if !(0x9000..0x9100).contains(&frame.ip) {
+                return None;
+            }
+            self.asked.push(frame);
+            if self.stop {
+                return Some(ForeignStep::Stop);
+            }
+            let sp = frame.sp + 0x40;
+            Some(ForeignStep::Caller {
+                ip: stack.word(sp - 8)?,
+                sp,
+                bp: frame.bp,
+            })
+        }
+    }
+
+    #[test]
+    fn a_runtime_unwinds_its_own_frames() {
+        // leaf in JIT code, called by JIT code, called by native code.
+        let code = vec![(0x9000, 0x9100, Code::NoCfi), (0x3000, 0x3100, OUTERMOST)];
+        let words = HashMap::from([(SP + 0x38, 0x9080), (SP + 0x78, 0x3010)]);
+        let regs = UserRegs {
+            ip: 0x9004,
+            sp: SP,
+            // Not a frame: JIT code uses rbp as it likes.
+            bp: 7,
+        };
+        let mut runtime = Runtime {
+            code: FakeCode(code),
+            asked: Vec::new(),
+            stop: false,
+        };
+        let bytes = stack(&words, 32);
+        let mut frames = Vec::new();
+        let copy = StackCopy {
+            sp: SP,
+            bytes: &bytes,
+        };
+        let outcome = unwind(regs, copy, &mut runtime, 128, &mut frames);
+        assert_eq!(frames, [0x9004, 0x9080, 0x3010]);
+        assert_eq!(outcome.stop, Stop::Complete);
+        assert_eq!((outcome.foreign_frames, outcome.rbp_frames), (2, 0));
+        let depths: Vec<(usize, bool)> = runtime
+            .asked
+            .iter()
+            .map(|frame| (frame.depth, frame.exact))
+            .collect();
+        assert_eq!(depths, [(0, true), (1, false)]);
+        assert_eq!(runtime.asked[1].sp, SP + 0x40);
+
+        // The runtime's code whose frame it cannot unwind: a stop, not a
+        // guess by rbp.
+        runtime.stop = true;
+        frames.clear();
+        let outcome = unwind(regs, copy, &mut runtime, 128, &mut frames);
+        assert_eq!(frames, [0x9004]);
         assert_eq!(outcome.stop, Stop::NoCfi);
     }
 

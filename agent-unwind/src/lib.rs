@@ -34,7 +34,7 @@ pub mod testing;
 mod fixture_tests;
 
 pub use cfi::{Cfa, CfiContext, CfiError, CfiSource, Rule, UnwindRow};
-pub use dwarf::{Code, CodeLookup, Outcome, StackCopy, Stop, unwind};
+pub use dwarf::{Code, CodeLookup, ForeignFrame, ForeignStep, Outcome, StackCopy, Stop, unwind};
 pub use leaf::{LeafRepair, repair_leaf, stitch};
 pub use survey::{FrameSurvey, ObjectFrames, is_go, survey};
 pub use unwinder::{CacheCounts, Mapped, ObjectLookup, Sample, Unwinder, Unwound};

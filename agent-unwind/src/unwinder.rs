@@ -15,7 +15,7 @@ use tracing::debug;
 use crate::{
     MAX_USER_FRAMES,
     cfi::{CfiContext, CfiSource, UnwindRow},
-    dwarf::{Code, CodeLookup, Outcome, StackCopy, Stop, unwind},
+    dwarf::{Code, CodeLookup, ForeignFrame, ForeignStep, Outcome, StackCopy, Stop, unwind},
     leaf::{LeafRepair, repair_leaf, stitch},
     survey::{ObjectFrames, is_go, survey},
 };
@@ -55,6 +55,12 @@ pub trait ObjectLookup {
     /// The bytes of the object mapped at `address`; asked only when its
     /// CFI is not cached.
     fn bytes(&mut self, address: u64) -> Option<Bytes>;
+
+    /// A runtime's unwind of a frame in its JIT code
+    /// ([`CodeLookup::foreign`]).
+    fn foreign(&mut self, _frame: ForeignFrame, _stack: StackCopy<'_>) -> Option<ForeignStep> {
+        None
+    }
 }
 
 /// A sample's user side: its registers, the copy of its stack from `sp`
@@ -196,6 +202,10 @@ impl<L: ObjectLookup> CodeLookup for CachedCode<'_, L> {
             Some(row) => Code::Row { row, system },
             None => Code::NoCfi,
         }
+    }
+
+    fn foreign(&mut self, frame: ForeignFrame, stack: StackCopy<'_>) -> Option<ForeignStep> {
+        self.objects.foreign(frame, stack)
     }
 }
 

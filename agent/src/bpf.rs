@@ -109,6 +109,9 @@ pub struct BpfSampler {
     stats: Option<OwnedFd>,
     /// Forwards the programs' log records, while `firn::bpf` debug is on.
     _program_log: Option<ProgramLog>,
+    /// Processes were named but their children are not followed (said
+    /// once, when loading).
+    children_not_followed: bool,
 }
 
 /// Totals of the BPF-side counters over all CPUs.
@@ -160,7 +163,13 @@ impl BpfSampler {
         let ring_buffer_bytes = config
             .ring_buffer_bytes
             .unwrap_or_else(|| default_ring_buffer_bytes(cpus.len()));
-        let bpf_config = bpf_config(config, ring_buffer_bytes);
+        // Children are followed only of processes that were named.
+        let follow = !config.pids.is_empty();
+        let task_tgid_offset = match follow {
+            true => follow::tgid_offset(),
+            false => None,
+        };
+        let bpf_config = bpf_config(config, ring_buffer_bytes, task_tgid_offset);
         let log_level = program_log::level();
         let mut ebpf = load_object(&bpf_config, ring_buffer_bytes, log_level)?;
 
@@ -214,14 +223,23 @@ impl BpfSampler {
             ring_buffer_bytes,
             stats,
             _program_log: program_log,
+            children_not_followed: false,
         };
         // Process events first, so no exec is missed between the first
         // sample and the hooks being in place.
         sampler.attach_process_events()?;
-        if !config.pids.is_empty() {
-            follow::attach(&mut sampler.ebpf);
-        }
+        sampler.children_not_followed = match task_tgid_offset {
+            Some(_) => !follow::attach(&mut sampler.ebpf),
+            None => follow,
+        };
         Ok(sampler)
+    }
+
+    /// True when processes were named (`--pid`, `record`'s command) but
+    /// the processes they start are not profiled: the kernel's BTF did not
+    /// say where a task's tgid is, or `follow_fork` could not be attached.
+    pub fn children_not_followed(&self) -> bool {
+        self.children_not_followed
     }
 
     /// Starts sampling every CPU; until then only process events flow.
@@ -548,8 +566,13 @@ where
         .map_err(|source| BpfError::Program { name, source })
 }
 
-/// What the BPF program is told before it is loaded.
-fn bpf_config(config: &SamplingConfig, ring_buffer_bytes: u32) -> BpfConfig {
+/// What the BPF program is told before it is loaded; `task_tgid_offset`
+/// when the children of the named processes are followed.
+fn bpf_config(
+    config: &SamplingConfig,
+    ring_buffer_bytes: u32,
+    task_tgid_offset: Option<u32>,
+) -> BpfConfig {
     let (stack_copy_bytes, exec_copy_bytes) = match config.unwind {
         _ if !config.user_stacks => (0, 0),
         UnwindMode::FramePointers => (config.leaf_stack_copy_bytes, 0),
@@ -570,6 +593,8 @@ fn bpf_config(config: &SamplingConfig, ring_buffer_bytes: u32) -> BpfConfig {
         stack_copy_bytes,
         exec_copy_bytes,
         stacks_off,
+        task_tgid_offset: task_tgid_offset.unwrap_or(0),
+        reserved: 0,
         // Wake the reader at an eighth full; it drains on a timer too.
         wakeup_bytes: u64::from(ring_buffer_bytes / 8),
     }

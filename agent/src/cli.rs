@@ -138,6 +138,12 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub python: bool,
 
+    /// Unwind and name the Java frames of HotSpot JVMs (JDK 17), interpreted
+    /// and compiled, inlined methods as frames of their own
+    /// (`--java=false`: native frames only).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub java: bool,
+
     /// Walk kernel stacks (off: the BPF program skips the walk, and samples
     /// of kernel threads are not taken).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
@@ -317,6 +323,9 @@ fn pipeline(sampling: &SamplingArgs, symbols: &SymbolArgs) -> PipelineConfig {
         python: crate::runtimes::PythonConfig {
             enabled: sampling.python,
             ..Default::default()
+        },
+        java: crate::runtimes::JavaConfig {
+            enabled: sampling.java,
         },
         ..PipelineConfig::default()
     }

@@ -4,7 +4,7 @@
 use std::{
     future::Future,
     io,
-    sync::Arc,
+    sync::{Arc, atomic::Ordering},
     time::{Duration, Instant},
 };
 
@@ -17,7 +17,10 @@ use crate::{
     host::Host,
     labels::{MetadataLimits, MetadataReader},
     process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats},
-    runtimes::{PythonConfig, PythonRuntime, ThreadPointerLookup, UserFrame, splice},
+    runtimes::{
+        JavaConfig, JavaFrames, JavaRuntime, PythonConfig, PythonRuntime, ThreadPointerLookup,
+        UserFrame, splice,
+    },
     sampler::{self, RawSample, Record, RingReader, SamplingConfig, UnwindMode},
     stats::Stats,
     unwind::{UnwindPolicy, Unwinder, UnwinderConfig, UserFrames},
@@ -69,6 +72,7 @@ pub struct PipelineConfig {
     pub unwinder: UnwinderConfig,
     pub aggregate: AggregateConfig,
     pub python: PythonConfig,
+    pub java: JavaConfig,
     /// Label every sample with its thread's id and name (`thread_id`,
     /// `thread_name`), not only other threads' ids.
     pub thread_labels: bool,
@@ -84,6 +88,8 @@ pub struct Pipeline {
     aggregator: Aggregator,
     /// CPython processes' frames; `None` when off.
     python: Option<PythonRuntime>,
+    /// JVMs' frames; `None` when off.
+    java: Option<JavaRuntime>,
     stats: Arc<Stats>,
     last_expire: Instant,
     last_sweep: Instant,
@@ -121,6 +127,7 @@ impl Pipeline {
             ),
             aggregator: Aggregator::new(&config.aggregate, stats.clone()),
             python: None,
+            java: config.java.enabled.then(|| JavaRuntime::new(stats.clone())),
             stats,
             last_expire: Instant::now(),
             last_sweep: Instant::now(),
@@ -154,6 +161,9 @@ impl Pipeline {
                 if let Some(python) = &mut self.python {
                     python.forget(event.tgid);
                 }
+                if let Some(java) = &mut self.java {
+                    java.forget(event.tgid);
+                }
                 // Decide now, while the new image is fresh: until then the
                 // BPF program copies its whole stack.
                 if let Some(image) = self.processes.lookup(event.tgid) {
@@ -169,6 +179,9 @@ impl Pipeline {
                 self.policy.on_exit(event.tgid);
                 if let Some(python) = &mut self.python {
                     python.forget(event.tgid);
+                }
+                if let Some(java) = &mut self.java {
+                    java.forget(event.tgid);
                 }
             }
             Err(error) => {
@@ -194,6 +207,9 @@ impl Pipeline {
         if let Some(python) = &mut self.python {
             python.observe(image, &mut self.processes);
         }
+        if let Some(java) = &mut self.java {
+            java.observe(image, &mut self.processes);
+        }
     }
 
     pub fn sample(&mut self, sample: RawSample<'_>) {
@@ -215,7 +231,8 @@ impl Pipeline {
                 self.processes.object(&image, index);
             }
         }
-        let (native, image) = self.unwind(&sample, image);
+        let mut java_frames = JavaFrames::default();
+        let (native, image) = self.unwind(&sample, image, &mut java_frames);
         // Open every object (and debug file, and JIT perf map) now, while
         // the process is surely alive; the profile is symbolized later,
         // possibly after it exited.
@@ -224,7 +241,12 @@ impl Pipeline {
                 self.processes.object(&image, index);
             }
         }
-        let user = self.with_interpreted(&sample, &image, native);
+        let user = match &mut self.java {
+            Some(java) if java.is_java(sample.tgid) => {
+                java.splice(sample.tgid, native, &java_frames)
+            }
+            _ => self.with_interpreted(&sample, &image, native),
+        };
         self.aggregator.add(UnwoundSample {
             image,
             metadata,
@@ -275,13 +297,21 @@ impl Pipeline {
         &mut self,
         sample: &RawSample,
         mut image: Arc<ProcessImage>,
+        java_frames: &mut JavaFrames,
     ) -> (Vec<u64>, Arc<ProcessImage>) {
         let unwinding = self
             .policy
             .decide(&image, &mut self.processes, &mut self.unwinder);
-        let mut attempt = self
-            .unwinder
-            .attempt(sample, &image, &mut self.processes, unwinding);
+        if let Some(java) = &mut self.java {
+            java.observe(&image, &mut self.processes);
+        }
+        let mut jit = self
+            .java
+            .as_ref()
+            .and_then(|java| java.unwinder(sample.tgid, java_frames));
+        let mut attempt =
+            self.unwinder
+                .attempt(sample, &image, &mut self.processes, unwinding, jit.as_mut());
         // The maps may predate a library being mapped (read right after
         // exec, or before a dlopen): re-read them, once per unwind and at
         // most once a second per process, and unwind again over them.
@@ -291,9 +321,13 @@ impl Pipeline {
                     .image_covering(image.tgid, &sample.comm.to_string(), address);
             if !Arc::ptr_eq(&fresh, &image) {
                 image = fresh;
-                attempt = self
-                    .unwinder
-                    .attempt(sample, &image, &mut self.processes, unwinding);
+                attempt = self.unwinder.attempt(
+                    sample,
+                    &image,
+                    &mut self.processes,
+                    unwinding,
+                    jit.as_mut(),
+                );
             }
         }
         let UserFrames {
@@ -342,6 +376,9 @@ impl Session {
         // Beside the BPF verification, which takes about as long.
         let thread_pointer = pipeline.python.enabled.then(ThreadPointerLookup::start);
         let mut bpf = BpfSampler::load(sampling)?;
+        if bpf.children_not_followed() {
+            stats.following_unavailable.fetch_add(1, Ordering::Relaxed);
+        }
         let ring = bpf.take_ring_buffer()?;
         let reader = RingReader::new(ring).map_err(|source| SessionError::Ring { source })?;
         let mut policy = UnwindPolicy::new(

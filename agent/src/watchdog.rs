@@ -140,6 +140,10 @@ fn watch(stages: &[Arc<Stage>], health: Option<&Health>, stats: &Stats, shutdown
         thread::sleep(CHECK_INTERVAL);
         // Counted by a signal handler, which cannot reach the stats.
         Stats::set(&stats.mapped_pages_truncated, untrusted::truncated_pages());
+        Stats::set(
+            &stats.mapped_files_unguarded,
+            untrusted::unguarded_mappings(),
+        );
         let asked_at = SHUTDOWN_ASKED_NS.load(Ordering::SeqCst);
         if asked_at != 0 && monotonic_ns().saturating_sub(asked_at) >= shutdown_ns {
             let stuck: Vec<&str> = stages

@@ -79,7 +79,7 @@ pub fn start_chain(dir: &Path, flags: &[&str]) -> TestProcess {
         build_c(&variant, "chain.c", "chain", flags);
     }
     let process = TestProcess::spawn(Command::new(binary).arg("100000"));
-    wait_a_moment();
+    process.wait_until_running();
     process
 }
 
@@ -100,6 +100,11 @@ impl TestProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// See [`wait_until_running`].
+    pub fn wait_until_running(&self) {
+        wait_until_running(self.pid());
     }
 }
 
@@ -237,8 +242,47 @@ pub fn describe(stacks: &[(Vec<String>, i64)]) -> String {
         .join("\n")
 }
 
-pub fn wait_a_moment() {
-    std::thread::sleep(Duration::from_millis(300));
+/// CPU time `pid` has spent, user and system, from `/proc/PID/stat`.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (which may hold spaces and parentheses), the
+    // fields from the third on: utime and stime are the 14th and 15th.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let ticks: u64 = fields.next()?.parse::<u64>().ok()? + fields.next()?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&hz| hz > 0)?;
+    Some(Duration::from_millis(ticks * 1000 / per_second))
+}
+
+/// Waits (at most 30 s) until `pid` runs a program of its own: it has
+/// exec'd (its executable is no longer this test's) and been on a CPU since
+/// being started. What a test needs before firn looks at a workload.
+pub fn wait_until_running(pid: u32) {
+    let test = std::env::current_exe().ok();
+    let exe = format!("/proc/{pid}/exe");
+    wait_for(
+        "the workload to run",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_link(&exe).is_ok_and(|path| Some(&path) != test.as_ref())
+                && cpu_time(pid).is_some_and(|spent| !spent.is_zero())
+        },
+        || format!("{exe}: {:?}", std::fs::read_link(&exe)),
+    );
+}
+
+/// Waits until `pid` has spent `spent` of CPU time (at most `timeout`):
+/// it has run long enough to be sampled that much, however loaded the
+/// machine is.
+pub fn wait_for_cpu_time(pid: u32, spent: Duration, timeout: Duration) {
+    wait_for(
+        &format!("{spent:?} of CPU time in process {pid}"),
+        timeout,
+        || cpu_time(pid).is_some_and(|time| time >= spent),
+        || format!("{:?} so far", cpu_time(pid)),
+    );
 }
 
 /// A program of the Python tools `cargo xtask setup` installs (the

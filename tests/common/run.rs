@@ -275,6 +275,17 @@ impl Recording {
         }
     }
 
+    /// Ends the recording now with SIGINT (firn writes what it sampled),
+    /// then as [`Self::finish`]: for tests that end it on an event rather
+    /// than after a fixed time.
+    pub fn interrupt(self) -> (String, Profile) {
+        if let Some(child) = &self.child {
+            // SAFETY: signalling our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        }
+        self.finish(Duration::ZERO)
+    }
+
     /// Waits for the recording to end (its duration plus at most 60 s),
     /// asserting success; returns the log and the decoded profile.
     pub fn finish(mut self, duration: Duration) -> (String, Profile) {

@@ -5,4 +5,5 @@
 #![allow(dead_code)]
 
 pub mod harness;
+pub mod stripped;
 pub mod tls_server;

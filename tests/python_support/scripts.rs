@@ -90,8 +90,9 @@ impl RecursionLines {
         }
     }
 
-    /// The kept frames are the innermost: crunch (or the bottom's loop),
-    /// then recurse frames at their call lines, never the module.
+    /// The kept frames are the innermost, exactly [`KEPT_FRAMES`] of them
+    /// (the stack is deeper): crunch (or the bottom's loop), then recurse
+    /// frames at their call lines, never the module.
     pub fn holds(&self, python: &[&Frame]) -> bool {
         let (innermost, rest) = match python {
             [leaf, caller, rest @ ..] if leaf.name == "crunch" => (
@@ -107,7 +108,7 @@ impl RecursionLines {
             _ => return false,
         };
         innermost
-            && python.len() <= KEPT_FRAMES
+            && python.len() == KEPT_FRAMES
             && rest
                 .iter()
                 .all(|frame| frame.name == "recurse" && frame.line == self.call_recurse)

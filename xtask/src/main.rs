@@ -29,7 +29,8 @@ struct Cli {
 enum Command {
     /// Install what building the BPF object and running the tests need:
     /// the pinned nightly with rust-src, bpf-linker, cargo-fuzz, Debian
-    /// packages, the Parca server. Idempotent.
+    /// packages, the Parca server, the container test's base images.
+    /// Idempotent.
     Setup {
         /// Only the Debian packages the tests and benchmarks use.
         #[arg(long)]
@@ -86,6 +87,7 @@ fn main() -> Result<()> {
                 setup::parca_server()?;
                 setup::pyroscope_server(&root)?;
                 setup::python_tools()?;
+                setup::container_bases(&root)?;
             }
             Ok(())
         }
@@ -96,6 +98,7 @@ fn main() -> Result<()> {
             setup::parca_server()?;
             setup::pyroscope_server(&root)?;
             setup::python_tools()?;
+            setup::container_bases(&root)?;
             util::run_tests(&root, &args)
         }
         Command::Install(args) => install::run(&root, &args),

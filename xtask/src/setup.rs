@@ -13,6 +13,9 @@ use anyhow::{Context, Result, bail};
 use crate::util::{describe, is_root, run};
 
 mod apt;
+mod images;
+
+pub use images::{bases_dir as image_bases_dir, container_bases};
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The cargo-fuzz `cargo xtask fuzz` drives (builds in about 2 minutes).
@@ -30,7 +33,8 @@ pub const PYROSCOPE_VERSION: &str = "v1.19.3";
 /// pyenv builds the machine image ships), with `venv` for the tools'
 /// virtualenv, tmux to drive `firn top` in a terminal, Docker (the daemon
 /// the container metadata test runs a real container with, on a socket of
-/// its own).
+/// its own), debootstrap for the root file systems of the container image
+/// test's base images.
 const DEBIAN_PACKAGES: &[&str] = &[
     "gcc",
     "libc6-dev",
@@ -43,6 +47,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "python3-venv",
     "tmux",
     "docker.io",
+    "debootstrap",
 ];
 
 /// Python tools the tests and benchmarks use, pinned: the Prometheus
@@ -421,8 +426,10 @@ pub fn pyroscope_path() -> PathBuf {
 /// `FIRN_PYROSCOPE_SRC`.
 fn pyroscope_source(root: &Path) -> Result<PathBuf> {
     let name = format!("pyroscope-{PYROSCOPE_VERSION}-src.tar.xz");
-    let path = std::env::var_os("FIRN_PYROSCOPE_SRC")
-        .map_or_else(|| root.join("third_party/pyroscope").join(&name), PathBuf::from);
+    let path = std::env::var_os("FIRN_PYROSCOPE_SRC").map_or_else(
+        || root.join("third_party/pyroscope").join(&name),
+        PathBuf::from,
+    );
     if !path.is_file() {
         bail!(
             "the Pyroscope server's source {} is missing (it is part of the repository: \

@@ -3,10 +3,10 @@
 //! whose place differs between kernel builds is located here and handed to
 //! the program.
 //!
-//! One offset is needed, so the type section is scanned in place rather
-//! than parsed into owned types: a full parse of the kernel's 5 MB of BTF
-//! (btf-rs) took 0.15 s of CPU at every start, the scan takes a few
-//! milliseconds.
+//! Two offsets in `task_struct` are needed, so the type section is scanned
+//! in place rather than parsed into owned types: a full parse of the
+//! kernel's 5 MB of BTF (btf-rs) took 0.15 s of CPU at every start, the
+//! scan takes a few milliseconds.
 
 use std::{
     io::{self, Read},
@@ -37,6 +37,16 @@ pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// (`thread.fsbase` on x86-64), through which a thread's TLS (and so an
 /// interpreter's thread state) is found.
 pub fn task_thread_pointer_offset(vmlinux: &Path) -> Result<u32, BtfError> {
+    thread_pointer_offset_in(&read(vmlinux)?)
+}
+
+/// Byte offset of `tgid` in `task_struct`: the process id of a task, which
+/// the BPF program reads from a task the kernel has just created.
+pub fn task_tgid_offset(vmlinux: &Path) -> Result<u32, BtfError> {
+    tgid_offset_in(&read(vmlinux)?)
+}
+
+fn read(vmlinux: &Path) -> Result<Vec<u8>, BtfError> {
     let read_error = |source| BtfError::Read {
         path: vmlinux.display().to_string(),
         source,
@@ -50,14 +60,18 @@ pub fn task_thread_pointer_offset(vmlinux: &Path) -> Result<u32, BtfError> {
             what: "larger than 64 MiB",
         });
     }
-    thread_pointer_offset_in(&data)
+    Ok(data)
+}
+
+fn task_struct(btf: &Btf<'_>) -> Result<u32, BtfError> {
+    btf.struct_named("task_struct").ok_or(BtfError::Missing {
+        what: "struct task_struct",
+    })
 }
 
 fn thread_pointer_offset_in(data: &[u8]) -> Result<u32, BtfError> {
     let btf = Btf::parse(data)?;
-    let task = btf.struct_named("task_struct").ok_or(BtfError::Missing {
-        what: "struct task_struct",
-    })?;
+    let task = task_struct(&btf)?;
     let (thread, thread_bits) = btf.member(task, "thread", 0).ok_or(BtfError::Missing {
         what: "task_struct.thread",
     })?;
@@ -67,11 +81,27 @@ fn thread_pointer_offset_in(data: &[u8]) -> Result<u32, BtfError> {
     Ok((thread_bits + fsbase_bits) / 8)
 }
 
+fn tgid_offset_in(data: &[u8]) -> Result<u32, BtfError> {
+    let btf = Btf::parse(data)?;
+    let task = task_struct(&btf)?;
+    let (tgid, bits) = btf.member(task, "tgid", 0).ok_or(BtfError::Missing {
+        what: "task_struct.tgid",
+    })?;
+    // The program reads a 32-bit pid_t, byte-aligned.
+    match btf.header(tgid) {
+        Some((_, info, 4)) if Btf::kind(info) == KIND_INT && bits % 8 == 0 => Ok(bits / 8),
+        _ => Err(BtfError::Missing {
+            what: "task_struct.tgid as a 32-bit integer",
+        }),
+    }
+}
+
 const MAGIC: u16 = 0xeb9f;
 const HEADER: usize = 24;
 const TYPE: usize = 12;
 const MEMBER: usize = 12;
 
+const KIND_INT: u32 = 1;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
 /// Typedef, volatile, const, restrict, type tag: another name or
@@ -225,10 +255,12 @@ mod tests {
     use super::*;
 
     /// A BTF blob: `struct thread_struct { long sp; long fsbase; }` and
-    /// `struct task_struct { int state; union { long a; }; typedef'd
-    /// thread_struct thread; }` with `thread` behind a const typedef.
-    fn blob() -> Vec<u8> {
-        let strings = b"\0thread_struct\0sp\0fsbase\0task_struct\0state\0thread\0long\0ts_t\0";
+    /// `struct task_struct { long state; union { long a; }; pid_t tgid;
+    /// typedef'd thread_struct thread; }` with `thread` behind a const
+    /// typedef and `tgid`'s type given as `tgid_type`.
+    fn blob_with(tgid_type: u32) -> Vec<u8> {
+        let strings =
+            b"\0thread_struct\0sp\0fsbase\0task_struct\0state\0thread\0long\0ts_t\0tgid\0int\0pid_t\0";
         let name = |s: &str| {
             let needle = format!("\0{s}\0");
             strings
@@ -254,11 +286,15 @@ mod tests {
         push(&[name("sp"), 1, 0]);
         push(&[name("ts_t"), 8 << 24, 2]);
         push(&[0, 10 << 24, 4]);
-        // 6: struct task_struct { long state; union {..}; const ts_t thread; }
-        push(&[name("task_struct"), 4 << 24 | 3, 48]);
+        // 6: struct task_struct { long state; union {..}; tgid; const ts_t thread; }
+        push(&[name("task_struct"), 4 << 24 | 4, 48]);
         push(&[name("state"), 1, 0]);
         push(&[0, 3, 64]);
+        push(&[name("tgid"), tgid_type, 160]);
         push(&[name("thread"), 5, 256]);
+        // 7: int (INT, 4 bytes, signed), 8: typedef pid_t -> 7
+        push(&[name("int"), 1 << 24, 4, 1 << 24 | 32]);
+        push(&[name("pid_t"), 8 << 24, 7]);
         let mut data = Vec::new();
         data.extend_from_slice(&MAGIC.to_le_bytes());
         data.extend_from_slice(&[1, 0]);
@@ -276,6 +312,10 @@ mod tests {
         data
     }
 
+    fn blob() -> Vec<u8> {
+        blob_with(8)
+    }
+
     #[test]
     fn finds_the_member_through_typedefs_and_qualifiers() {
         assert_eq!(
@@ -285,10 +325,21 @@ mod tests {
     }
 
     #[test]
+    fn finds_tgid_through_its_typedef_and_wants_it_32_bits_wide() {
+        assert_eq!(tgid_offset_in(&blob()).expect("found"), 160 / 8);
+        // A `long tgid` is not what the program reads.
+        assert!(matches!(
+            tgid_offset_in(&blob_with(1)),
+            Err(BtfError::Missing { .. })
+        ));
+    }
+
+    #[test]
     fn malformed_blobs_are_errors_not_panics() {
         let data = blob();
         for len in 0..data.len() {
             let _ = thread_pointer_offset_in(&data[..len]);
+            let _ = tgid_offset_in(&data[..len]);
         }
         let mut bad = data.clone();
         bad[0] = 0;
@@ -309,6 +360,18 @@ mod tests {
         // task_struct is several KiB; thread sits at its end.
         assert!(offset > 1024 && offset < 64 * 1024, "offset {offset}");
         assert_eq!(offset % 8, 0);
+    }
+
+    #[test]
+    fn tgid_offset_of_the_running_kernel() {
+        let offset = task_tgid_offset(Path::new(VMLINUX_BTF)).expect("offset found");
+        // Among the ids, well inside the task, before the thread state.
+        let thread = task_thread_pointer_offset(Path::new(VMLINUX_BTF)).expect("thread found");
+        assert!(
+            offset > 0 && offset < thread,
+            "tgid at {offset}, thread at {thread}"
+        );
+        assert_eq!(offset % 4, 0);
     }
 
     #[test]

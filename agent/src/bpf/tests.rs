@@ -32,7 +32,7 @@ fn copy_sizes_follow_the_unwind_mode() {
         ..SamplingConfig::default()
     };
     let sizes = |config: &SamplingConfig| {
-        let bpf = bpf_config(config, 1 << 22);
+        let bpf = bpf_config(config, 1 << 22, None);
         (bpf.stack_copy_bytes, bpf.exec_copy_bytes)
     };
     assert_eq!(

@@ -43,7 +43,7 @@ fn write_report(config: &ReportConfig) -> Result<()> {
     let bytes =
         std::fs::read(path).with_context(|| format!("could not read {}", path.display()))?;
     let profile = agent_pprof::decode(&bytes)
-        .with_context(|| format!("{} is not a pprof profile", path.display()))?;
+        .with_context(|| format!("could not read the profile {}", path.display()))?;
     let mut out: Box<dyn Write> = match &config.output {
         Some(path) => {
             Box::new(BufWriter::new(File::create(path).with_context(|| {

@@ -6,6 +6,7 @@
 //! over through the [`Exporter`] trait.
 
 mod batch;
+pub mod delivery;
 pub mod destination;
 mod fanout;
 mod flamegraph;
@@ -53,6 +54,8 @@ pub enum OutputError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the thread that talks to {server} has stopped")]
+    Stopped { server: &'static str },
     #[error(transparent)]
     Parca(#[from] parca::ParcaError),
     #[error(transparent)]

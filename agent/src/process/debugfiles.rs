@@ -7,7 +7,7 @@
 use std::{collections::HashSet, fs::File, io, os::unix::fs::MetadataExt, path::PathBuf};
 
 use super::objects::ObjectData;
-use crate::untrusted::{MAX_OBJECT_BYTES, OpenError, ProcessRoot, open_host_file};
+use crate::untrusted::{MAX_OBJECT_BYTES, MappedFile, OpenError, ProcessRoot, open_host_file};
 pub use agent_elf::debug_files::DebugFileKind;
 use agent_elf::{ElfLayout, debug_files};
 
@@ -46,9 +46,7 @@ impl DebugFile {
 
     /// The file's bytes, memory-mapped.
     pub fn data(&self) -> io::Result<ObjectData> {
-        // SAFETY: read-only mapping of a file nobody rewrites in place (as
-        // for objects, see `ObjectFile::data`).
-        unsafe { memmap2::Mmap::map(&self.file) }.map(ObjectData::Mapped)
+        MappedFile::map(&self.file).map(ObjectData::Mapped)
     }
 
     /// The open file, for positioned reads that map nothing.

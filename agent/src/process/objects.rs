@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     stats::Stats,
-    untrusted::{self, ProcessRoot, Refusal, Refusals},
+    untrusted::{self, MappedFile, ProcessRoot, Refusal, Refusals},
 };
 use agent_elf::{self as elf, BuildId, ElfLayout, SharedBytes};
 pub use agent_elf::{ContentKey, ObjectKey};
@@ -57,7 +57,7 @@ impl std::fmt::Debug for ObjectFile {
 
 /// The bytes of an object, memory-mapped or in memory.
 pub enum ObjectData {
-    Mapped(memmap2::Mmap),
+    Mapped(MappedFile),
     Memory(Arc<[u8]>),
 }
 
@@ -81,9 +81,7 @@ impl AsRef<[u8]> for ObjectData {
 impl SharedBytes for ObjectData {
     fn release_pages(&self) {
         if let Self::Mapped(map) = self {
-            // SAFETY: a read-only private file mapping: dropping its pages
-            // loses nothing, they are read back from the file when touched.
-            let _ = unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) };
+            map.release_pages();
         }
     }
 }
@@ -106,11 +104,9 @@ impl ObjectFile {
     /// The object's bytes, for the symbolizer and unwinder to parse.
     pub fn data(&self) -> io::Result<ObjectData> {
         match &self.source {
-            // SAFETY: the mapping is read-only; a file truncated underneath
-            // could fault, which is why the registry opens the exact file a
-            // process maps (such files are not truncated in place by sane
-            // package managers, which replace them instead).
-            ObjectSource::File(file) => unsafe { memmap2::Mmap::map(file) }.map(ObjectData::Mapped),
+            // A file truncated underneath reads as zeros past its end (see
+            // `untrusted::MappedFile`).
+            ObjectSource::File(file) => MappedFile::map(file).map(ObjectData::Mapped),
             ObjectSource::Memory(bytes) => Ok(ObjectData::Memory(bytes.clone())),
         }
     }
@@ -153,8 +149,7 @@ impl ObjectFile {
     }
 
     fn from_file(key: ObjectKey, path: &str, file: File) -> Result<Self, ObjectError> {
-        // SAFETY: as in `data`.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| ObjectError::Io {
+        let map = MappedFile::map(&file).map_err(|source| ObjectError::Io {
             path: path.to_owned(),
             source,
         })?;

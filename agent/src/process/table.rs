@@ -26,6 +26,16 @@ use crate::{
     untrusted::{self, ProcessRoot, Refusals},
 };
 
+/// Longest the drain thread waits for a process's maps: reading them takes
+/// the process's mmap lock, which a thread of it stuck in a page fault on a
+/// hung FUSE or NFS mount holds indefinitely. A normal read takes well
+/// under a millisecond; the budget is that of a file open.
+pub const MAPS_DEADLINE: Duration = OPEN_DEADLINE;
+
+/// Reads a process's mappings (`/proc/PID/maps` below the proc root given);
+/// tests put in one that hangs.
+pub type MapsReader = Arc<dyn Fn(&Path, u32) -> Result<Vec<MappingSpec>, MapsError> + Send + Sync>;
+
 /// How often a process's maps may be re-read because an address fell
 /// outside all of them (libraries loaded later, JIT code).
 const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
@@ -171,6 +181,9 @@ pub struct ProcessTable {
     refusals: Refusals,
     /// Perf maps are opened off the drain thread, like objects.
     offload: Offload,
+    /// Maps are read off the drain thread too, with a deadline of their own.
+    maps_offload: Offload,
+    read_maps: MapsReader,
     slow_roots: SlowRoots,
 }
 
@@ -197,6 +210,8 @@ impl ProcessTable {
             refusals: Refusals::new(stats.clone()),
             stats,
             offload: Offload::new("firn-open-perf-map", OPEN_DEADLINE),
+            maps_offload: Offload::new("firn-read-maps", MAPS_DEADLINE),
+            read_maps: Arc::new(read_maps),
         }
     }
 
@@ -376,11 +391,30 @@ impl ProcessTable {
         }
     }
 
-    fn read_image(&self, tgid: u32, fallback_comm: &str) -> ProcessImage {
-        let comm = std::fs::read_to_string(self.proc_root.join(tgid.to_string()).join("comm"))
-            .map(|text| text.trim_end_matches('\n').to_owned())
-            .unwrap_or_else(|_| fallback_comm.to_owned());
-        match read_maps(&self.proc_root, tgid) {
+    /// Reads the process's name and maps on the maps helper thread. A read
+    /// that misses its deadline (or finds earlier reads still stuck) leaves
+    /// an empty image, counted as a timed-out read and logged once; the
+    /// process is read again after the exit grace period.
+    fn read_image(&mut self, tgid: u32, fallback_comm: &str) -> ProcessImage {
+        let proc_root = self.proc_root.clone();
+        let read_maps = self.read_maps.clone();
+        let read = self.maps_offload.run(move || {
+            let comm = std::fs::read_to_string(proc_root.join(tgid.to_string()).join("comm"))
+                .map(|text| text.trim_end_matches('\n').to_owned());
+            (comm.ok(), read_maps(&proc_root, tgid))
+        });
+        let (comm, maps) = match read {
+            Ok((comm, maps)) => (comm.unwrap_or_else(|| fallback_comm.to_owned()), maps),
+            Err(error) => {
+                Stats::inc(&self.stats.maps_read_failures);
+                if matches!(error, OffloadError::TimedOut(_)) {
+                    self.refusals.record_timeout(tgid, "/proc/PID/maps");
+                }
+                debug!(pid = tgid, %error, "could not read maps");
+                return ProcessImage::gone(tgid, fallback_comm.to_owned());
+            }
+        };
+        match maps {
             Ok(specs) => ProcessImage::new(tgid, comm, specs),
             Err(MapsError::Gone { .. }) => {
                 Stats::inc(&self.stats.processes_gone);

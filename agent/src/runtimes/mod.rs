@@ -3,14 +3,16 @@
 //! detector that recognizes the runtime in a process image and hands the
 //! BPF walker that process's layout, and a namer that turns what the walker
 //! recorded into function, file and line while the process is alive. Only
-//! CPython exists so far (`python`); the pipeline sees only this module.
+//! CPython (`python`) and HotSpot (`java`) exist so far; the pipeline sees only this module.
 
+mod java;
 mod memory;
 mod python;
 mod splice;
 
 use std::sync::Arc;
 
+pub use java::{JavaConfig, JavaFrames, JavaRuntime, JvmUnwinder};
 pub use memory::ProcessMemory;
 pub use python::{
     PythonConfig, PythonMapError, PythonProcessMap, PythonRuntime, ThreadPointerLookup,
@@ -21,6 +23,7 @@ pub use splice::{NamedFrame, splice};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Runtime {
     Python,
+    Java,
 }
 
 impl Runtime {
@@ -28,6 +31,7 @@ impl Runtime {
     pub fn mapping_name(self) -> &'static str {
         match self {
             Self::Python => "[python]",
+            Self::Java => "[java]",
         }
     }
 }

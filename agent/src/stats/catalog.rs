@@ -71,6 +71,17 @@ declare_metrics! {
             PidFilterFull {},
         ],
     }
+    following_unavailable: Counter,
+        "1 when processes were named (--pid, firn record's command) but the processes \
+        they start are not followed, so only the named ones are profiled: the kernel's BTF \
+        did not say where a task's tgid is, or the fork hook could not be attached (the \
+        reason is logged once)."
+    {
+        stats: [
+            /// Set once when the children of the named processes are not followed.
+            following_unavailable {},
+        ],
+    }
     bpf_stack_copies_short: Counter,
         "Samples whose copy of the user stack ended short of what was asked (end of the \
         stack mapping or an unmapped page)."
@@ -157,12 +168,14 @@ declare_metrics! {
     }
     unwind_frames_without_cfi: Counter,
         "Frames the DWARF unwinder stepped over without CFI, by kind: frame_pointer (code \
-        without CFI, such as JIT code, unwound by following rbp), signal (signal \
-        trampolines)."
+        without CFI, such as JIT code, unwound by following rbp), runtime (JIT code a \
+        runtime unwound by its own frame layout: HotSpot's), signal (signal trampolines)."
     {
         stats: [
             /// Frames without CFI unwound by following rbp (JIT code).
             unwind_rbp_frames { kind = "frame_pointer" },
+            /// Frames of JIT code unwound by their runtime (HotSpot).
+            unwind_jit_frames { kind = "runtime" },
             /// Signal frames unwound.
             unwind_signal_frames { kind = "signal" },
         ],
@@ -413,6 +426,16 @@ declare_metrics! {
             /// Pages of mapped objects and debug files read as zeros because the
             /// file shrank underneath (copied from `untrusted::truncated_pages`).
             mapped_pages_truncated {},
+        ],
+    }
+    mapped_files_unguarded: Counter,
+        "Mappings of objects and debug files made while the table of guarded mappings was \
+        full: a truncation of one of them underneath would kill firn with SIGBUS."
+    {
+        stats: [
+            /// Mappings not registered with the SIGBUS handler (copied from
+            /// `untrusted::unguarded_mappings`).
+            mapped_files_unguarded {},
         ],
     }
     stage_stalled: Gauge,
@@ -690,6 +713,47 @@ declare_metrics! {
             python_code_cache_misses { result = "miss" },
             /// Code object cache entries evicted by the byte bound.
             python_code_cache_evictions { result = "eviction" },
+        ],
+    }
+    java_processes: Counter,
+        "HotSpot JVMs found whose Java frames firn unwinds and names."
+    {
+        stats: [
+            /// JVMs whose tables and code cache were read.
+            java_processes {},
+        ],
+    }
+    java_processes_skipped: Counter,
+        "JVMs whose Java frames firn does not unwind (their native frames are still \
+        profiled), by reason: layout (the JVM's structure tables lack a field firn needs), \
+        unreadable (libjvm.so or the tables could not be read)."
+    {
+        stats: [
+            /// JVMs skipped: a field firn needs is missing from their tables.
+            java_skipped_layout { reason = "layout" },
+            /// JVMs skipped: libjvm.so or the tables could not be read.
+            java_skipped_unreadable { reason = "unreadable" },
+        ],
+    }
+    java_frames: Counter,
+        "Java frames named (an inlined method counts as a frame of its own)."
+    {
+        stats: [
+            /// Java frames named.
+            java_frames {},
+        ],
+    }
+    java_read_failures: Counter,
+        "Java frames that could not be made sense of, by stage: unwind (no code blob at \
+        the frame's pc, or its frame did not lead back into Java code; the stack ends \
+        there), name (its method or debug information could not be read, or had changed \
+        since the sample: the frame is named <unknown> rather than misnamed)."
+    {
+        stats: [
+            /// Java frames not unwound.
+            java_unwind_failures { stage = "unwind" },
+            /// Java frames not named.
+            java_name_failures { stage = "name" },
         ],
     }
 }

@@ -15,10 +15,7 @@ use std::{
     num::NonZeroUsize,
     os::fd::{AsFd, AsRawFd, OwnedFd},
     path::Path,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
-    },
+    sync::{Arc, Mutex},
 };
 
 use lru::LruCache;
@@ -27,7 +24,10 @@ use tracing::warn;
 
 use crate::stats::Stats;
 
+mod mapped;
+
 pub use agent_proc::mountinfo::FuseMounts;
+pub use mapped::{MappedFile, guard_mapped_files, truncated_pages, unguarded_mappings};
 
 /// The largest object or debug file firn reads (the biggest real debug
 /// files, of browsers and LLVM, are a few GiB).
@@ -275,73 +275,6 @@ impl Refusals {
     }
 }
 
-/// Pages of mapped files found cut off (see [`guard_mapped_files`]).
-static TRUNCATED_PAGES: AtomicU64 = AtomicU64::new(0);
-static PAGE_SIZE: AtomicUsize = AtomicUsize::new(4096);
-
-/// Objects and debug files are memory-mapped, and the process that owns
-/// one may truncate it: touching a page past the new end raises SIGBUS,
-/// which would kill firn. This handler puts a page of zeros in its place
-/// instead (the parsers see a malformed file and count it) and counts it;
-/// any other SIGBUS kills the process as before.
-pub fn guard_mapped_files() -> io::Result<()> {
-    // SAFETY: sysconf has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if let Ok(page) = usize::try_from(page)
-        && page.is_power_of_two()
-    {
-        PAGE_SIZE.store(page, Ordering::Relaxed);
-    }
-    // SAFETY: a zeroed sigaction is valid; the handler is async-signal-safe
-    // (atomics and mmap only).
-    unsafe {
-        let mut action: libc::sigaction = std::mem::zeroed();
-        action.sa_sigaction = on_sigbus as *const () as usize;
-        action.sa_flags = libc::SA_SIGINFO;
-        libc::sigemptyset(&mut action.sa_mask);
-        if libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut()) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-/// Pages of mapped files replaced by zeros because their file shrank.
-pub fn truncated_pages() -> u64 {
-    TRUNCATED_PAGES.load(Ordering::Relaxed)
-}
-
-extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
-    let info = unsafe { &*info };
-    // BUS_ADRERR: the page lies beyond the end of the mapped file.
-    if info.si_code == libc::BUS_ADRERR {
-        let page = PAGE_SIZE.load(Ordering::Relaxed);
-        // SAFETY: si_addr is valid for SIGBUS.
-        let address = unsafe { info.si_addr() } as usize & !(page - 1);
-        // SAFETY: replaces one page of a read-only file mapping (the only
-        // kind firn makes) with zeros; mmap is async-signal-safe.
-        let mapped = unsafe {
-            libc::mmap(
-                address as *mut libc::c_void,
-                page,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
-                0,
-            )
-        };
-        if mapped != libc::MAP_FAILED {
-            TRUNCATED_PAGES.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-    }
-    // Anything else: the default action, which the fault, repeated on
-    // return, then takes.
-    // SAFETY: signal() is async-signal-safe.
-    unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
-}
-
 /// Checks what `handle` (an `O_PATH` descriptor) is, then opens it for
 /// reading.
 fn reopen_checked(handle: OwnedFd, path: &Path, max_bytes: u64) -> Result<File, OpenError> {
@@ -521,28 +454,6 @@ mod tests {
             read_host_file(&small).expect_err("too large").refusal(),
             Some(Refusal::TooLarge)
         );
-    }
-
-    #[test]
-    fn a_mapped_file_truncated_underneath_reads_as_zeros() {
-        guard_mapped_files().expect("handler installed");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("object");
-        std::fs::write(&path, vec![0xab; 3 * 4096]).expect("write");
-        let file = File::open(&path).expect("open");
-        // SAFETY: the point of the test: the file shrinks underneath.
-        let map = unsafe { memmap2::Mmap::map(&file) }.expect("map");
-        assert_eq!(map[5000], 0xab);
-        let before = truncated_pages();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .expect("open for writing")
-            .set_len(0)
-            .expect("truncate");
-        assert_eq!(map[3 * 4096 - 1], 0, "a page of zeros instead of SIGBUS");
-        assert_eq!(map[4096], 0);
-        assert!(truncated_pages() >= before + 2);
     }
 
     #[test]

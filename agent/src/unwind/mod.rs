@@ -10,24 +10,30 @@ mod mode;
 use std::sync::Arc;
 
 use agent_elf::Bytes;
-use agent_unwind::{CacheCounts, LeafRepair, Mapped, ObjectFrames, ObjectLookup, Sample, Stop};
+use agent_unwind::{
+    CacheCounts, ForeignFrame, ForeignStep, LeafRepair, Mapped, ObjectFrames, ObjectLookup, Sample,
+    StackCopy, Stop,
+};
 use tracing::debug;
 
 pub use mode::{CopyMapError, CopySizeMap, ProcessUnwinding, UnwindPolicy, is_system_library};
 
 use crate::{
     process::{ContentKey, ObjectFile, ProcessImage, ProcessTable},
+    runtimes::JvmUnwinder,
     sampler::RawSample,
     stats::Stats,
 };
 
-/// The objects of one process image, as the unwinder asks about them.
-struct ImageObjects<'a> {
+/// The objects of one process image, as the unwinder asks about them,
+/// and the runtime that unwinds its JIT code, if any.
+struct ImageObjects<'a, 'j> {
     image: &'a ProcessImage,
     processes: &'a mut ProcessTable,
+    jit: Option<&'a mut JvmUnwinder<'j>>,
 }
 
-impl ObjectLookup for ImageObjects<'_> {
+impl ObjectLookup for ImageObjects<'_, '_> {
     type Key = ContentKey;
 
     fn object(&mut self, address: u64) -> Mapped<ContentKey> {
@@ -51,6 +57,10 @@ impl ObjectLookup for ImageObjects<'_> {
     fn bytes(&mut self, address: u64) -> Option<Bytes> {
         let index = self.image.mapping_index(address)?;
         object_bytes(self.image.mappings[index].object()?)
+    }
+
+    fn foreign(&mut self, frame: ForeignFrame, stack: StackCopy<'_>) -> Option<ForeignStep> {
+        self.jit.as_mut()?.foreign(frame, stack)
     }
 }
 
@@ -146,13 +156,15 @@ impl Unwinder {
     }
 
     /// Unwinds the user side of `sample` over `image`, without reading
-    /// anything but the objects' bytes.
+    /// anything but the objects' bytes, and the JIT code's blobs where a
+    /// runtime (`jit`) unwinds them.
     pub fn attempt(
         &mut self,
         sample: &RawSample,
         image: &ProcessImage,
         processes: &mut ProcessTable,
         unwinding: ProcessUnwinding,
+        jit: Option<&mut JvmUnwinder<'_>>,
     ) -> Attempt {
         let Some(regs) = sample.user_regs else {
             return Attempt::WithoutRegisters {
@@ -164,7 +176,11 @@ impl Unwinder {
             stack: sample.stack_copy,
             walk: &sample.user_stack,
         };
-        let mut objects = ImageObjects { image, processes };
+        let mut objects = ImageObjects {
+            image,
+            processes,
+            jit,
+        };
         let unwound = match unwinding {
             ProcessUnwinding::Dwarf => self.unwinder.dwarf(input, &mut objects),
             ProcessUnwinding::FramePointers => self.unwinder.frame_pointers(input, &mut objects),
@@ -225,6 +241,7 @@ impl Unwinder {
         let outcome = &unwound.outcome;
         Stats::inc(&stats.unwind_dwarf_stacks);
         Stats::add(&stats.unwind_rbp_frames, u64::from(outcome.rbp_frames));
+        Stats::add(&stats.unwind_jit_frames, u64::from(outcome.foreign_frames));
         Stats::add(
             &stats.unwind_signal_frames,
             u64::from(outcome.signal_frames),
@@ -325,7 +342,7 @@ mod tests {
                     ..RawSample::default()
                 };
                 let dwarf = ProcessUnwinding::Dwarf;
-                let attempt = unwinder.attempt(&sample, &image, &mut processes, dwarf);
+                let attempt = unwinder.attempt(&sample, &image, &mut processes, dwarf, None);
                 let unwound = unwinder.finish(attempt, dwarf);
                 assert!(!unwound.frames.is_empty() && unwound.frames.len() <= MAX_USER_FRAMES);
                 samples += 1;

@@ -417,6 +417,11 @@ fn classify(
     let mut last = None;
     for (index, mapping) in image.mappings.iter().enumerate() {
         let spec = &mapping.spec;
+        // A JVM: its JIT code has no frame pointers to walk, and its Java
+        // frames are unwound over the stack copy.
+        if spec.kind == MappingKind::File && spec.path.ends_with("/libjvm.so") {
+            return ProcessUnwinding::Dwarf;
+        }
         if spec.kind != MappingKind::File
             || (Some(index) != executable && is_system_library(&spec.path))
             || last == Some((spec.dev, spec.inode))

@@ -31,9 +31,8 @@ use super::{
         ShouldInitiateUploadRequest, UploadInfo, UploadRequest, debuginfo_service_client,
         upload_instructions::UploadStrategy, upload_request,
     },
-    delivery::describe,
 };
-use crate::{process::ObjectFile, stats::Stats};
+use crate::{output::delivery::describe, process::ObjectFile, stats::Stats};
 
 pub type DebuginfoClient =
     debuginfo_service_client::DebuginfoServiceClient<InterceptedService<Channel, RequestMetadata>>;

@@ -5,9 +5,8 @@
 //! One series per label set (see `labels`: `node`, external labels,
 //! `pid`, `comm`, cgroup, container, Kubernetes, after relabeling), named
 //! `__name__="parca_agent_cpu"` as Parca Agent names it; the per-thread
-//! `thread_id` (and `thread_name`) stay sample labels. The network work
-//! runs on its own thread and runtime: the builder thread only puts
-//! requests in a byte-bounded queue, so sampling never waits on the server.
+//! `thread_id` (and `thread_name`) stay sample labels. The queue, retries
+//! and network thread are those of every exporter (`output::delivery`).
 //! Debug information uploads have a thread, runtime and connection of
 //! their own.
 
@@ -16,30 +15,27 @@ mod config;
 pub(super) mod connect;
 mod debugfile;
 mod debuginfo;
-pub(super) mod delivery;
-pub(super) mod queue;
 
-use std::{
-    sync::{Arc, mpsc as std_mpsc},
-    thread,
-    time::Instant,
-};
+use std::{sync::Arc, thread};
 
 use bytes::Bytes;
 use prometheus_client::metrics::histogram::Histogram;
-use tokio::sync::{mpsc, watch};
-use tracing::{debug, error, warn};
+use tokio::sync::mpsc;
+use tonic::{Status, codegen::InterceptedService, transport::Channel};
+use tracing::{debug, error};
 
 pub use self::config::{DebuginfoConfig, RemoteStoreConfig, Secret, TlsConfig};
 use self::{
     connect::RequestMetadata,
     debuginfo::Uploader,
-    delivery::Delivery,
-    profilestore::{Label, LabelSet, RawProfileSeries, RawSample, WriteRawRequest},
-    queue::{Pending, SharedQueue},
+    profilestore::{
+        Label, LabelSet, RawProfileSeries, RawSample, WriteRawRequest,
+        profile_store_service_client::ProfileStoreServiceClient,
+    },
 };
 use super::{
-    ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, SeriesProfile, destination::Tally,
+    delivery::{Endpoint, Pusher, Remote, Server, Wire},
+    destination::Tally,
 };
 use crate::{
     process::ObjectFile,
@@ -79,8 +75,12 @@ pub use proto::parca::{
 
 /// The profile name Parca Agent uses for on-CPU samples.
 pub const PROFILE_NAME: &str = "parca_agent_cpu";
-/// Requests are cut below this size (Parca accepts up to 64 MiB).
-const MAX_REQUEST_BYTES: usize = 16 << 20;
+const PARCA: Server = Server {
+    name: "Parca",
+    queue_option: "--remote-store-queue-bytes",
+    // Parca accepts up to 64 MiB.
+    max_request_bytes: 16 << 20,
+};
 /// Objects waiting for a debuginfo upload decision.
 const UPLOAD_BACKLOG: usize = 256;
 
@@ -109,21 +109,72 @@ pub enum ParcaError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the thread that talks to the remote store has stopped")]
-    Stopped,
 }
 
-pub struct ParcaExporter {
-    address: String,
-    series_labels: Vec<Label>,
-    queue: Arc<SharedQueue<WriteRawRequest>>,
+/// Pushes to Parca: `WriteRawRequest`s over gRPC.
+pub type ParcaExporter = Remote<Parca>;
+
+/// What Parca's exporter adds to every exporter's queue and delivery.
+pub struct Parca {
     uploads: Option<mpsc::Sender<Arc<ObjectFile>>>,
     /// Offer the objects firn named in full as well.
     upload_symbolized: bool,
-    shutdown: watch::Sender<Option<Instant>>,
-    done: std_mpsc::Receiver<()>,
-    thread: thread::JoinHandle<()>,
-    tally: Tally,
+    stats: Arc<Stats>,
+}
+
+pub type StoreClient = ProfileStoreServiceClient<InterceptedService<Channel, RequestMetadata>>;
+
+impl Pusher for StoreClient {
+    type Request = WriteRawRequest;
+
+    async fn push(&mut self, request: WriteRawRequest) -> Result<(), Status> {
+        self.write_raw(request).await.map(drop)
+    }
+
+    fn credentials_hint(&self) -> &'static str {
+        "--remote-store-bearer-token / --remote-store-bearer-token-file"
+    }
+}
+
+impl Wire for Parca {
+    type Request = WriteRawRequest;
+    type Client = StoreClient;
+
+    const SERVER: Server = PARCA;
+
+    /// `__name__` first, outside relabeling's reach: Parca refuses series
+    /// without it.
+    fn series_labels(&self, profile_labels: Vec<(String, String)>) -> Vec<(String, String)> {
+        let mut labels = vec![("__name__".to_owned(), PROFILE_NAME.to_owned())];
+        labels.extend(profile_labels);
+        labels
+    }
+
+    fn add_series(request: &mut WriteRawRequest, labels: Vec<(String, String)>, gzipped: Bytes) {
+        let labels = labels
+            .into_iter()
+            .map(|(name, value)| Label { name, value })
+            .collect();
+        request.series.push(RawProfileSeries {
+            labels: Some(LabelSet { labels }),
+            samples: vec![RawSample {
+                raw_profile: gzipped,
+                executable_info: Vec::new(),
+            }],
+        });
+    }
+
+    fn offer_objects(&mut self, unnamed: Vec<Arc<ObjectFile>>, named: Vec<Arc<ObjectFile>>) {
+        let Some(uploads) = &self.uploads else {
+            return;
+        };
+        for object in offered_for_upload(unnamed, named, self.upload_symbolized) {
+            if uploads.try_send(object).is_err() {
+                Stats::inc(&self.stats.debuginfo_uploads_skipped);
+                debug!("debuginfo candidate skipped: the upload backlog is full");
+            }
+        }
+    }
 }
 
 impl ParcaExporter {
@@ -138,11 +189,6 @@ impl ParcaExporter {
     ) -> Result<Self, ParcaError> {
         let request_metadata = RequestMetadata::new(remote)?;
         let target = connect::target(remote)?;
-        let queue = Arc::new(SharedQueue::new(
-            usize::try_from(remote.queue_bytes).unwrap_or(usize::MAX),
-            tally.clone(),
-        ));
-        let (shutdown, shutdown_receiver) = watch::channel(None);
         let uploads = if debuginfo.upload {
             let (upload_sender, upload_receiver) = mpsc::channel(UPLOAD_BACKLOG);
             let debuginfo = debuginfo.clone();
@@ -159,193 +205,21 @@ impl ParcaExporter {
         } else {
             None
         };
-        let (done_sender, done) = std_mpsc::channel();
-        let thread = {
-            let remote = remote.clone();
-            let queue = queue.clone();
-            let tally = tally.clone();
-            thread::Builder::new()
-                .name("firn-parca".into())
-                .spawn(move || {
-                    network_thread(
-                        &remote,
-                        target,
-                        request_metadata,
-                        queue,
-                        shutdown_receiver,
-                        tally,
-                        push_duration,
-                    );
-                    let _ = done_sender.send(());
-                })
-                .map_err(|source| ParcaError::Thread { source })?
-        };
-        Ok(Self {
-            address: remote.address.clone(),
-            series_labels: series_labels(),
-            queue,
+        let wire = Parca {
             uploads,
             upload_symbolized: debuginfo.upload_symbolized,
-            shutdown,
-            done,
-            thread,
-            tally,
-        })
-    }
-}
-
-/// The batch as pushes of at most `max_bytes` each (unless one profile is
-/// larger), every series labelled `series_labels` plus its own.
-fn requests(
-    series_labels: &[Label],
-    profiles: Vec<SeriesProfile>,
-    max_bytes: usize,
-) -> Vec<Pending<WriteRawRequest>> {
-    let empty = || Pending {
-        request: WriteRawRequest::default(),
-        bytes: 0,
-        profiles: 0,
-        attempts: 0,
-    };
-    let mut requests = Vec::new();
-    let mut current = empty();
-    for profile in profiles {
-        let mut labels = series_labels.to_vec();
-        labels.extend(
-            profile
-                .labels
-                .into_iter()
-                .map(|(name, value)| Label { name, value }),
-        );
-        let bytes = profile.gzipped.len()
-            + labels
-                .iter()
-                .map(|l| l.name.len() + l.value.len())
-                .sum::<usize>();
-        if current.profiles > 0 && current.bytes + bytes > max_bytes {
-            requests.push(std::mem::replace(&mut current, empty()));
-        }
-        current.request.series.push(RawProfileSeries {
-            labels: Some(LabelSet { labels }),
-            samples: vec![RawSample {
-                raw_profile: Bytes::from(profile.gzipped),
-                executable_info: Vec::new(),
-            }],
-        });
-        current.bytes += bytes;
-        current.profiles += 1;
-    }
-    if current.profiles > 0 {
-        requests.push(current);
-    }
-    requests
-}
-
-/// `__name__`, outside relabeling's reach: Parca refuses series without
-/// it. Each profile adds its own labels.
-fn series_labels() -> Vec<Label> {
-    vec![Label {
-        name: "__name__".to_owned(),
-        value: PROFILE_NAME.to_owned(),
-    }]
-}
-
-impl Exporter for ParcaExporter {
-    fn grouping(&self) -> Grouping {
-        Grouping::PerProcess
-    }
-
-    fn export(&mut self, batch: ProfileBatch) -> Result<ExportReceipt, OutputError> {
-        if self.thread.is_finished() {
-            return Err(ParcaError::Stopped.into());
-        }
-        let mut receipt = ExportReceipt {
-            action: "profiles queued",
-            destination: self.address.clone(),
-            bytes: 0,
+            stats: tally.total().clone(),
         };
-        // Counted per series, the unit of sent, dropped and queued.
-        self.tally.written(batch.profiles.len() as u64);
-        for request in requests(&self.series_labels, batch.profiles, MAX_REQUEST_BYTES) {
-            receipt.bytes += request.bytes;
-            let dropped = self.queue.push_back(request);
-            if dropped.profiles > 0 {
-                self.tally.dropped(dropped.profiles as u64);
-                warn!(
-                    destination = self.tally.name(),
-                    profiles = dropped.profiles,
-                    server = self.address,
-                    "profiles dropped: the queue of unsent profiles is full (--remote-store-queue-bytes)"
-                );
-            }
-        }
-        if let Some(uploads) = &self.uploads {
-            let offered = offered_for_upload(
-                batch.debuginfo_candidates,
-                batch.symbolized_objects,
-                self.upload_symbolized,
-            );
-            for object in offered {
-                if uploads.try_send(object).is_err() {
-                    Stats::inc(&self.tally.total().debuginfo_uploads_skipped);
-                    debug!("debuginfo candidate skipped: the upload backlog is full");
-                }
-            }
-        }
-        Ok(receipt)
-    }
-
-    fn finish(self: Box<Self>, deadline: Instant) {
-        let _ = self.shutdown.send(Some(deadline));
-        let grace = deadline.saturating_duration_since(Instant::now())
-            + std::time::Duration::from_millis(500);
-        match self.done.recv_timeout(grace) {
-            Ok(()) => {
-                let _ = self.thread.join();
-            }
-            Err(_) => warn!("the remote store thread did not stop in time"),
-        }
-    }
-}
-
-fn network_thread(
-    remote: &RemoteStoreConfig,
-    target: connect::Target,
-    request_metadata: RequestMetadata,
-    queue: Arc<SharedQueue<WriteRawRequest>>,
-    shutdown: watch::Receiver<Option<Instant>>,
-    tally: Tally,
-    push_duration: Histogram,
-) {
-    cpu::account_thread(CpuStage::Push);
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(error) => {
-            error!(%error, "could not start the runtime for the remote store; profiles will not be sent");
-            return;
-        }
-    };
-    runtime.block_on(async move {
-        let client =
-            profilestore::profile_store_service_client::ProfileStoreServiceClient::with_interceptor(
-                target.channel(),
-                request_metadata,
-            );
-        Delivery {
-            client,
-            queue,
-            shutdown,
-            request_timeout: remote.request_timeout,
+        let endpoint = Endpoint {
             address: remote.address.clone(),
-            tally,
-            push_duration,
-        }
-        .run()
-        .await;
-    });
+            queue_bytes: remote.queue_bytes,
+            request_timeout: remote.request_timeout,
+        };
+        Remote::spawn(wire, &endpoint, tally, push_duration, move || {
+            ProfileStoreServiceClient::with_interceptor(target.channel(), request_metadata)
+        })
+        .map_err(|source| ParcaError::Thread { source })
+    }
 }
 
 /// Debug information goes on its own thread, runtime and connection:
@@ -404,6 +278,7 @@ fn offered_for_upload(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::output::{SeriesProfile, delivery::requests};
 
     /// By default (the CLI's and the config's) only objects with frames
     /// firn could not name are offered; named ones only when asked for.
@@ -440,10 +315,17 @@ mod tests {
         }
     }
 
+    fn wire() -> Parca {
+        Parca {
+            uploads: None,
+            upload_symbolized: false,
+            stats: Arc::default(),
+        }
+    }
+
     #[test]
     fn every_series_is_named_and_carries_its_profile_labels() {
-        let labels = series_labels();
-        let pushes = requests(&labels, vec![profile("1", 10), profile("2", 10)], 1 << 20);
+        let pushes = requests(&wire(), vec![profile("1", 10), profile("2", 10)], 1 << 20);
         assert_eq!(pushes.len(), 1);
         let series = &pushes[0].request.series;
         assert_eq!(series.len(), 2);
@@ -468,14 +350,13 @@ mod tests {
 
     #[test]
     fn large_batches_are_cut_into_several_pushes() {
-        let labels = series_labels();
         let profiles = (0..5).map(|i| profile(&i.to_string(), 400)).collect();
-        let pushes = requests(&labels, profiles, 1000);
+        let pushes = requests(&wire(), profiles, 1000);
         let sizes: Vec<usize> = pushes.iter().map(|p| p.profiles).collect();
         assert_eq!(sizes, [2, 2, 1]);
         assert!(pushes.iter().all(|p| p.bytes <= 1000));
         // A profile larger than the cut still goes, alone.
-        let pushes = requests(&labels, vec![profile("9", 5000)], 1000);
+        let pushes = requests(&wire(), vec![profile("9", 5000)], 1000);
         assert_eq!(pushes.len(), 1);
     }
 }

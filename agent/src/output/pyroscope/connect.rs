@@ -18,7 +18,10 @@ use prost::Message;
 use tonic::{Code, Status};
 
 use super::{PushRequest, PyroscopeConfig, PyroscopeError};
-use crate::output::parca::{connect::client_config, delivery::Pusher};
+use crate::output::{
+    delivery::{Pusher, causes},
+    parca::connect::client_config,
+};
 
 const PUSH_PATH: &str = "/push.v1.PusherService/Push";
 /// An answer (an error's JSON) is read up to this.
@@ -177,16 +180,7 @@ impl Pusher for ConnectClient {
 
 /// What the cause chain of a failed request says, on one line.
 fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts = vec![error.to_string()];
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !parts.iter().any(|part| part.contains(&text)) {
-            parts.push(text);
-        }
-        source = cause.source();
-    }
-    parts.join(": ")
+    causes(vec![error.to_string()], error.source())
 }
 
 #[derive(serde::Deserialize)]

@@ -198,3 +198,47 @@ fn the_table_is_bounded_and_counts_evictions() {
     assert_eq!(table.sizes().processes, 2);
     assert_eq!(stats.snapshot().processes_evicted, 3);
 }
+
+/// A maps read that hangs (a process whose mmap lock is held by a fault on
+/// a dead mount) costs the caller, the drain thread, one deadline; the
+/// next process is read while it still hangs.
+#[test]
+fn a_hung_maps_read_does_not_hold_the_drain_thread() {
+    const HUNG: u32 = 0x7fff_fff0;
+    let stats = Arc::new(Stats::default());
+    let mut table = table(Path::new("/proc"), stats.clone());
+    let (release, hang) = std::sync::mpsc::channel::<()>();
+    let hang = Mutex::new(hang);
+    let entered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hung_entered = entered.clone();
+    table.read_maps = Arc::new(move |proc_root: &Path, pid| {
+        if pid == HUNG {
+            hung_entered.store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = hang.lock().unwrap_or_else(|p| p.into_inner()).recv();
+        }
+        read_maps(proc_root, pid)
+    });
+    let started = Instant::now();
+    let image = table.image(HUNG, "stuck");
+    let waited = started.elapsed();
+    assert!(
+        entered.load(std::sync::atomic::Ordering::SeqCst),
+        "the read ran"
+    );
+    assert!(image.gone, "no mappings known");
+    assert_eq!(image.comm, "stuck");
+    assert!(waited >= MAPS_DEADLINE, "{waited:?}");
+    assert!(
+        waited < MAPS_DEADLINE + Duration::from_secs(2),
+        "{waited:?}"
+    );
+    let counted = stats.snapshot();
+    assert_eq!(counted.untrusted_refused_timed_out, 1);
+    assert_eq!(counted.maps_read_failures, 1);
+    // Still hanging: this process's maps are read, within the deadline,
+    // on a new helper.
+    let own = table.image(std::process::id(), "me");
+    assert!(!own.gone);
+    assert!(own.mapping_index(own_address()).is_some());
+    release.send(()).expect("the hung read still waits");
+}

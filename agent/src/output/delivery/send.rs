@@ -5,48 +5,20 @@
 //! The same for every kind of server: what differs is the [`Pusher`].
 
 use std::{
-    future::Future,
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
-use tonic::{Code, Status, codegen::InterceptedService, transport::Channel};
+use tonic::{Code, Status};
 use tracing::{error, info, warn};
 
 use super::{
-    connect::RequestMetadata,
-    profilestore::{WriteRawRequest, profile_store_service_client::ProfileStoreServiceClient},
+    Pusher,
     queue::{Pending, SharedQueue},
 };
 use crate::{backoff::Backoff, output::destination::Tally};
-
-pub type StoreClient = ProfileStoreServiceClient<InterceptedService<Channel, RequestMetadata>>;
-
-/// One kind of server's push call. Failures are told as gRPC statuses
-/// (the Connect protocol's error codes are the same) so retrying and
-/// refusing work alike for all.
-pub trait Pusher: Send {
-    type Request: Clone + Send;
-
-    fn push(&mut self, request: Self::Request) -> impl Future<Output = Result<(), Status>> + Send;
-
-    /// Which flags set the credentials, for a refusal's log line.
-    fn credentials_hint(&self) -> &'static str;
-}
-
-impl Pusher for StoreClient {
-    type Request = WriteRawRequest;
-
-    async fn push(&mut self, request: WriteRawRequest) -> Result<(), Status> {
-        self.write_raw(request).await.map(drop)
-    }
-
-    fn credentials_hint(&self) -> &'static str {
-        "--remote-store-bearer-token / --remote-store-bearer-token-file"
-    }
-}
 
 /// The shutdown signal: `Some(deadline)` once the agent stops.
 pub type ShutdownReceiver = watch::Receiver<Option<Instant>>;
@@ -63,6 +35,7 @@ pub enum Failure {
     Reject,
 }
 
+/// The gRPC reading of a status, which the Connect protocol shares.
 pub fn classify(code: Code) -> Failure {
     match code {
         Code::InvalidArgument
@@ -84,7 +57,15 @@ pub fn describe(status: &Status) -> String {
     if !status.message().is_empty() {
         parts.push(status.message().to_owned());
     }
-    let mut source = std::error::Error::source(status);
+    causes(parts, std::error::Error::source(status))
+}
+
+/// `parts` and the text of `source` and each cause below it that does not
+/// repeat what is there already, on one line.
+pub fn causes(
+    mut parts: Vec<String>,
+    mut source: Option<&(dyn std::error::Error + 'static)>,
+) -> String {
     while let Some(cause) = source {
         let text = cause.to_string();
         if !parts.iter().any(|part| part.contains(&text)) {
@@ -216,7 +197,7 @@ impl<P: Pusher> Delivery<P> {
         };
         self.tally.failure();
         let reason = describe(&status);
-        if classify(status.code()) == Failure::Reject {
+        if self.client.classify(status.code()) == Failure::Reject {
             self.tally.rejected(item.profiles as u64);
             self.queue.settled(item.profiles);
             error!(

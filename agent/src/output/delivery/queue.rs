@@ -1,4 +1,4 @@
-//! Profiles waiting for the remote store, bounded in bytes: when a new
+//! Profiles waiting for a server, bounded in bytes: when a new
 //! request does not fit, the oldest waiting ones are dropped (and counted),
 //! so a server that is down costs memory up to the bound and no more.
 
