@@ -4,6 +4,8 @@
 //! and corrupt inputs without root.
 
 pub mod debug_files;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod gopclntab;
 
 use std::{fmt, io, ops::Deref, sync::Arc};

@@ -33,6 +33,8 @@
 //! and more (glibc keeps them in a second-level block), and interpreters
 //! on other architectures than x86-64.
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod hotspot;
 pub mod libc;
 pub mod python;

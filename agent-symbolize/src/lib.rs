@@ -12,6 +12,8 @@
 
 mod demangle;
 mod dwarf;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod jitdump;
 mod kallsyms;
 mod names;

@@ -25,6 +25,8 @@ mod leaf;
 mod survey;
 mod unwinder;
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 

@@ -15,9 +15,6 @@ pub mod bpf;
 pub mod cli;
 pub mod config;
 pub mod config_file;
-/// Entry points of the fuzz targets in `fuzz/`; not part of the daemon.
-#[cfg(any(test, feature = "fuzzing"))]
-pub mod fuzzing;
 pub mod host;
 pub mod http;
 pub mod labels;

@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| firn::fuzzing::cfi_rows(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_unwind::fuzzing::cfi_rows(data));

@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| firn::fuzzing::config_file(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_config::fuzzing::config_file(data));

@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| firn::fuzzing::demangle_name(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_symbolize::fuzzing::demangle_name(data));

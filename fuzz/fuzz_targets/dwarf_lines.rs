@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| firn::fuzzing::dwarf_lines(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_symbolize::fuzzing::dwarf_lines(data));

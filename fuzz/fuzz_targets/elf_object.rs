@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| firn::fuzzing::elf_object(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_elf::fuzzing::elf_object(data));

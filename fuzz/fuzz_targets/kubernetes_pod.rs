@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| firn::fuzzing::kubernetes_pod(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_config::fuzzing::kubernetes_pod(data));

@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| firn::fuzzing::proc_maps(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_proc::fuzzing::proc_maps(data));

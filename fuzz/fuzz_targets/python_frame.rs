@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| firn::fuzzing::python_frame(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_runtimes::fuzzing::python_frame(data));

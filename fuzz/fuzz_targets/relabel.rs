@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| firn::fuzzing::relabel_labels(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_config::fuzzing::relabel_labels(data));

@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| firn::fuzzing::ring_record(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_records::fuzzing::ring_record(data));

@@ -1,3 +1,3 @@
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| firn::fuzzing::unwind_stack(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| agent_unwind::fuzzing::unwind_stack(data));

@@ -3,8 +3,9 @@
 //! nightly) and runs each for N seconds from its committed seed corpus.
 //! Allocations are capped, so a header claiming gigabytes is a finding,
 //! not a slow run. A crash, leak, timeout or allocation bomb is copied into
-//! `fuzz/regressions/<target>/`, where the unit tests replay it (see
-//! `firn::fuzzing`), and the task fails naming it.
+//! `fuzz/regressions/<target>/`, where the unit tests of the library crate
+//! the target calls replay it (`agent_fixtures::fuzz::replay`), and the
+//! task fails naming it.
 
 use std::{
     fs,

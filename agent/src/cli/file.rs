@@ -18,7 +18,7 @@ use clap::{
 };
 
 use super::{Cli, Command as Subcommand};
-use crate::config_file::{ConfigFile, ConfigFileError, RELABEL_CONFIGS, Setting, SettingValue};
+use crate::config_file::{ConfigFileError, RELABEL_CONFIGS, Setting, SettingValue};
 
 /// Why the command line and config file do not make a [`Cli`].
 #[derive(Debug, thiserror::Error)]
@@ -56,7 +56,7 @@ where
     let Some(path) = path else {
         return Ok(Cli::from_arg_matches(&matches)?);
     };
-    let file = ConfigFile::load(&path)?;
+    let file = crate::config_file::load(&path)?;
     let target = match &subcommand {
         Some(name) => command
             .find_subcommand(name)

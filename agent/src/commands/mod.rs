@@ -35,10 +35,7 @@ pub fn pid_problem(host: &Host, pid: u32) -> Option<String> {
         // Unreadable (hidepid=): let the BPF filter decide.
         Err(_) => return None,
     };
-    let tgid = status
-        .lines()
-        .find_map(|line| line.strip_prefix("Tgid:"))
-        .and_then(|tgid| tgid.trim().parse::<u32>().ok())?;
+    let tgid = agent_proc::status::tgid(&status)?;
     (tgid != pid).then(|| format!("{pid} is a thread of process {tgid}: --pid takes process ids"))
 }
 

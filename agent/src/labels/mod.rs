@@ -5,11 +5,9 @@
 //! the user's `relabel_configs`. Labels starting with `__` (the `__meta_*`
 //! ones among them) are discovery-only and removed after relabeling.
 
-pub mod cgroup;
 pub mod kubernetes;
 pub mod process;
 mod providers;
-pub mod relabel;
 pub mod runtime;
 
 use std::{path::PathBuf, sync::Arc};
@@ -18,11 +16,12 @@ use self::providers::{
     CgroupLabels, CommonLabels, Discovered, KubernetesLabels, MetadataProvider, ProcessLabels,
     ProcessView, RuntimeLabels, ServiceName,
 };
+pub use agent_config::relabel::{self, LabelSet, Rule};
+pub use agent_proc::cgroup::{CgroupInfo, Container, ContainerRuntime};
+
 pub use self::{
-    cgroup::{CgroupInfo, Container, ContainerRuntime},
     kubernetes::{KubernetesWatcher, PodIndex},
     process::{MetadataLimits, MetadataReader, ProcessMetadata},
-    relabel::{LabelSet, Rule},
 };
 use crate::{host::Host, process::ProcessImage};
 

@@ -10,9 +10,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use agent_proc::cgroup::CgroupInfo;
 use lru::LruCache;
 
-use super::cgroup::CgroupInfo;
 use crate::stats::Stats;
 
 /// Longest command line kept; the rest is cut (a label is no place for
@@ -190,7 +190,7 @@ impl MetadataReader {
         // process is gone.
         let cgroup_text = std::fs::read_to_string(dir.join("cgroup")).ok()?;
         let cmdline = std::fs::read(dir.join("cmdline"))
-            .map(|bytes| cmdline_text(&bytes))
+            .map(|bytes| agent_proc::status::command_line(&bytes, MAX_CMDLINE))
             .unwrap_or_default();
         let executable = std::fs::read_link(dir.join("exe")).ok().map(|path| {
             let path = path.to_string_lossy();
@@ -219,13 +219,6 @@ impl MetadataReader {
         }
         info
     }
-}
-
-/// NUL-separated arguments as one line.
-fn cmdline_text(bytes: &[u8]) -> String {
-    let trimmed = bytes.strip_suffix(&[0]).unwrap_or(bytes);
-    let cut = &trimmed[..trimmed.len().min(MAX_CMDLINE)];
-    String::from_utf8_lossy(cut).replace('\0', " ")
 }
 
 #[cfg(test)]
@@ -316,12 +309,5 @@ mod tests {
         assert_eq!(cache.get(&"a", start + Duration::from_secs(9)), Some(1));
         assert_eq!(cache.get(&"a", start + Duration::from_secs(10)), None);
         assert_eq!(cache.peek_stale(&"a").map(|(v, _)| v), Some(1));
-    }
-
-    #[test]
-    fn command_lines_are_joined_and_cut() {
-        assert_eq!(cmdline_text(b"a\0b c\0"), "a b c");
-        assert_eq!(cmdline_text(b""), "");
-        assert_eq!(cmdline_text(&vec![b'x'; 10_000]).len(), MAX_CMDLINE);
     }
 }

@@ -6,7 +6,6 @@
 //! per [`REFRESH`] at most, since answers (and their absence) are cached.
 
 use std::{
-    collections::BTreeMap,
     io::{Read, Write},
     num::NonZeroUsize,
     os::unix::net::UnixStream,
@@ -15,10 +14,11 @@ use std::{
     time::{Duration, Instant},
 };
 
+use agent_config::container::{AnswerError, RuntimeContainer, parse_answer};
 use lru::LruCache;
 use tracing::debug;
 
-use super::{ContainerRuntime, relabel::sanitize_name};
+use super::ContainerRuntime;
 
 /// Where Docker and rootful Podman serve their API.
 pub const DEFAULT_SOCKETS: [&str; 2] = ["/run/docker.sock", "/run/podman/podman.sock"];
@@ -29,36 +29,6 @@ pub const REFRESH: Duration = Duration::from_secs(300);
 const IO_TIMEOUT: Duration = Duration::from_secs(1);
 const MAX_ANSWER_BYTES: u64 = 1 << 20;
 const CACHED_CONTAINERS: usize = 4096;
-
-/// What the runtime says of one container.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RuntimeContainer {
-    /// As the API writes it, with its leading `/`.
-    pub name: String,
-    pub image: String,
-    pub labels: BTreeMap<String, String>,
-}
-
-impl RuntimeContainer {
-    /// The `__meta_docker_*` labels, as `discovery.docker` names them.
-    pub fn meta_labels(&self, id: &str) -> Vec<(String, String)> {
-        let mut labels = vec![
-            ("__meta_docker_container_id".to_owned(), id.to_owned()),
-            ("__meta_docker_container_name".to_owned(), self.name.clone()),
-            (
-                "__meta_docker_container_image".to_owned(),
-                self.image.clone(),
-            ),
-        ];
-        for (name, value) in &self.labels {
-            labels.push((
-                format!("__meta_docker_container_label_{}", sanitize_name(name)),
-                value.clone(),
-            ));
-        }
-        labels
-    }
-}
 
 type Cached = (Instant, Option<RuntimeContainer>);
 
@@ -117,12 +87,8 @@ impl RuntimeClient {
 pub enum InspectError {
     #[error("could not talk to the socket")]
     Io(#[from] std::io::Error),
-    #[error("the answer is not HTTP")]
-    NotHttp,
-    #[error("HTTP {status}")]
-    Status { status: u16 },
-    #[error("the answer is not a container")]
-    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Answer(#[from] AnswerError),
 }
 
 /// One `GET /containers/{id}/json` over HTTP/1.0 (the runtime closes the
@@ -137,69 +103,12 @@ fn inspect(socket: &Path, id: &str) -> Result<Option<RuntimeContainer>, InspectE
     )?;
     let mut answer = Vec::new();
     stream.take(MAX_ANSWER_BYTES).read_to_end(&mut answer)?;
-    parse_answer(&answer)
-}
-
-fn parse_answer(answer: &[u8]) -> Result<Option<RuntimeContainer>, InspectError> {
-    let split = answer
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or(InspectError::NotHttp)?;
-    let head = String::from_utf8_lossy(&answer[..split]);
-    let status: u16 = head
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or(InspectError::NotHttp)?;
-    match status {
-        200 => {}
-        404 => return Ok(None),
-        status => return Err(InspectError::Status { status }),
-    }
-    #[derive(serde::Deserialize)]
-    struct Inspect {
-        #[serde(rename = "Name", default)]
-        name: String,
-        #[serde(rename = "Config", default)]
-        config: Option<Config>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Config {
-        #[serde(rename = "Image", default)]
-        image: String,
-        #[serde(rename = "Labels", default)]
-        labels: Option<BTreeMap<String, String>>,
-    }
-    let inspect: Inspect = serde_json::from_slice(&answer[split + 4..])?;
-    let config = inspect.config;
-    Ok(Some(RuntimeContainer {
-        name: inspect.name,
-        image: config.as_ref().map(|c| c.image.clone()).unwrap_or_default(),
-        labels: config.and_then(|c| c.labels).unwrap_or_default(),
-    }))
+    Ok(parse_answer(&answer)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_inspect_answer_gives_name_image_and_labels() {
-        let answer = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{\"Id\":\"abc\",\"Name\":\"/shop-web\",\"Config\":{\"Image\":\"nginx:1\",\"Labels\":{\"com.example.team\":\"web\"}}}";
-        let container = parse_answer(answer).expect("parses").expect("found");
-        assert_eq!(container.name, "/shop-web");
-        let labels = container.meta_labels("abc");
-        assert!(labels.contains(&(
-            "__meta_docker_container_label_com_example_team".into(),
-            "web".into()
-        )));
-        assert!(labels.contains(&("__meta_docker_container_image".into(), "nginx:1".into())));
-        assert_eq!(
-            parse_answer(b"HTTP/1.0 404 Not Found\r\n\r\n{}").expect("parses"),
-            None
-        );
-        assert!(parse_answer(b"garbage").is_err());
-    }
 
     #[test]
     fn no_socket_no_lookup() {

@@ -1,8 +1,8 @@
-//! `/proc/PID/maps`: parsing (pure) and reading. The paths in it are chosen
-//! by the process (any file it maps, under any name), so nothing in a line
-//! may make the parser panic.
+//! Reading `/proc/PID/maps` (bounded); `agent_proc::maps` parses it.
 
 use std::{io, path::Path};
+
+use agent_proc::maps::{MappingSpec, ParseError, parse_maps};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapsError {
@@ -15,144 +15,8 @@ pub enum MapsError {
         #[source]
         source: io::Error,
     },
-    #[error("could not parse line {line} of /proc/{pid}/maps")]
-    Parse { pid: u32, line: usize },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MappingKind {
-    /// Backed by a file; `path` is as the process sees it.
-    File,
-    /// The kernel's vDSO.
-    Vdso,
-    /// Executable memory with no file (JIT code).
-    Anonymous,
-}
-
-/// One executable mapping.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MappingSpec {
-    pub start: u64,
-    pub end: u64,
-    pub offset: u64,
-    /// `makedev(major, minor)` as the kernel reports it for the file.
-    pub dev: u64,
-    pub inode: u64,
-    pub path: String,
-    pub kind: MappingKind,
-    /// The file was deleted or replaced after it was mapped.
-    pub deleted: bool,
-}
-
-fn makedev(major: u64, minor: u64) -> u64 {
-    ((major & 0xffff_f000) << 32)
-        | ((major & 0xfff) << 8)
-        | ((minor & 0xffff_ff00) << 12)
-        | (minor & 0xff)
-}
-
-/// The fields of one maps line, as the kernel prints them:
-/// `start-end perms offset major:minor inode   path`.
-struct Line<'a> {
-    start: u64,
-    end: u64,
-    executable: bool,
-    offset: u64,
-    dev: u64,
-    inode: u64,
-    /// Empty for anonymous memory; may hold spaces.
-    path: &'a str,
-}
-
-/// The next space-separated field of `rest`, and what follows it.
-fn field(rest: &str) -> Option<(&str, &str)> {
-    let rest = rest.trim_start_matches(' ');
-    let end = rest.find(' ').unwrap_or(rest.len());
-    (end > 0).then(|| rest.split_at(end))
-}
-
-fn hex(text: &str) -> Option<u64> {
-    u64::from_str_radix(text, 16).ok()
-}
-
-fn parse_line(line: &str) -> Option<Line<'_>> {
-    let (range, rest) = field(line)?;
-    let (perms, rest) = field(rest)?;
-    let (offset, rest) = field(rest)?;
-    let (dev, rest) = field(rest)?;
-    let (inode, rest) = field(rest)?;
-    let (start, end) = range.split_once('-')?;
-    let (major, minor) = dev.split_once(':')?;
-    if perms.len() != 4 {
-        return None;
-    }
-    Some(Line {
-        start: hex(start)?,
-        end: hex(end)?,
-        executable: perms.as_bytes()[2] == b'x',
-        offset: hex(offset)?,
-        dev: makedev(hex(major)?, hex(minor)?),
-        inode: inode.parse().ok()?,
-        path: rest.trim(),
-    })
-}
-
-/// What a mapping's path says it is; `None` for what there is nothing to
-/// symbolize in (`[vsyscall]`, `[vvar]`, SysV shared memory).
-fn classify(path: &str) -> Option<(MappingKind, String, bool)> {
-    if path.is_empty() {
-        return Some((MappingKind::Anonymous, String::new(), false));
-    }
-    if path == "[vdso]" {
-        return Some((MappingKind::Vdso, path.to_owned(), false));
-    }
-    if path.starts_with('[') || path.starts_with("/SYSV") {
-        return None;
-    }
-    let (path, deleted) = match path.strip_suffix(" (deleted)") {
-        Some(stripped) => (stripped, true),
-        None => (path, false),
-    };
-    // memfd code is JIT output, not a file to symbolize.
-    let kind = if path.starts_with("/memfd:") {
-        MappingKind::Anonymous
-    } else {
-        MappingKind::File
-    };
-    Some((kind, path.to_owned(), deleted))
-}
-
-/// The executable mappings in the text of `/proc/PID/maps`, sorted by start.
-pub fn parse_maps(pid: u32, text: &[u8]) -> Result<Vec<MappingSpec>, MapsError> {
-    let text = String::from_utf8_lossy(text);
-    let mut mappings = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        if line.is_empty() {
-            continue;
-        }
-        let line = parse_line(line).ok_or(MapsError::Parse {
-            pid,
-            line: index + 1,
-        })?;
-        if !line.executable {
-            continue;
-        }
-        let Some((kind, path, deleted)) = classify(line.path) else {
-            continue;
-        };
-        mappings.push(MappingSpec {
-            start: line.start,
-            end: line.end,
-            offset: line.offset,
-            dev: line.dev,
-            inode: line.inode,
-            path,
-            kind,
-            deleted,
-        });
-    }
-    mappings.sort_by_key(|m| m.start);
-    Ok(mappings)
+    #[error(transparent)]
+    Parse(#[from] ParseError),
 }
 
 /// Reads and parses `/proc/PID/maps` under `proc_root`.
@@ -166,7 +30,7 @@ pub fn read_maps(proc_root: &Path, pid: u32) -> Result<Vec<MappingSpec>, MapsErr
     })?;
     // Kernel threads (and processes in the middle of exiting) have an empty
     // maps file: no user mappings, nothing to resolve.
-    parse_maps(pid, &text)
+    Ok(parse_maps(pid, &text)?)
 }
 
 /// The most of a maps file read: a process with a million mappings (about
@@ -191,79 +55,6 @@ fn read_bounded(path: &Path) -> io::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MAPS: &str = "\
-55d4e0a00000-55d4e0a01000 r--p 00000000 fe:01 1311834                    /usr/bin/chain
-55d4e0a01000-55d4e0a02000 r-xp 00001000 fe:01 1311834                    /usr/bin/chain
-55d4e0a02000-55d4e0a03000 r--p 00002000 fe:01 1311834                    /usr/bin/chain
-55d4e1c5e000-55d4e1c7f000 rw-p 00000000 00:00 0                          [heap]
-7f2a1c028000-7f2a1c17d000 r-xp 00028000 fe:01 1049013                    /usr/lib/x86_64-linux-gnu/libc.so.6
-7f2a1c300000-7f2a1c301000 rwxp 00000000 00:00 0 
-7f2a1c400000-7f2a1c401000 r-xp 00000000 00:05 2048                       /memfd:jit (deleted)
-7f2a1c500000-7f2a1c501000 r-xp 00000000 fe:01 99                         /opt/app/old.so (deleted)
-7ffd6b9e8000-7ffd6ba09000 rw-p 00000000 00:00 0                          [stack]
-7ffd6bbc4000-7ffd6bbc6000 r-xp 00000000 00:00 0                          [vdso]
-ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]
-";
-
-    #[test]
-    fn keeps_executable_mappings_only() {
-        let maps = parse_maps(1, MAPS.as_bytes()).expect("parses");
-        let paths: Vec<&str> = maps.iter().map(|m| m.path.as_str()).collect();
-        assert_eq!(
-            paths,
-            [
-                "/usr/bin/chain",
-                "/usr/lib/x86_64-linux-gnu/libc.so.6",
-                "",
-                "/memfd:jit",
-                "/opt/app/old.so",
-                "[vdso]",
-            ]
-        );
-        let exe = &maps[0];
-        assert_eq!(
-            (exe.start, exe.end, exe.offset),
-            (0x55d4e0a01000, 0x55d4e0a02000, 0x1000)
-        );
-        assert_eq!(exe.inode, 1311834);
-        assert_eq!(exe.dev, makedev(0xfe, 1));
-        assert_eq!(exe.kind, MappingKind::File);
-        assert_eq!(maps[2].kind, MappingKind::Anonymous);
-        assert_eq!(maps[3].kind, MappingKind::Anonymous);
-        assert!(maps[4].deleted);
-        assert_eq!(maps[5].kind, MappingKind::Vdso);
-    }
-
-    #[test]
-    fn garbage_is_a_parse_error() {
-        assert!(matches!(
-            parse_maps(7, b"this is not a maps file\n"),
-            Err(MapsError::Parse { pid: 7, line: 1 })
-        ));
-        let truncated = &MAPS.as_bytes()[..MAPS.len() / 2];
-        assert!(parse_maps(7, truncated).is_err());
-    }
-
-    #[test]
-    fn paths_are_whatever_the_process_named_its_files() {
-        // procfs panicked on a path starting with /SYSV shorter than the
-        // SysV key it expected.
-        let maps = "\
-7f2a1c028000-7f2a1c17d000 r-xp 00028000 fe:01 1049013 /SYSV
-7f2a1c300000-7f2a1c301000 r-xp 00000000 fe:01 7   /opt/my app/lib x.so
-7f2a1c400000-7f2a1c401000 r-xp 00000000 fe:01 8   [stack:
-7f2a1c500000-7f2a1c501000 r-xp 00000000 fe:01 9   (deleted)
-";
-        let paths: Vec<String> = parse_maps(1, maps.as_bytes())
-            .expect("parses")
-            .into_iter()
-            .map(|m| m.path)
-            .collect();
-        assert_eq!(paths, ["/opt/my app/lib x.so", "(deleted)"]);
-        assert!(parse_maps(1, b"1-2 r-xp 0 fe:01 x /a\n").is_err());
-        assert!(parse_maps(1, b"1-2 rx 0 fe:01 1 /a\n").is_err());
-    }
 
     #[test]
     fn a_missing_process_is_gone() {

@@ -9,8 +9,9 @@ pub mod offload;
 mod sources;
 mod table;
 
+pub use agent_proc::maps::{MappingKind, MappingSpec, parse_maps};
 pub use debugfiles::{DebugFile, DebugFileConfig, DebugFileKind, open_debug_files};
-pub use maps::{MappingKind, MappingSpec, MapsError, parse_maps};
+pub use maps::MapsError;
 pub use objects::{ContentKey, ObjectContents, ObjectData, ObjectFile, ObjectKey, ObjectRegistry};
 pub use sources::PerfMapFile;
 pub use table::{Mapping, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats};

@@ -18,15 +18,15 @@ use tracing::debug;
 
 use super::{
     debugfiles::{DebugFile, open_debug_files},
-    maps::{MappingKind, MappingSpec},
     offload::{OPEN_DEADLINE, Offload, OffloadError, SlowRoots},
 };
 use crate::{
     stats::Stats,
-    untrusted::{self, FuseMounts, MappedFile, ProcessRoot, Refusal, Refusals},
+    untrusted::{self, MappedFile, ProcessRoot, Refusal, Refusals},
 };
 use agent_elf::{self as elf, BuildId, ElfLayout, SharedBytes};
 pub use agent_elf::{ContentKey, ObjectKey};
+use agent_proc::maps::{MappingKind, MappingSpec};
 
 enum ObjectSource {
     File(File),
@@ -401,7 +401,7 @@ fn open_object(
         .join(format!("{:x}-{:x}", mapping.start, mapping.end));
     // Decided from the kernel's own lists before touching the file: a
     // stat or page fault on FUSE waits for its server, unkillably.
-    let fuse = FuseMounts::of_process(process_dir);
+    let fuse = untrusted::fuse_mounts(process_dir);
     if fuse.has_device(mapping.dev) {
         let error = untrusted::OpenError::Refused {
             path: mapping.path.clone(),

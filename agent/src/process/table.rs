@@ -14,14 +14,16 @@ use tracing::debug;
 
 use super::{
     debugfiles::DebugFileConfig,
-    maps::{MappingKind, MappingSpec, MapsError, read_maps},
+    maps::{MapsError, read_maps},
     objects::{ObjectFile, ObjectRegistry},
     offload::{OPEN_DEADLINE, Offload, OffloadError, SlowRoots},
     sources::PerfMapFile,
 };
+use agent_proc::maps::{MappingKind, MappingSpec};
+
 use crate::{
     stats::Stats,
-    untrusted::{self, FuseMounts, ProcessRoot, Refusals},
+    untrusted::{self, ProcessRoot, Refusals},
 };
 
 /// Longest the drain thread waits for a process's maps: reading them takes
@@ -66,6 +68,12 @@ pub struct Mapping {
     object: OnceLock<Option<Arc<ObjectFile>>>,
 }
 
+impl AsRef<MappingSpec> for Mapping {
+    fn as_ref(&self) -> &MappingSpec {
+        &self.spec
+    }
+}
+
 impl Mapping {
     pub fn new(spec: MappingSpec) -> Self {
         Self {
@@ -80,7 +88,7 @@ impl Mapping {
     }
 
     pub fn contains(&self, address: u64) -> bool {
-        address >= self.spec.start && address < self.spec.end
+        self.spec.contains(address)
     }
 
     /// The link-time address in the object for a runtime address.
@@ -144,19 +152,12 @@ impl ProcessImage {
 
     /// Index of the mapping containing `address`.
     pub fn mapping_index(&self, address: u64) -> Option<usize> {
-        let index = self.mappings.partition_point(|m| m.spec.start <= address);
-        let candidate = index.checked_sub(1)?;
-        self.mappings[candidate]
-            .contains(address)
-            .then_some(candidate)
+        agent_proc::maps::mapping_index(&self.mappings, address)
     }
 
     /// The executable's path, when the main binary is mapped.
     pub fn executable(&self) -> Option<&str> {
-        self.mappings
-            .iter()
-            .find(|m| m.spec.kind == super::MappingKind::File)
-            .map(|m| m.spec.path.as_str())
+        agent_proc::maps::executable(&self.mappings)
     }
 }
 
@@ -341,7 +342,7 @@ impl ProcessTable {
             .map(|spec| PathBuf::from(&spec.path));
         let opened = self.offload.run(move || {
             let nspid = namespace_pid(&process_dir).unwrap_or(pid);
-            let fuse = FuseMounts::of_process(&process_dir);
+            let fuse = untrusted::fuse_mounts(&process_dir);
             let root = ProcessRoot::of_process(&process_dir, fuse)?;
             // A perf map first (`--perf-basic-prof`, the JVM's agents), else
             // a jitdump (`--perf-prof`, Wasmtime, Julia, .NET); the
@@ -457,13 +458,7 @@ impl ProcessTable {
 /// `NSpid:` field of its status.
 fn namespace_pid(process_dir: &Path) -> Option<u32> {
     let status = std::fs::read_to_string(process_dir.join("status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("NSpid:"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
+    agent_proc::status::namespace_pid(&status)
 }
 
 #[cfg(test)]

@@ -25,10 +25,9 @@ use tracing::warn;
 use crate::stats::Stats;
 
 mod mapped;
-mod mounts;
 
+pub use agent_proc::mountinfo::FuseMounts;
 pub use mapped::{MappedFile, guard_mapped_files, truncated_pages, unguarded_mappings};
-pub use mounts::FuseMounts;
 
 /// The largest object or debug file firn reads (the biggest real debug
 /// files, of browsers and LLVM, are a few GiB).
@@ -94,6 +93,21 @@ impl OpenError {
 
     pub fn is_not_found(&self) -> bool {
         matches!(self, Self::Io { source, .. } if source.kind() == io::ErrorKind::NotFound)
+    }
+}
+
+/// The most of a mountinfo file read (a few thousand mounts).
+const MAX_MOUNTINFO_BYTES: u64 = 4 << 20;
+
+/// The FUSE mounts of the process at `process_dir` (`/proc/PID`); all of
+/// its root when its mountinfo cannot be read.
+pub fn fuse_mounts(process_dir: &Path) -> FuseMounts {
+    let mut text = Vec::new();
+    let read = File::open(process_dir.join("mountinfo"))
+        .and_then(|file| file.take(MAX_MOUNTINFO_BYTES).read_to_end(&mut text));
+    match read {
+        Ok(_) => FuseMounts::parse(&String::from_utf8_lossy(&text)),
+        Err(_) => FuseMounts::unknown(),
     }
 }
 
@@ -316,6 +330,12 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     use super::*;
+
+    #[test]
+    fn mountinfo_is_read_or_everything_is_on_fuse() {
+        assert!(!fuse_mounts(Path::new("/proc/self")).is_unknown());
+        assert!(fuse_mounts(Path::new("/nonexistent/4194305")).is_unknown());
+    }
 
     fn mkfifo(path: &Path) {
         rustix::fs::mknodat(

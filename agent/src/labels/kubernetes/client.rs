@@ -5,6 +5,7 @@
 
 use std::{path::PathBuf, sync::Arc, thread};
 
+use agent_config::pod::{PodInfo, PodObject};
 use http::Uri;
 use kube::runtime::{
     WatchStreamExt,
@@ -18,11 +19,7 @@ use tokio::sync::watch;
 use tokio_stream::StreamExt;
 use tracing::{debug, info, warn};
 
-use super::{
-    MAX_PODS, PodIndex,
-    objects::{PodInfo, PodObject},
-    transport,
-};
+use super::{MAX_PODS, PodIndex, transport};
 use crate::{labels::KubernetesConfig, logging::error_chain, stats::Stats};
 
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,6 @@
 //! their cgroups.
 
 mod client;
-pub(crate) mod objects;
 mod transport;
 
 use std::{
@@ -12,8 +11,8 @@ use std::{
     sync::{Arc, RwLock},
 };
 
+pub use agent_config::pod::{ContainerInfo, PodInfo};
 pub use client::{KubernetesError, KubernetesWatcher};
-pub use objects::{ContainerInfo, PodInfo};
 
 /// Pods indexed; more than any node runs (the kubelet's default is 110).
 pub const MAX_PODS: usize = 4096;

@@ -202,7 +202,7 @@ fn container(status: ContainerStatus, images: &BTreeMap<String, String>) -> Cont
 
 #[cfg(test)]
 mod tests {
-    use kube::core::{ObjectList, WatchEvent};
+    use kube_core::{ObjectList, WatchEvent};
 
     use super::*;
 

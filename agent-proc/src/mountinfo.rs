@@ -2,15 +2,12 @@
 //! kernel writes; reading it never calls into a filesystem). A FUSE
 //! filesystem is served by a process: a lookup, `stat` or page fault there
 //! waits for that process's answer, in a state no signal ends, so firn
-//! decides from this list before touching anything beneath it.
+//! decides from this list before touching anything beneath it. Mount
+//! points are names a process chooses.
 
-use std::{
-    io::Read,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
-/// The most of a mountinfo file read (a few thousand mounts).
-const MAX_MOUNTINFO_BYTES: u64 = 4 << 20;
+use crate::makedev;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FuseMounts {
@@ -23,19 +20,12 @@ pub struct FuseMounts {
 }
 
 impl FuseMounts {
-    /// The FUSE mounts of the process at `process_dir` (`/proc/PID`). When
-    /// its mountinfo cannot be read, every path inside its root is treated
-    /// as on FUSE.
-    pub fn of_process(process_dir: &Path) -> Self {
-        let mut text = Vec::new();
-        let read = std::fs::File::open(process_dir.join("mountinfo"))
-            .and_then(|file| file.take(MAX_MOUNTINFO_BYTES).read_to_end(&mut text));
-        match read {
-            Ok(_) => Self::parse(&String::from_utf8_lossy(&text)),
-            Err(_) => Self {
-                unknown: true,
-                ..Self::default()
-            },
+    /// The mounts of a process whose mountinfo could not be read: every
+    /// path inside its root is treated as on FUSE.
+    pub fn unknown() -> Self {
+        Self {
+            unknown: true,
+            ..Self::default()
         }
     }
 
@@ -58,11 +48,16 @@ impl FuseMounts {
             if let Some((major, minor)) = device.split_once(':')
                 && let (Ok(major), Ok(minor)) = (major.parse::<u32>(), minor.parse::<u32>())
             {
-                mounts.devices.push(libc::makedev(major, minor));
+                mounts.devices.push(makedev(major.into(), minor.into()));
             }
             mounts.points.push(PathBuf::from(unescape(point)));
         }
         mounts
+    }
+
+    /// The mountinfo could not be read ([`FuseMounts::unknown`]).
+    pub fn is_unknown(&self) -> bool {
+        self.unknown
     }
 
     pub fn is_empty(&self) -> bool {
@@ -132,8 +127,8 @@ garbage line without separator
         assert!(mounts.covers(Path::new("/media/usb/x")));
         assert!(!mounts.covers(Path::new("/usr/lib/debugger")));
         assert!(!mounts.covers(Path::new("/tmp/perf-1.map")));
-        assert!(mounts.has_device(libc::makedev(0, 61)));
-        assert!(!mounts.has_device(libc::makedev(254, 1)));
+        assert!(mounts.has_device(makedev(0, 61)));
+        assert!(!mounts.has_device(makedev(254, 1)));
     }
 
     #[test]
@@ -147,14 +142,9 @@ garbage line without separator
         let mounts = FuseMounts::parse("22 1 254:1 / / rw - ext4 /dev/vda1 rw\n");
         assert!(mounts.is_empty());
         assert!(!mounts.covers(Path::new("/anything")));
-        let unreadable = FuseMounts::of_process(Path::new("/nonexistent/4194305"));
+        let unreadable = FuseMounts::unknown();
+        assert!(unreadable.is_unknown());
         assert!(unreadable.covers(Path::new("/anything")));
         assert!(!unreadable.is_empty());
-    }
-
-    #[test]
-    fn own_mountinfo_reads() {
-        let own = FuseMounts::of_process(Path::new("/proc/self"));
-        assert!(!own.unknown);
     }
 }
