@@ -55,3 +55,20 @@ pub struct MemoryError {
 pub trait Memory {
     fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError>;
 }
+
+/// Reads captured memory as a live process's: the tests' [`Memory`] over
+/// the regions a capture holds, failing where nothing was captured.
+#[cfg(test)]
+pub(crate) fn read_captured(
+    regions: &agent_fixtures::memory::Regions,
+    address: u64,
+    buf: &mut [u8],
+) -> Result<(), MemoryError> {
+    let bytes = regions.get(address, buf.len()).ok_or(MemoryError {
+        address,
+        length: buf.len(),
+        source: None,
+    })?;
+    buf.copy_from_slice(bytes);
+    Ok(())
+}

@@ -17,13 +17,7 @@ struct Replay(Regions);
 
 impl Memory for Replay {
     fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
-        let bytes = self.0.get(address, buf.len()).ok_or(MemoryError {
-            address,
-            length: buf.len(),
-            source: None,
-        })?;
-        buf.copy_from_slice(bytes);
-        Ok(())
+        crate::read_captured(&self.0, address, buf)
     }
 }
 

@@ -18,13 +18,7 @@ struct Heap {
 
 impl Memory for Heap {
     fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
-        let bytes = self.regions.get(address, buf.len()).ok_or(MemoryError {
-            address,
-            length: buf.len(),
-            source: None,
-        })?;
-        buf.copy_from_slice(bytes);
-        Ok(())
+        crate::read_captured(&self.regions, address, buf)
     }
 }
 
