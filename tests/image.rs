@@ -523,17 +523,7 @@ fn the_image_builds_and_profiles_as_the_daemonset_runs_it() {
         Duration::from_secs(120),
         || {
             assert!(running(), "the container exited:\n{}", logs());
-            let newest = std::fs::read_dir(&store)
-                .into_iter()
-                .flatten()
-                .filter_map(Result::ok)
-                .map(|entry| entry.path())
-                .filter(|path| path.to_string_lossy().ends_with(".pb.gz"))
-                .max();
-            let Some(profile) = newest
-                .and_then(|path| std::fs::read(path).ok())
-                .and_then(|bytes| agent_pprof::decode(&bytes).ok())
-            else {
+            let Some(profile) = newest_profile(&store) else {
                 return false;
             };
             *stacks.borrow_mut() = stacks_of(&profile, workload.pid());

@@ -59,17 +59,7 @@ fn labels_of_each(
     );
     let labels = std::cell::RefCell::new(Vec::new());
     agent.wait_until("a profile holding every workload", MINUTE, || {
-        let newest = std::fs::read_dir(&store)
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-            .map(|entry| entry.path())
-            .filter(|path| path.to_string_lossy().ends_with(".pb.gz"))
-            .max();
-        let Some(profile) = newest
-            .and_then(|path| std::fs::read(path).ok())
-            .and_then(|bytes| agent_pprof::decode(&bytes).ok())
-        else {
+        let Some(profile) = newest_profile(&store) else {
             return false;
         };
         let found: Vec<_> = pids.iter().map(|&pid| labels_of(&profile, pid)).collect();

@@ -366,3 +366,17 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// The newest profile the agent wrote into `store`, decoded; `None` while
+/// there is none yet or it is still being written.
+pub fn newest_profile(store: &Path) -> Option<Profile> {
+    std::fs::read_dir(store)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.to_string_lossy().ends_with(".pb.gz"))
+        .max()
+        .and_then(|path| std::fs::read(path).ok())
+        .and_then(|bytes| pprof::decode(&bytes).ok())
+}
