@@ -48,6 +48,12 @@ pub const INTERPRETER_FRAME_READ: usize = 128;
 /// stamp lie within them, for every supported layout.
 pub const INTERPRETER_CODE_READ: usize = 128;
 
+/// Most threads the off-CPU programs follow at once (threads of profiled
+/// processes waiting in a system call right now); a thread that finds the
+/// map full is not followed through that wait, and that is counted
+/// ([`Counter::OffCpuMapFull`]).
+pub const MAX_OFFCPU_THREADS: u32 = 65_536;
+
 /// The log target of what the BPF programs say through `aya-log`: the
 /// daemon shows those records when this target's debug level is on (e.g.
 /// `--log-level info,firn::bpf=debug`) and keeps the programs silent
@@ -69,6 +75,13 @@ pub mod names {
     pub const PROG_FORK: &str = "follow_fork";
     pub const PROG_PYTHON_WALK: &str = "python_walk";
     pub const TAIL_CALLS: &str = "TAIL_CALLS";
+    pub const OFFCPU_THREADS: &str = "OFFCPU_THREADS";
+    pub const OFFCPU_SCRATCH: &str = "OFFCPU_SCRATCH";
+    pub const OFFCPU_KSTACKS: &str = "OFFCPU_KSTACKS";
+    pub const OFFCPU_TAIL_CALLS: &str = "OFFCPU_TAIL_CALLS";
+    pub const PROG_OFFCPU_SWITCH: &str = "offcpu_switch";
+    pub const PROG_OFFCPU_SYSCALL_EXIT: &str = "offcpu_syscall_exit";
+    pub const PROG_OFFCPU_PYTHON_WALK: &str = "offcpu_python_walk";
 }
 
 /// Indexes of the `TAIL_CALLS` program array.
@@ -86,6 +99,9 @@ pub enum RecordKind {
     Sample = 1,
     Exec = 2,
     Exit = 3,
+    /// A [`SampleRecord`] of a thread whose system call returns after
+    /// waiting, with [`SampleRecord::off_cpu`] filled in.
+    OffCpu = 4,
 }
 
 impl RecordKind {
@@ -94,6 +110,7 @@ impl RecordKind {
             1 => Some(Self::Sample),
             2 => Some(Self::Exec),
             3 => Some(Self::Exit),
+            4 => Some(Self::OffCpu),
             _ => None,
         }
     }
@@ -162,6 +179,33 @@ pub struct SampleRecord {
     pub interpreter_frames: u32,
     pub reserved: u32,
     pub user_regs: UserRegs,
+    /// The wait an off-CPU sample stands for (zero in CPU samples).
+    pub off_cpu: OffCpuInfo,
+}
+
+/// What an off-CPU sample ([`RecordKind::OffCpu`]) says about the wait.
+///
+/// Each wait of length `d` is kept as `floor(d / T)` periods of the
+/// sampling period `T` (`BpfConfig::off_cpu_period_ns`), plus one more
+/// with probability `(d mod T) / T`: the expected `periods * T` is `d`
+/// exactly, a wait shorter than `T` is kept with probability `d / T`, and
+/// a thread waiting a second yields at most `1 s / T` samples however
+/// often it switches. The waits of one system call add up into one
+/// sample.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OffCpuInfo {
+    /// Periods of `T` this sample stands for (at least one).
+    pub periods: u64,
+    /// How long the thread was off the CPU in the waits kept,
+    /// nanoseconds.
+    pub blocked_ns: u64,
+    /// The task state it last left the CPU in (`prev_state` of
+    /// `sched_switch`: 1 interruptible sleep, 2 uninterruptible, ...).
+    pub state: u32,
+    /// The system call it waited in (`orig_ax` of its saved user
+    /// registers).
+    pub syscall: i32,
 }
 
 /// Room for both stacks' addresses in one sample.
@@ -391,10 +435,27 @@ pub enum Counter {
     /// Samples of an interpreter process whose interpreter stack was not
     /// walked: the walker program could not be called (not expected).
     InterpreterWalkerUnavailable = 19,
+    /// Threads of profiled processes that left the CPU waiting (not
+    /// preempted) and whose switch-out time was stored.
+    OffCpuWaits = 20,
+    /// Waits not kept: shorter than the period and not drawn.
+    OffCpuNotKept = 21,
+    /// Waits not followed: `OFFCPU_THREADS` was full.
+    OffCpuMapFull = 22,
+    /// Off-CPU samples written to the ring buffer.
+    OffCpuWritten = 23,
+    /// Off-CPU samples lost because the ring buffer was full.
+    OffCpuLostRingFull = 24,
+    /// Waits of profiled threads outside any system call (a page fault),
+    /// not followed: no return of theirs is seen in the thread's context.
+    OffCpuOutsideSyscall = 25,
+    /// Kept waits not written: the system call that returned was not the
+    /// one that waited (its stack would not be the wait's).
+    OffCpuStale = 26,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 20;
+    pub const COUNT: u32 = 27;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Self::SamplesSeen,
         Self::SamplesWritten,
@@ -416,6 +477,13 @@ impl Counter {
         Self::PidFilterFull,
         Self::NoStackLeft,
         Self::InterpreterWalkerUnavailable,
+        Self::OffCpuWaits,
+        Self::OffCpuNotKept,
+        Self::OffCpuMapFull,
+        Self::OffCpuWritten,
+        Self::OffCpuLostRingFull,
+        Self::OffCpuOutsideSyscall,
+        Self::OffCpuStale,
     ];
 }
 
@@ -440,11 +508,16 @@ pub struct BpfConfig {
     /// where `follow_fork` reads a new process's id. Zero: unknown, and no
     /// child is followed.
     pub task_tgid_offset: u32,
-    /// Keeps the layout free of implicit padding (written as zero).
-    pub reserved: u32,
+    /// Byte offset of `pid` (the thread id) in `task_struct`: where the
+    /// off-CPU program reads the id of the task coming on the CPU. Zero:
+    /// unknown, and no wait is kept.
+    pub task_pid_offset: u32,
     /// Wake the reader once this many bytes are waiting in the ring buffer;
     /// below that the daemon drains on its own timer.
     pub wakeup_bytes: u64,
+    /// Off-CPU sampling period `T` in nanoseconds (see [`OffCpuInfo`]);
+    /// zero when off-CPU profiling is off.
+    pub off_cpu_period_ns: u64,
 }
 
 impl BpfConfig {
@@ -454,8 +527,9 @@ impl BpfConfig {
         exec_copy_bytes: 0,
         stacks_off: 0,
         task_tgid_offset: 0,
-        reserved: 0,
+        task_pid_offset: 0,
         wakeup_bytes: 0,
+        off_cpu_period_ns: 0,
     };
 }
 
@@ -477,11 +551,12 @@ mod user {
 
 // Layout checks: the daemon decodes records by these sizes.
 const _: () = assert!(core::mem::size_of::<UserRegs>() == 24);
-const _: () = assert!(core::mem::size_of::<SampleRecord>() == 96);
+const _: () = assert!(core::mem::size_of::<OffCpuInfo>() == 24);
+const _: () = assert!(core::mem::size_of::<SampleRecord>() == 120);
 const _: () = assert!(core::mem::size_of::<InterpreterFrame>() == 32);
 const _: () = assert!(core::mem::size_of::<PythonProcess>() == 48);
 const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 32);
-const _: () = assert!(core::mem::size_of::<BpfConfig>() == 32);
+const _: () = assert!(core::mem::size_of::<BpfConfig>() == 40);
 const _: () = assert!(MAX_STACK_COPY.is_multiple_of(STACK_COPY_CHUNK));
 const _: () = assert!(MAX_STACK_COPY >= 16 * 1024 + STACK_READ_BYTES);
 // `--stack-copy-bytes`'s help and the README give this bound (64 KiB).

@@ -26,6 +26,7 @@
 #![no_std]
 #![no_main]
 
+mod offcpu;
 mod python;
 
 use core::{
@@ -36,8 +37,8 @@ use core::{
 
 use agent_common::{
     BpfConfig, COMM_LEN, Counter, LOG_TARGET, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH,
-    MAX_UNWIND_PROCESSES, ProcessRecord, RecordKind, STACK_READ_BYTES, STACKS_BYTES, SampleRecord,
-    SampleScratch, StackCopy, UserRegs, sample_flags, stacks_off, tail_calls,
+    MAX_UNWIND_PROCESSES, OffCpuInfo, ProcessRecord, RecordKind, STACK_READ_BYTES, STACKS_BYTES,
+    SampleRecord, SampleScratch, StackCopy, UserRegs, sample_flags, stacks_off, tail_calls,
 };
 use aya_ebpf::{
     EbpfContext,
@@ -166,30 +167,52 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     // runs it nested on one CPU (it skips a
     // perf event program while one is already running there), so the slot
     // is ours alone until we return.
-    unsafe { record_sample(&ctx, &config, scratch, tgid, tid) };
+    unsafe {
+        record_sample(
+            &ctx,
+            addr_of!((*ctx.ctx).regs),
+            &TAIL_CALLS,
+            &config,
+            scratch,
+            (tgid, tid),
+            RecordKind::Sample,
+            OffCpuInfo::default(),
+            KernelStack::Walk,
+        )
+    };
     0
 }
 
 /// Fills the record in `scratch`, copies the user stack behind it and
-/// writes both to the ring buffer.
+/// writes both to the ring buffer: a CPU sample from `sample_cpu`, an
+/// off-CPU one from `offcpu_resume`. `regs` are the registers the program
+/// was handed (the interrupted ones of a perf event, the probed function's
+/// of a kprobe), `calls` the program array of the interpreter walker of
+/// the same program type.
 ///
 /// # Safety
 ///
-/// `ctx` is the context the kernel passed to this run; `scratch` points to
-/// a `SampleScratch` nobody else reads or writes until this returns.
+/// `ctx` is the context the kernel passed to this run and `regs` points
+/// into it; `scratch` points to a `SampleScratch` nobody else reads or
+/// writes until this returns.
 #[inline(always)]
-unsafe fn record_sample(
-    ctx: &PerfEventContext,
+#[allow(clippy::too_many_arguments)]
+unsafe fn record_sample<C: EbpfContext>(
+    ctx: &C,
+    regs: *const pt_regs,
+    calls: &ProgramArray,
     config: &BpfConfig,
     scratch: *mut SampleScratch,
-    tgid: u32,
-    tid: u32,
+    (tgid, tid): (u32, u32),
+    kind: RecordKind,
+    off_cpu: OffCpuInfo,
+    kernel_stack: KernelStack,
 ) {
     // SAFETY: `scratch` is valid and ours alone (the caller's promise);
     // every field is plain data, so any bytes left by an earlier sample are
     // a valid record, overwritten below.
     let record = unsafe { &mut *addr_of_mut!((*scratch).record) };
-    record.kind = RecordKind::Sample as u32;
+    record.kind = kind as u32;
     // SAFETY (these three): helpers without arguments or preconditions.
     record.cpu = unsafe { bpf_get_smp_processor_id() };
     record.tgid = tgid;
@@ -204,6 +227,7 @@ unsafe fn record_sample(
     record.interpreter_frames = 0;
     record.reserved = 0;
     record.user_regs = UserRegs::default();
+    record.off_cpu = off_cpu;
 
     let raw_ctx = ctx.as_ptr();
     let kernel_on = config.stacks_off & stacks_off::KERNEL == 0;
@@ -213,10 +237,14 @@ unsafe fn record_sample(
     let tail = unsafe { addr_of_mut!((*scratch).tail) } as *mut u8;
     // SAFETY: `raw_ctx` is this run's context and the tail has room for
     // both stacks, STACK_BYTES each.
-    let kernel = if kernel_on {
-        unsafe { bpf_get_stack(raw_ctx, tail.cast(), STACK_BYTES, 0) }
-    } else {
-        0
+    let kernel = match kernel_stack {
+        _ if !kernel_on => 0,
+        KernelStack::Walk => unsafe { bpf_get_stack(raw_ctx, tail.cast(), STACK_BYTES, 0) },
+        // SAFETY: the tail has room for a whole stack, and the stored one
+        // is valid for as much (the caller's promise).
+        KernelStack::Stored(bytes, from) => unsafe {
+            offcpu::stored_kernel_stack(bytes, from, tail)
+        },
     };
     let mut kernel_bytes = 0usize;
     if kernel >= 0 {
@@ -287,7 +315,7 @@ unsafe fn record_sample(
     // Kernel threads have no user side; nothing more to capture.
     if record.user_frames > 0 {
         // SAFETY: `ctx` is this run's context (the caller's promise).
-        if let Some(regs) = unsafe { user_regs(ctx, record) } {
+        if let Some(regs) = unsafe { user_regs(ctx, regs, record) } {
             record.user_regs = regs;
             record.flags |= sample_flags::USER_REGS_VALID;
             // SAFETY: the value is copied out at once; the daemon replacing
@@ -329,7 +357,7 @@ unsafe fn record_sample(
     if user_on && unsafe { python::start(scratch, tgid, body) } {
         // SAFETY: `ctx` is this run's context; a successful tail call does
         // not return.
-        unsafe { TAIL_CALLS.tail_call(ctx, tail_calls::PYTHON_WALK) };
+        unsafe { calls.tail_call(ctx, tail_calls::PYTHON_WALK) };
         count(Counter::InterpreterWalkerUnavailable);
     }
     // SAFETY: as above.
@@ -342,6 +370,16 @@ unsafe fn record_sample(
             error
         );
     }
+}
+
+/// Where a sample's kernel stack comes from.
+#[derive(Clone, Copy)]
+enum KernelStack {
+    /// Walked now, from the program's context.
+    Walk,
+    /// Walked earlier: this many bytes (negative: that walk failed, with
+    /// this error) of a stack of `MAX_STACK_DEPTH` addresses there.
+    Stored(i64, *const u8),
 }
 
 /// The bytes `bpf_get_stack` wrote, from what it returned (non-negative),
@@ -378,13 +416,20 @@ unsafe fn submit(
     // SAFETY: `len` is clamped to the size of the scratch buffer, which is
     // valid for reads and not written while the slice lives.
     let bytes = unsafe { core::slice::from_raw_parts(scratch as *const u8, len) };
+    // SAFETY: a field of the valid scratch slot.
+    let off_cpu =
+        unsafe { read_volatile(addr_of!((*scratch).record.kind)) } == RecordKind::OffCpu as u32;
+    let (written, lost) = match off_cpu {
+        true => (Counter::OffCpuWritten, Counter::OffCpuLostRingFull),
+        false => (Counter::SamplesWritten, Counter::SamplesLostRingFull),
+    };
     match EVENTS.output::<[u8]>(bytes, wakeup_flag(config)) {
         Ok(()) => {
-            count(Counter::SamplesWritten);
+            count(written);
             Ok(())
         }
         Err(error) => {
-            count(Counter::SamplesLostRingFull);
+            count(lost);
             Err((len, error))
         }
     }
@@ -395,25 +440,37 @@ unsafe fn submit(
 /// steps until the walk is over, then writes the sample.
 #[perf_event]
 pub fn python_walk(ctx: PerfEventContext) -> u32 {
+    walk_python(&ctx, &TAIL_CALLS, &SCRATCH)
+}
+
+/// The body of the walker programs (`python_walk`, `offcpu_python_walk`):
+/// `calls` is the program array of the walker's own program type,
+/// `scratches` the scratch slots of the sampling program that handed over.
+#[inline(always)]
+fn walk_python<C: EbpfContext>(
+    ctx: &C,
+    calls: &ProgramArray,
+    scratches: &Array<SampleScratch>,
+) -> u32 {
     // SAFETY: a helper without arguments or preconditions.
     let cpu = unsafe { bpf_get_smp_processor_id() };
-    let Some(scratch) = SCRATCH.get_ptr_mut(cpu) else {
+    let Some(scratch) = scratches.get_ptr_mut(cpu) else {
         count(Counter::ScratchUnavailable);
         return 0;
     };
-    // SAFETY: this CPU's slot, which `sample_cpu` filled and handed over
-    // on this CPU without returning; nothing else uses it until this
-    // program chain returns.
+    // SAFETY: this CPU's slot, which the sampling program filled and
+    // handed over on this CPU without returning; nothing else uses it
+    // until this program chain returns.
     unsafe {
         if python::steps(scratch) {
-            TAIL_CALLS.tail_call(&ctx, tail_calls::PYTHON_WALK);
+            calls.tail_call(ctx, tail_calls::PYTHON_WALK);
             // Only past the kernel's tail call limit: the walk ends here,
             // flagged as cut short.
         }
         let body = python::finish(scratch);
         if let Err((len, error)) = submit(&config(), scratch, body) {
             failed!(
-                &ctx,
+                ctx,
                 "sample of tgid {} lost: ring buffer output of {} bytes returned {}",
                 (*scratch).record.tgid,
                 len,
@@ -429,12 +486,20 @@ pub fn python_walk(ctx: PerfEventContext) -> u32 {
 ///
 /// # Safety
 ///
-/// `ctx` is the context the kernel passed to this run.
+/// `ctx` is the context the kernel passed to this run and `regs` the
+/// registers in it.
 #[inline(always)]
-unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option<UserRegs> {
-    // SAFETY: the kernel's `bpf_perf_event_data` for this run (the caller's
-    // promise), readable for the whole run.
-    let regs = unsafe { &(*ctx.ctx).regs };
+unsafe fn user_regs<C: EbpfContext>(
+    ctx: &C,
+    regs: *const pt_regs,
+    record: &mut SampleRecord,
+) -> Option<UserRegs> {
+    if regs.is_null() {
+        return unsafe { saved_user_regs(ctx, record) };
+    }
+    // SAFETY: registers in the context of this run (the caller's promise),
+    // readable for the whole run.
+    let regs = unsafe { &*regs };
     // Volatile keeps each field one plain 8-byte load from the context,
     // the only access the verifier allows there.
     // SAFETY (these four): fields of the valid context above.
@@ -447,6 +512,16 @@ unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option
             bp: unsafe { core::ptr::read_volatile(&regs.rbp) },
         });
     }
+    unsafe { saved_user_regs(ctx, record) }
+}
+
+/// The current task's user registers saved on kernel entry.
+///
+/// # Safety
+///
+/// `ctx` is the context the kernel passed to this run.
+#[inline(always)]
+unsafe fn saved_user_regs<C: EbpfContext>(ctx: &C, record: &mut SampleRecord) -> Option<UserRegs> {
     // SAFETY: a helper without arguments; it returns the running task.
     let task = unsafe { bpf_get_current_task_btf() };
     if task.is_null() {
@@ -509,7 +584,7 @@ unsafe fn user_regs(ctx: &PerfEventContext, record: &mut SampleRecord) -> Option
 /// `scratch` points to a `SampleScratch` nobody else reads or writes until
 /// this returns.
 #[inline(always)]
-unsafe fn copy_user_stack(ctx: &PerfEventContext, scratch: *mut SampleScratch) {
+unsafe fn copy_user_stack<C: EbpfContext>(ctx: &C, scratch: *mut SampleScratch) {
     // SAFETY: only field addresses are taken; `scratch` is valid (the
     // caller's promise).
     let tail = unsafe { addr_of_mut!((*scratch).tail) } as *mut u8;

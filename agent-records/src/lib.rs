@@ -11,8 +11,8 @@ use std::{fmt, mem::size_of};
 pub mod fuzzing;
 
 use agent_common::{
-    COMM_LEN, InterpreterFrame, MAX_INTERPRETER_FRAMES, MAX_STACK_DEPTH, ProcessRecord, RecordKind,
-    SampleRecord, UserRegs, sample_flags,
+    COMM_LEN, InterpreterFrame, MAX_INTERPRETER_FRAMES, MAX_STACK_DEPTH, OffCpuInfo, ProcessRecord,
+    RecordKind, SampleRecord, UserRegs, sample_flags,
 };
 
 /// A task's name as the kernel stores it (at most 15 bytes and a NUL).
@@ -80,6 +80,9 @@ pub struct RawSample<'a> {
     pub interpreter: Vec<InterpreterFrame>,
     /// The interpreter's stack was deeper than the BPF bound.
     pub interpreter_truncated: bool,
+    /// Set on an off-CPU sample: the wait it stands for. Its stacks are
+    /// where the thread waited.
+    pub off_cpu: Option<OffCpuInfo>,
 }
 
 /// A whole process executed a new image or exited.
@@ -109,6 +112,8 @@ pub enum DecodeError {
     StackCopyTruncated { claimed: u32, carried: usize },
     #[error("record claims {frames} interpreter frames, more than {MAX_INTERPRETER_FRAMES}")]
     TooManyInterpreterFrames { frames: u32 },
+    #[error("off-CPU record stands for no period")]
+    NoPeriods,
 }
 
 /// Decodes one ring buffer record.
@@ -119,6 +124,15 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
     })?;
     match RecordKind::from_u32(kind) {
         Some(RecordKind::Sample) => decode_sample(bytes).map(Record::Sample),
+        Some(RecordKind::OffCpu) => {
+            let mut sample = decode_sample(bytes)?;
+            let info = read_struct::<SampleRecord>(bytes)?.off_cpu;
+            if info.periods == 0 {
+                return Err(DecodeError::NoPeriods);
+            }
+            sample.off_cpu = Some(info);
+            Ok(Record::Sample(sample))
+        }
         Some(RecordKind::Exec) => decode_process(bytes).map(Record::Exec),
         Some(RecordKind::Exit) => decode_process(bytes).map(Record::Exit),
         None => Err(DecodeError::UnknownKind { kind }),
@@ -199,6 +213,7 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample<'_>, DecodeError> {
         stack_copy: if regs_valid { copy } else { &[] },
         interpreter,
         interpreter_truncated: record.flags & sample_flags::INTERPRETER_TRUNCATED != 0,
+        off_cpu: None,
     })
 }
 
@@ -264,7 +279,38 @@ mod tests {
                 sp: 0x7ffc_0000,
                 bp: 0x7ffc_0100,
             },
+            off_cpu: OffCpuInfo::default(),
         }
+    }
+
+    #[test]
+    fn off_cpu_samples_carry_their_wait() {
+        let mut record = sample_record();
+        record.kind = RecordKind::OffCpu as u32;
+        record.stack_copy_len = 0;
+        record.off_cpu = OffCpuInfo {
+            periods: 3,
+            blocked_ns: 31_000_000,
+            state: 1,
+            syscall: 230,
+        };
+        let bytes = with_stacks(&record);
+        let Record::Sample(sample) = decode(&bytes).expect("decodes") else {
+            panic!("not a sample");
+        };
+        assert_eq!(sample.off_cpu, Some(record.off_cpu));
+        assert_eq!(sample.user_stack, USER);
+        record.off_cpu.periods = 0;
+        assert_eq!(
+            decode(&with_stacks(&record)).map(|_| ()),
+            Err(DecodeError::NoPeriods)
+        );
+        record.kind = RecordKind::Sample as u32;
+        let bytes = with_stacks(&record);
+        let Record::Sample(cpu) = decode(&bytes).expect("decodes") else {
+            panic!("not a sample");
+        };
+        assert_eq!(cpu.off_cpu, None, "a CPU sample is no wait");
     }
 
     /// The record followed by its frames, as the BPF program writes it.

@@ -3,6 +3,7 @@
 
 pub(crate) mod btf;
 mod follow;
+mod offcpu;
 mod program_log;
 
 use std::{
@@ -86,6 +87,11 @@ pub enum BpfError {
     },
     #[error("--pid accepts at most {MAX_PID_FILTER} processes, got {count}")]
     TooManyPids { count: usize },
+    #[error("off-CPU profiling needs to know where a task's id is, from the kernel's BTF")]
+    OffCpuBtf {
+        #[source]
+        source: btf::BtfError,
+    },
     #[error("could not forward the BPF programs' log")]
     ProgramLog {
         #[source]
@@ -112,6 +118,8 @@ pub struct BpfSampler {
     /// Processes were named but their children are not followed (said
     /// once, when loading).
     children_not_followed: bool,
+    /// Off-CPU profiling is on: its programs are attached with the sampler.
+    off_cpu: bool,
 }
 
 /// Totals of the BPF-side counters over all CPUs.
@@ -169,7 +177,10 @@ impl BpfSampler {
             true => follow::tgid_offset(),
             false => None,
         };
-        let bpf_config = bpf_config(config, ring_buffer_bytes, task_tgid_offset);
+        let mut bpf_config = bpf_config(config, ring_buffer_bytes, task_tgid_offset);
+        if bpf_config.off_cpu_period_ns != 0 {
+            bpf_config.task_pid_offset = offcpu::pid_offset()?;
+        }
         let log_level = program_log::level();
         let mut ebpf = load_object(&bpf_config, ring_buffer_bytes, log_level)?;
 
@@ -224,6 +235,7 @@ impl BpfSampler {
             stats,
             _program_log: program_log,
             children_not_followed: false,
+            off_cpu: bpf_config.off_cpu_period_ns != 0,
         };
         // Process events first, so no exec is missed between the first
         // sample and the hooks being in place.
@@ -242,9 +254,14 @@ impl BpfSampler {
         self.children_not_followed
     }
 
-    /// Starts sampling every CPU; until then only process events flow.
+    /// Starts sampling every CPU, and following threads off the CPU when
+    /// off-CPU profiling is on; until then only process events flow.
     pub fn start_sampling(&mut self, frequency_hz: u64) -> Result<(), BpfError> {
-        self.attach_sampler(frequency_hz)
+        self.attach_sampler(frequency_hz)?;
+        if self.off_cpu {
+            offcpu::attach(&mut self.ebpf)?;
+        }
+        Ok(())
     }
 
     /// Samples for `duration` as `config` says and returns the ring
@@ -533,6 +550,10 @@ fn load_object(
         .override_global(aya_log::LEVEL, &log_level, true)
         .map_max_entries(names::EVENTS, ring_buffer_bytes)
         .map_max_entries(names::SCRATCH, scratch_slots());
+    // Off-CPU samples' own scratch slots, only when they are taken.
+    if bpf_config.off_cpu_period_ns != 0 {
+        loader.map_max_entries(names::OFFCPU_SCRATCH, scratch_slots());
+    }
     if log_level == 0 {
         loader.map_max_entries(program_log::LOG_MAP, program_log::map_bytes_when_off());
     }
@@ -594,9 +615,12 @@ fn bpf_config(
         exec_copy_bytes,
         stacks_off,
         task_tgid_offset: task_tgid_offset.unwrap_or(0),
-        reserved: 0,
+        task_pid_offset: 0,
         // Wake the reader at an eighth full; it drains on a timer too.
         wakeup_bytes: u64::from(ring_buffer_bytes / 8),
+        off_cpu_period_ns: config
+            .off_cpu_period
+            .map_or(0, |period| offcpu::period_ns(period)),
     }
 }
 

@@ -14,7 +14,7 @@ mod pyroscope;
 mod record;
 mod remote;
 
-use bounds::{parse_log_level, parse_period, parse_store_bytes};
+use bounds::{parse_log_level, parse_off_cpu_period, parse_period, parse_store_bytes};
 pub use file::{ArgsError, parse_args};
 pub use inspect::{ReportArgs, ReportFormatArg, TopArgs};
 pub use labels::KubernetesArgs;
@@ -153,6 +153,23 @@ pub struct SamplingArgs {
     /// least cost).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub collect_user_profile: bool,
+
+    /// Off-CPU profiling: where threads wait (sleeps, I/O, locks), weighted
+    /// by how long, as a second profile beside the CPU one. Each sample
+    /// stands for PERIOD waited (`--off-cpu=1ms`; `--off-cpu` alone:
+    /// 10ms): a wait of d is kept as d/PERIOD samples on average, so
+    /// totals estimate the time waited per stack without bias, and a
+    /// thread yields at most 1s/PERIOD samples a second however often it
+    /// switches. Off: nothing is attached to the scheduler.
+    #[arg(
+        long,
+        value_name = "PERIOD",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "10ms",
+        value_parser = parse_off_cpu_period
+    )]
+    pub off_cpu: Option<Duration>,
 
     /// Most distinct stacks in one profile; samples beyond are counted as dropped.
     #[arg(long, value_name = "N", default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
@@ -304,6 +321,7 @@ impl SamplingArgs {
             stack_copy_bytes: self.stack_copy_bytes,
             kernel_stacks: self.collect_kernel_profile,
             user_stacks: self.collect_user_profile,
+            off_cpu_period: self.off_cpu,
         }
     }
 

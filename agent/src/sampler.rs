@@ -29,6 +29,10 @@ pub struct SamplingConfig {
     pub kernel_stacks: bool,
     /// User stacks walked, copied and unwound.
     pub user_stacks: bool,
+    /// Off-CPU profiling's period `T` (`--off-cpu`): each off-CPU sample
+    /// stands for this much time waited. `None`: off, nothing attached to
+    /// the scheduler.
+    pub off_cpu_period: Option<std::time::Duration>,
 }
 
 impl Default for SamplingConfig {
@@ -42,6 +46,7 @@ impl Default for SamplingConfig {
             stack_copy_bytes: agent_common::MAX_STACK_COPY as u32,
             kernel_stacks: true,
             user_stacks: true,
+            off_cpu_period: None,
         }
     }
 }

@@ -46,6 +46,12 @@ pub fn task_tgid_offset(vmlinux: &Path) -> Result<u32, BtfError> {
     tgid_offset_in(&read(vmlinux)?)
 }
 
+/// Byte offset of `pid` (the thread id) in `task_struct`: where the
+/// off-CPU program reads the id of the task coming on the CPU.
+pub fn task_pid_offset(vmlinux: &Path) -> Result<u32, BtfError> {
+    pid_offset_in(&read(vmlinux)?)
+}
+
 fn read(vmlinux: &Path) -> Result<Vec<u8>, BtfError> {
     let read_error = |source| BtfError::Read {
         path: vmlinux.display().to_string(),
@@ -82,17 +88,37 @@ fn thread_pointer_offset_in(data: &[u8]) -> Result<u32, BtfError> {
 }
 
 fn tgid_offset_in(data: &[u8]) -> Result<u32, BtfError> {
+    pid_t_offset_in(
+        data,
+        "tgid",
+        ("task_struct.tgid", "task_struct.tgid as a 32-bit integer"),
+    )
+}
+
+fn pid_offset_in(data: &[u8]) -> Result<u32, BtfError> {
+    pid_t_offset_in(
+        data,
+        "pid",
+        ("task_struct.pid", "task_struct.pid as a 32-bit integer"),
+    )
+}
+
+/// The offset of `task_struct`'s `pid_t` member `name`; `what` names it
+/// in the errors (missing, not 32 bits wide).
+fn pid_t_offset_in(
+    data: &[u8],
+    name: &str,
+    what: (&'static str, &'static str),
+) -> Result<u32, BtfError> {
     let btf = Btf::parse(data)?;
     let task = task_struct(&btf)?;
-    let (tgid, bits) = btf.member(task, "tgid", 0).ok_or(BtfError::Missing {
-        what: "task_struct.tgid",
-    })?;
-    // The program reads a 32-bit pid_t, byte-aligned.
-    match btf.header(tgid) {
+    let (member, bits) = btf
+        .member(task, name, 0)
+        .ok_or(BtfError::Missing { what: what.0 })?;
+    // The programs read a 32-bit pid_t, byte-aligned.
+    match btf.header(member) {
         Some((_, info, 4)) if Btf::kind(info) == KIND_INT && bits % 8 == 0 => Ok(bits / 8),
-        _ => Err(BtfError::Missing {
-            what: "task_struct.tgid as a 32-bit integer",
-        }),
+        _ => Err(BtfError::Missing { what: what.1 }),
     }
 }
 

@@ -38,6 +38,21 @@ pub(super) fn parse_period(text: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// `--off-cpu`'s period: each off-CPU sample stands for this much time
+/// waited. Below 10µs a wait costs a sample nearly every time (the bound
+/// on samples per second is the time waited over the period); above 4s
+/// the BPF program's draw would overflow.
+pub(super) fn parse_off_cpu_period(text: &str) -> Result<Duration, String> {
+    let duration = parse_duration(text)?;
+    if duration < Duration::from_micros(10) {
+        return Err(format!("`{text}` is too short: at least 10us"));
+    }
+    if duration > Duration::from_secs(4) {
+        return Err(format!("`{text}` is too long: at most 4s"));
+    }
+    Ok(duration)
+}
+
 /// `--local-store-max-bytes`, `--remote-store-queue-bytes`: at least 1KiB.
 pub(super) fn parse_store_bytes(text: &str) -> Result<u64, String> {
     let bytes = parse_bytes(text)?;

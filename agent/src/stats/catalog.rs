@@ -646,6 +646,31 @@ declare_metrics! {
             python_skipped_unreadable { reason = "unreadable" },
         ],
     }
+    off_cpu_waits: Counter,
+        "Waits of threads of profiled processes seen by the off-CPU programs (--off-cpu), by \
+        result: followed (the switch-out time was stored), not_kept (shorter than the \
+        period and not drawn: expected, it is how the cost stays bounded), map_full (not \
+        followed: too many threads were off the CPU at once)."
+    {
+        bpf: [
+            OffCpuWaits { result = "followed" },
+            OffCpuNotKept { result = "not_kept" },
+            OffCpuMapFull { result = "map_full" },
+        ],
+    }
+    off_cpu_samples: Counter,
+        "Off-CPU samples (--off-cpu) the BPF program wrote to the ring buffer, and those lost \
+        because it was full."
+    {
+        stats: [
+            /// Off-CPU sample records read from the ring buffer.
+            off_cpu_samples_received { result = "received" },
+        ],
+        bpf: [
+            OffCpuWritten { result = "written" },
+            OffCpuLostRingFull { result = "ring_buffer_full" },
+        ],
+    }
     python_walks: Counter,
         "Samples of CPython processes whose thread's interpreter stack the BPF program \
         walked."

@@ -1,0 +1,68 @@
+//! Attaching the off-CPU programs (`agent-ebpf/src/offcpu.rs`), only when
+//! off-CPU profiling is on: `offcpu_syscall_exit` on the `sys_exit` raw
+//! tracepoint with its interpreter walker, then `offcpu_switch` on
+//! `sched_switch`. The exit side goes first, so no kept wait is stored
+//! with nothing there to write it.
+
+use std::{path::Path, time::Duration};
+
+use agent_common::{names, tail_calls};
+use aya::{Ebpf, maps::ProgramArray, programs::RawTracePoint};
+use tracing::debug;
+
+use super::{BpfError, btf, load_logged, program_error, program_mut};
+
+/// Longest period the BPF side's arithmetic allows (the draw multiplies a
+/// 32-bit random number by it in 64 bits).
+pub(crate) const MAX_PERIOD: Duration = Duration::from_secs(4);
+
+/// The period in nanoseconds as the BPF program takes it: at least 1, at
+/// most [`MAX_PERIOD`] (the command line checks the bounds; this keeps
+/// the program's arithmetic sound whatever it is handed).
+pub(super) fn period_ns(period: Duration) -> u64 {
+    u64::try_from(period.min(MAX_PERIOD).as_nanos())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Where `offcpu_switch` reads the id of the task coming on the CPU.
+pub(super) fn pid_offset() -> Result<u32, BpfError> {
+    btf::task_pid_offset(Path::new(btf::VMLINUX_BTF))
+        .map_err(|source| BpfError::OffCpuBtf { source })
+}
+
+pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), BpfError> {
+    let name = names::PROG_OFFCPU_PYTHON_WALK;
+    let walker: &mut RawTracePoint = program_mut(ebpf, name)?;
+    load_logged(walker, name, RawTracePoint::load, RawTracePoint::info)?;
+    let walker = walker
+        .fd()
+        .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::IOError))
+        .map_err(|source| program_error(name, source))?;
+    let map_name = names::OFFCPU_TAIL_CALLS;
+    let map_error = |source| BpfError::Map {
+        name: map_name,
+        source,
+    };
+    let mut calls = ProgramArray::try_from(ebpf.map_mut(map_name).ok_or(BpfError::Missing {
+        kind: "map",
+        name: map_name,
+    })?)
+    .map_err(map_error)?;
+    calls
+        .set(tail_calls::PYTHON_WALK, &walker, 0)
+        .map_err(map_error)?;
+
+    for (name, tracepoint) in [
+        (names::PROG_OFFCPU_SYSCALL_EXIT, "sys_exit"),
+        (names::PROG_OFFCPU_SWITCH, "sched_switch"),
+    ] {
+        let program: &mut RawTracePoint = program_mut(ebpf, name)?;
+        load_logged(program, name, RawTracePoint::load, RawTracePoint::info)?;
+        program
+            .attach(tracepoint)
+            .map_err(|source| program_error(name, source))?;
+    }
+    debug!("off-CPU programs attached");
+    Ok(())
+}
