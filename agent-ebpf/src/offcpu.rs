@@ -62,6 +62,11 @@ use aya_ebpf::{
 
 use crate::{KernelStack, config, count, record_sample, walk_python, wanted};
 
+/// Frames of the tracepoint's own machinery at the top of a kernel stack
+/// walked from `sched_switch` (this program and `bpf_trace_run4`),
+/// skipped: the stack starts at `__schedule`.
+const TRACEPOINT_FRAMES: u64 = 2;
+
 /// `TASK_DEAD`: the task's last switch-out; it never comes back.
 const TASK_DEAD: u32 = 0x80;
 
@@ -237,7 +242,14 @@ unsafe fn walk_kernel(ctx: &RawTracePointContext, on: bool, waiting: &mut Waitin
     }
     let bytes = (MAX_STACK_DEPTH * size_of::<u64>()) as u32;
     // SAFETY: the destination is the entry's stack array, `bytes` long.
-    unsafe { bpf_get_stack(ctx.as_ptr(), addr_of_mut!(waiting.kernel).cast(), bytes, 0) }
+    unsafe {
+        bpf_get_stack(
+            ctx.as_ptr(),
+            addr_of_mut!(waiting.kernel).cast(),
+            bytes,
+            TRACEPOINT_FRAMES,
+        )
+    }
 }
 
 /// The thread `tid` is coming back on the CPU: when it was waiting, its

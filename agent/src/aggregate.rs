@@ -32,6 +32,11 @@ pub struct UnwoundSample {
     /// instruction, the rest are return addresses, with interpreted
     /// frames spliced in where their interpreter ran them.
     pub user: Vec<UserFrame>,
+    /// How many samples this one counts for: 1 on the CPU, the periods of
+    /// an off-CPU sample.
+    pub weight: u64,
+    /// Why an off-CPU sample's thread waited (`off_cpu_reason`).
+    pub reason: Option<&'static str>,
 }
 
 /// A process image compared by identity: two images of one pid (before and
@@ -81,6 +86,7 @@ pub struct StackKey {
     pub thread_name: Option<Comm>,
     pub kernel: Box<[u64]>,
     pub user: Box<[UserFrame]>,
+    pub reason: Option<&'static str>,
 }
 
 /// Everything sampled during one interval.
@@ -145,17 +151,19 @@ impl Aggregator {
             thread_name: sample.thread_name,
             kernel: sample.kernel.into_boxed_slice(),
             user: sample.user.into_boxed_slice(),
+            reason: sample.reason,
         };
+        let weight = sample.weight;
         if let Some(count) = self.stacks.get_mut(&key) {
-            *count += 1;
+            *count += weight;
         } else if self.stacks.len() < self.max_stacks {
-            self.stacks.insert(key, 1);
+            self.stacks.insert(key, weight);
         } else {
-            self.dropped += 1;
-            Stats::inc(&self.stats.samples_dropped_stack_limit);
+            self.dropped += weight;
+            Stats::add(&self.stats.samples_dropped_stack_limit, weight);
             return;
         }
-        self.samples += 1;
+        self.samples += weight;
     }
 
     /// Hands over the interval so far and starts the next one.
@@ -202,6 +210,8 @@ mod tests {
             thread_name: None,
             kernel: Vec::new(),
             user: user.iter().copied().map(UserFrame::Native).collect(),
+            weight: 1,
+            reason: None,
         }
     }
 

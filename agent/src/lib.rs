@@ -21,6 +21,7 @@ pub mod labels;
 pub mod launch;
 pub mod logging;
 pub mod metrics;
+pub mod offcpu;
 pub mod output;
 pub mod privileges;
 pub mod process;

@@ -86,6 +86,8 @@ pub struct Pipeline {
     unwinder: Unwinder,
     policy: UnwindPolicy,
     aggregator: Aggregator,
+    /// Off-CPU samples, apart: their stacks count time waited.
+    off_cpu: Aggregator,
     /// CPython processes' frames; `None` when off.
     python: Option<PythonRuntime>,
     /// JVMs' frames; `None` when off.
@@ -126,6 +128,7 @@ impl Pipeline {
                 stats.clone(),
             ),
             aggregator: Aggregator::new(&config.aggregate, stats.clone()),
+            off_cpu: Aggregator::new(&config.aggregate, stats.clone()),
             python: None,
             java: config.java.enabled.then(|| JavaRuntime::new(stats.clone())),
             stats,
@@ -247,14 +250,23 @@ impl Pipeline {
             }
             _ => self.with_interpreted(&sample, &image, native),
         };
-        self.aggregator.add(UnwoundSample {
+        let unwound = UnwoundSample {
             image,
             metadata,
             tid: sample.tid,
             thread_name: self.thread_labels.then_some(sample.comm),
             kernel: sample.kernel_stack,
             user,
-        });
+            weight: sample.off_cpu.map_or(1, |wait| wait.periods),
+            reason: sample.off_cpu.map(|wait| crate::offcpu::reason(&wait)),
+        };
+        match sample.off_cpu {
+            Some(_) => {
+                Stats::inc(&self.stats.off_cpu_samples_received);
+                self.off_cpu.add(unwound);
+            }
+            None => self.aggregator.add(unwound),
+        }
     }
 
     /// The user stack with the interpreter frames the sample recorded named
@@ -360,6 +372,12 @@ impl Pipeline {
     pub fn take_profile(&mut self) -> AggregatedProfile {
         self.unwinder.release_pages();
         self.aggregator.take()
+    }
+
+    /// The off-CPU samples since the last call (`--off-cpu`), each stack
+    /// counted in periods waited.
+    pub fn take_off_cpu_profile(&mut self) -> AggregatedProfile {
+        self.off_cpu.take()
     }
 }
 
@@ -516,6 +534,10 @@ impl Session {
 
     pub fn take_profile(&mut self) -> AggregatedProfile {
         self.pipeline.take_profile()
+    }
+
+    pub fn take_off_cpu_profile(&mut self) -> AggregatedProfile {
+        self.pipeline.take_off_cpu_profile()
     }
 }
 

@@ -99,10 +99,29 @@ pub async fn run(config: &RecordConfig) -> Result<u8> {
         &stats,
     )
     .await?;
-    let written = write_profile(config, recording.aggregated, &stats)?;
+    let cpu = Target {
+        output: config.output.clone(),
+        flamegraph: config.flamegraph.clone(),
+        period_ns: period_ns(config.sampling.frequency_hz),
+        off_cpu: false,
+    };
+    let written = write_profile(config, &cpu, recording.aggregated, &stats)?;
     report(config, &recording.bpf, recording.run_time, &written, &stats);
     if config.summary {
-        print_summary(config, &written.profile);
+        print_summary(&cpu, &written.profile);
+    }
+    if let (Some(aggregated), Some(period)) = (recording.off_cpu, config.sampling.off_cpu_period) {
+        let off_cpu = Target {
+            output: firn::offcpu::beside(&config.output),
+            flamegraph: config.flamegraph.as_deref().map(firn::offcpu::beside),
+            period_ns: i64::try_from(period.as_nanos()).unwrap_or(i64::MAX),
+            off_cpu: true,
+        };
+        let written = write_profile(config, &off_cpu, aggregated, &stats)?;
+        report_off_cpu(&off_cpu, &recording.bpf, &written);
+        if config.summary {
+            print_summary(&off_cpu, &written.profile);
+        }
     }
     let Some(command) = command else {
         return Ok(0);
@@ -120,6 +139,8 @@ pub async fn run(config: &RecordConfig) -> Result<u8> {
 /// What one recording sampled.
 struct Recording {
     aggregated: AggregatedProfile,
+    /// With `--off-cpu`: where the threads waited.
+    off_cpu: Option<AggregatedProfile>,
     bpf: BpfCounters,
     run_time: Option<ProgramRunTime>,
     stop: Stop,
@@ -177,6 +198,10 @@ async fn record(
     }
     Ok(Recording {
         aggregated: session.take_profile(),
+        off_cpu: config
+            .sampling
+            .off_cpu_period
+            .map(|_| session.take_off_cpu_profile()),
         bpf: session.bpf_counters(),
         run_time: session.sampler_run_time(),
         stop,
@@ -184,7 +209,7 @@ async fn record(
 }
 
 /// The hottest functions and the files written, on standard output.
-fn print_summary(config: &RecordConfig, profile: &proto::Profile) {
+fn print_summary(target: &Target, profile: &proto::Profile) {
     let width = std::io::stdout()
         .is_terminal()
         .then(|| crossterm::terminal::size().ok())
@@ -192,8 +217,13 @@ fn print_summary(config: &RecordConfig, profile: &proto::Profile) {
         .map(|(columns, _)| usize::from(columns));
     let summary = Summary::of(profile, &SampleFilter::default());
     let mut text = render_summary(&summary, SUMMARY_FUNCTIONS, width);
-    text.push_str(&format!("# profile: {}\n", config.output.display()));
-    if let Some(path) = &config.flamegraph {
+    let what = if target.off_cpu {
+        "off-CPU profile"
+    } else {
+        "profile"
+    };
+    text.push_str(&format!("# {what}: {}\n", target.output.display()));
+    if let Some(path) = &target.flamegraph {
         text.push_str(&format!("# flame graph: {}\n", path.display()));
     }
     print!("{text}");
@@ -208,28 +238,47 @@ struct Written {
     summary: BuildSummary,
 }
 
+/// Where one profile goes and what it holds.
+struct Target {
+    output: std::path::PathBuf,
+    flamegraph: Option<std::path::PathBuf>,
+    /// What one sample stands for: the CPU sampling period, or the
+    /// off-CPU one.
+    period_ns: i64,
+    /// Time waited (`off_cpu`/`nanoseconds`) rather than CPU time.
+    off_cpu: bool,
+}
+
 /// Symbolizes, labels and writes the profile (and the flame graph).
 fn write_profile(
     config: &RecordConfig,
+    target: &Target,
     aggregated: AggregatedProfile,
     stats: &Arc<Stats>,
 ) -> Result<Written> {
     let mut symbolizer = HostSymbolizer::new(&config.pipeline.host, &config.symbols, stats.clone());
     let stacks = aggregated.stacks.len();
     let dropped = aggregated.dropped;
-    let (profile, summary) = build_whole_profile(
+    let (mut profile, summary) = build_whole_profile(
         aggregated,
-        period_ns(config.sampling.frequency_hz),
+        target.period_ns,
         &Labeler::new(&config.metadata, &config.pipeline.host, None),
         &mut symbolizer,
         stats,
     );
+    if target.off_cpu {
+        firn::offcpu::mark_profile(&mut profile);
+    }
     validate(&profile).context("firn built a profile that breaks the pprof rules (a bug)")?;
     let bytes = encode_gzip(&profile);
-    std::fs::write(&config.output, &bytes)
-        .with_context(|| format!("could not write {}", config.output.display()))?;
-    if let Some(path) = &config.flamegraph {
-        write_flamegraph(&profile, "firn record", path)
+    std::fs::write(&target.output, &bytes)
+        .with_context(|| format!("could not write {}", target.output.display()))?;
+    let title = match target.off_cpu {
+        true => "firn record: off-CPU",
+        false => "firn record",
+    };
+    if let Some(path) = &target.flamegraph {
+        write_flamegraph(&profile, title, path)
             .with_context(|| format!("could not write the flame graph {}", path.display()))?;
     }
     Ok(Written {
@@ -239,6 +288,33 @@ fn write_profile(
         dropped,
         summary,
     })
+}
+
+/// The off-CPU profile's line: how much waiting it holds and what was not
+/// kept.
+fn report_off_cpu(target: &Target, bpf: &BpfCounters, written: &Written) {
+    use agent_common::Counter;
+    let lost = bpf.get(Counter::OffCpuLostRingFull);
+    if lost > 0 {
+        warn!(
+            lost,
+            "off-CPU samples were lost (ring buffer full); consider --ring-buffer-size"
+        );
+    }
+    info!(
+        output = %target.output.display(),
+        bytes = written.bytes,
+        periods = written.summary.samples,
+        waited_ms = written.summary.samples.saturating_mul(target.period_ns.max(0) as u64) / 1_000_000,
+        stacks = written.stacks,
+        waits_followed = bpf.get(Counter::OffCpuWaits),
+        waits_not_kept = bpf.get(Counter::OffCpuNotKept),
+        samples_written = bpf.get(Counter::OffCpuWritten),
+        map_full = bpf.get(Counter::OffCpuMapFull),
+        outside_syscalls = bpf.get(Counter::OffCpuOutsideSyscall),
+        lost,
+        "off-CPU profile written"
+    );
 }
 
 /// What was lost, and the summary line.

@@ -54,13 +54,17 @@ fn process_key(stack: &SymbolizedStack) -> ProcessKey {
 struct Thread {
     tid: u32,
     name: Option<Comm>,
+    /// An off-CPU sample's `off_cpu_reason`.
+    reason: Option<&'static str>,
 }
 
 fn thread(stack: &SymbolizedStack) -> Option<Thread> {
-    (stack.thread_name.is_some() || stack.tid != stack.image.tgid).then_some(Thread {
-        tid: stack.tid,
-        name: stack.thread_name,
-    })
+    (stack.thread_name.is_some() || stack.tid != stack.image.tgid || stack.reason.is_some())
+        .then_some(Thread {
+            tid: stack.tid,
+            name: stack.thread_name,
+            reason: stack.reason,
+        })
 }
 
 type SampleLabels = Arc<[(String, String)]>;
@@ -71,11 +75,17 @@ fn sample_labels<'a>(
     thread: Option<Thread>,
 ) -> SampleLabels {
     let thread_labels = thread.into_iter().flat_map(|thread| {
-        std::iter::once(("thread_id".to_owned(), thread.tid.to_string())).chain(
-            thread
-                .name
-                .map(|name| ("thread_name".to_owned(), name.to_string())),
-        )
+        std::iter::once(("thread_id".to_owned(), thread.tid.to_string()))
+            .chain(
+                thread
+                    .name
+                    .map(|name| ("thread_name".to_owned(), name.to_string())),
+            )
+            .chain(
+                thread
+                    .reason
+                    .map(|reason| ("off_cpu_reason".to_owned(), reason.to_owned())),
+            )
     });
     labels
         .map(|(name, value)| (name.clone(), value.clone()))

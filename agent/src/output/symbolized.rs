@@ -32,6 +32,8 @@ pub struct SymbolizedStack {
     pub tid: u32,
     /// Set when samples are labelled per thread.
     pub thread_name: Option<Comm>,
+    /// Why an off-CPU sample's thread waited.
+    pub reason: Option<&'static str>,
     pub count: u64,
     /// Indices into [`FrameTable::frames`], leaf first: kernel frames, then
     /// user frames.
@@ -167,6 +169,7 @@ pub fn symbolize_interval(
             metadata: key.metadata.0,
             tid: key.tid,
             thread_name: key.thread_name,
+            reason: key.reason,
             count,
         })
         .collect();

@@ -69,6 +69,7 @@ fn stacks_of_two_processes() -> (ProcessTable, Vec<(StackKey, u64)>) {
         thread_name: None,
         kernel: vec![0xffff_ffff_8100_0000].into(),
         user: vec![crate::runtimes::UserFrame::Native(address)].into(),
+        reason: None,
     };
     let stacks = vec![
         (key(&own, &own_metadata, own.tgid), 3),

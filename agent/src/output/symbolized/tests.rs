@@ -88,6 +88,7 @@ fn every_distinct_frame_is_named_once_and_shared() {
             .copied()
             .map(crate::runtimes::UserFrame::Native)
             .collect(),
+        reason: None,
     };
     let aggregated = interval(vec![
         (key(42, &[0xffff_ffff_8100_0010], &[0x401000, 0x601000]), 3),
