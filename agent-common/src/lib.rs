@@ -80,6 +80,7 @@ pub mod names {
     pub const OFFCPU_KSTACKS: &str = "OFFCPU_KSTACKS";
     pub const OFFCPU_TAIL_CALLS: &str = "OFFCPU_TAIL_CALLS";
     pub const PROG_OFFCPU_SWITCH: &str = "offcpu_switch";
+    pub const PROG_OFFCPU_WAKEUP: &str = "offcpu_wakeup";
     pub const PROG_OFFCPU_SYSCALL_EXIT: &str = "offcpu_syscall_exit";
     pub const PROG_OFFCPU_PYTHON_WALK: &str = "offcpu_python_walk";
 }
@@ -509,8 +510,8 @@ pub struct BpfConfig {
     /// child is followed.
     pub task_tgid_offset: u32,
     /// Byte offset of `pid` (the thread id) in `task_struct`: where the
-    /// off-CPU program reads the id of the task coming on the CPU. Zero:
-    /// unknown, and no wait is kept.
+    /// off-CPU program reads the id of the task woken. Zero: unknown, and
+    /// no wait is kept.
     pub task_pid_offset: u32,
     /// Wake the reader once this many bytes are waiting in the ring buffer;
     /// below that the daemon drains on its own timer.

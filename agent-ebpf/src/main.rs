@@ -494,24 +494,26 @@ unsafe fn user_regs<C: EbpfContext>(
     regs: *const pt_regs,
     record: &mut SampleRecord,
 ) -> Option<UserRegs> {
-    if regs.is_null() {
-        return unsafe { saved_user_regs(ctx, record) };
+    // Null: the program's registers are not the task's (a tracepoint);
+    // only those saved on kernel entry are.
+    if !regs.is_null() {
+        // SAFETY: registers in the context of this run (the caller's
+        // promise), readable for the whole run.
+        let regs = unsafe { &*regs };
+        // Volatile keeps each field one plain 8-byte load from the
+        // context, the only access the verifier allows there.
+        // SAFETY (these four): fields of the valid context above.
+        let cs = unsafe { core::ptr::read_volatile(&regs.cs) };
+        if cs & 3 == 3 {
+            record.flags |= sample_flags::USER_MODE;
+            return Some(UserRegs {
+                ip: unsafe { core::ptr::read_volatile(&regs.rip) },
+                sp: unsafe { core::ptr::read_volatile(&regs.rsp) },
+                bp: unsafe { core::ptr::read_volatile(&regs.rbp) },
+            });
+        }
     }
-    // SAFETY: registers in the context of this run (the caller's promise),
-    // readable for the whole run.
-    let regs = unsafe { &*regs };
-    // Volatile keeps each field one plain 8-byte load from the context,
-    // the only access the verifier allows there.
-    // SAFETY (these four): fields of the valid context above.
-    let cs = unsafe { core::ptr::read_volatile(&regs.cs) };
-    if cs & 3 == 3 {
-        record.flags |= sample_flags::USER_MODE;
-        return Some(UserRegs {
-            ip: unsafe { core::ptr::read_volatile(&regs.rip) },
-            sp: unsafe { core::ptr::read_volatile(&regs.rsp) },
-            bp: unsafe { core::ptr::read_volatile(&regs.rbp) },
-        });
-    }
+    // One call site: the logging in it stays inlined (see `submit`).
     unsafe { saved_user_regs(ctx, record) }
 }
 

@@ -11,9 +11,12 @@
 //!   profiled process gets an entry in `OFFCPU_THREADS`: the time, its
 //!   state, the system call and user stack pointer, and its kernel stack
 //!   (walked into `OFFCPU_KSTACKS`, where equal stacks are stored once).
-//!   The same run also looks at the task coming in (`next`): when it has
-//!   an entry, the wait has just ended and its length `d` is known, so
-//!   this is where it is kept or not.
+//! - `offcpu_wakeup` on `sched_wakeup`, in the waker's context: the task
+//!   woken is runnable again. When it has an entry, its wait has just
+//!   ended and its length `d` is known, so this is where it is kept or
+//!   not. The wait is the time the thread could not run; the time from
+//!   its wakeup until it runs is the scheduler's (run queue) latency, left
+//!   out, as are preemptions.
 //! - `offcpu_syscall_exit` on `sys_exit`, in the context of the thread
 //!   that waited, when its system call returns: its user stack, registers
 //!   and interpreter frames are still exactly those it left the CPU with
@@ -166,15 +169,6 @@ pub fn offcpu_switch(ctx: RawTracePointContext) -> u32 {
     if period_ns == 0 {
         return 0;
     }
-    let next: u64 = ctx.arg(2);
-    if config.task_pid_offset != 0 {
-        let at = next.wrapping_add(u64::from(config.task_pid_offset)) as *const i32;
-        // SAFETY: the helper reads kernel memory and fails rather than
-        // faults; the offset is `task_struct.pid`'s in the running kernel.
-        if let Ok(tid) = unsafe { bpf_probe_read_kernel(at) } {
-            switched_in(tid as u32, period_ns);
-        }
-    }
     let preempt: u64 = ctx.arg(0);
     let state = ctx.arg::<u64>(3) as u32;
     // Preempted or yielding: runnable, not waiting.
@@ -252,10 +246,29 @@ unsafe fn walk_kernel(ctx: &RawTracePointContext, on: bool, waiting: &mut Waitin
     }
 }
 
-/// The thread `tid` is coming back on the CPU: when it was waiting, its
-/// wait is kept as some periods, or not at all.
+/// `sched_wakeup(struct task_struct *p)`, in the waker's context: `p` is
+/// runnable again, so its wait has ended; when it is followed, the wait
+/// is kept as some periods, or not at all. The time from here until it
+/// runs is the scheduler's latency, not a wait of the thread's.
+#[raw_tracepoint(tracepoint = "sched_wakeup")]
+pub fn offcpu_wakeup(ctx: RawTracePointContext) -> u32 {
+    let config = config();
+    let period_ns = config.off_cpu_period_ns;
+    if period_ns == 0 || config.task_pid_offset == 0 {
+        return 0;
+    }
+    let task: u64 = ctx.arg(0);
+    let at = task.wrapping_add(u64::from(config.task_pid_offset)) as *const i32;
+    // SAFETY: the helper reads kernel memory and fails rather than
+    // faults; the offset is `task_struct.pid`'s in the running kernel.
+    if let Ok(tid) = unsafe { bpf_probe_read_kernel(at) } {
+        woken(tid as u32, period_ns);
+    }
+    0
+}
+
 #[inline(always)]
-fn switched_in(tid: u32, period_ns: u64) {
+fn woken(tid: u32, period_ns: u64) {
     let Some(entry) = OFFCPU_THREADS.get_ptr_mut(&tid) else {
         return;
     };

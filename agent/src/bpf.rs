@@ -177,10 +177,8 @@ impl BpfSampler {
             true => follow::tgid_offset(),
             false => None,
         };
-        let mut bpf_config = bpf_config(config, ring_buffer_bytes, task_tgid_offset);
-        if bpf_config.off_cpu_period_ns != 0 {
-            bpf_config.task_pid_offset = offcpu::pid_offset()?;
-        }
+        let bpf_config =
+            offcpu::with_pid_offset(bpf_config(config, ring_buffer_bytes, task_tgid_offset))?;
         let log_level = program_log::level();
         let mut ebpf = load_object(&bpf_config, ring_buffer_bytes, log_level)?;
 
@@ -219,13 +217,7 @@ impl BpfSampler {
             ),
         };
 
-        let stats = match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
-            Ok(fd) => Some(fd),
-            Err(error) => {
-                debug!(%error, "BPF run-time statistics unavailable");
-                None
-            }
-        };
+        let stats = run_time_stats();
 
         let mut sampler = Self {
             ebpf,
@@ -523,6 +515,18 @@ fn read_counters(map: &PerCpuArray<MapData, u64>) -> BpfCounters {
     totals
 }
 
+/// Turns the kernel's BPF run-time statistics on while the descriptor is
+/// held, when it lets firn.
+fn run_time_stats() -> Option<OwnedFd> {
+    match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
+        Ok(fd) => Some(fd),
+        Err(error) => {
+            debug!(%error, "BPF run-time statistics unavailable");
+            None
+        }
+    }
+}
+
 /// One scratch slot per possible CPU (the BPF program indexes them by CPU
 /// number).
 fn scratch_slots() -> u32 {
@@ -618,9 +622,7 @@ fn bpf_config(
         task_pid_offset: 0,
         // Wake the reader at an eighth full; it drains on a timer too.
         wakeup_bytes: u64::from(ring_buffer_bytes / 8),
-        off_cpu_period_ns: config
-            .off_cpu_period
-            .map_or(0, |period| offcpu::period_ns(period)),
+        off_cpu_period_ns: config.off_cpu_period.map_or(0, offcpu::period_ns),
     }
 }
 

@@ -7,8 +7,9 @@
  * prints how long each wait really took, in total, in nanoseconds.
  *
  * `offcpu pingpong SECONDS`: two threads bounce a byte over two pipes as
- * fast as they can; each prints the time it spent off the CPU (wall time
- * minus its CPU time) and the round trips made. */
+ * fast as they can; together they print the time they were blocked (wall
+ * time minus CPU time minus time runnable on a run queue, from
+ * /proc/thread-self/schedstat) and the reads they made. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
@@ -119,8 +120,20 @@ struct bouncer {
     uint64_t off_cpu_ns, trips;
 };
 
+/* The calling thread's time waiting on a run queue (runnable, not
+ * running), from the scheduler's statistics. */
+static uint64_t run_delay_ns(void) {
+    unsigned long long cpu = 0, delay = 0;
+    FILE *file = fopen("/proc/thread-self/schedstat", "r");
+    if (!file) return 0;
+    if (fscanf(file, "%llu %llu", &cpu, &delay) != 2) delay = 0;
+    fclose(file);
+    return delay;
+}
+
 __attribute__((noinline)) void bounce(struct bouncer *b) {
     char byte = 0;
+    uint64_t delay = run_delay_ns();
     uint64_t wall = clock_ns(CLOCK_MONOTONIC), cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     if (b->first && write(b->out, &byte, 1) != 1) return;
     for (;;) {
@@ -134,7 +147,10 @@ __attribute__((noinline)) void bounce(struct bouncer *b) {
         }
         if (write(b->out, &byte, 1) != 1) break;
     }
-    b->off_cpu_ns = (clock_ns(CLOCK_MONOTONIC) - wall) - (clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu);
+    cpu = clock_ns(CLOCK_THREAD_CPUTIME_ID) - cpu;
+    wall = clock_ns(CLOCK_MONOTONIC) - wall;
+    /* Blocked: neither running nor runnable. */
+    b->off_cpu_ns = wall - cpu - (run_delay_ns() - delay);
 }
 
 static void *bouncer_thread(void *arg) {

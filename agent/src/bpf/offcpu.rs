@@ -1,12 +1,12 @@
 //! Attaching the off-CPU programs (`agent-ebpf/src/offcpu.rs`), only when
 //! off-CPU profiling is on: `offcpu_syscall_exit` on the `sys_exit` raw
-//! tracepoint with its interpreter walker, then `offcpu_switch` on
-//! `sched_switch`. The exit side goes first, so no kept wait is stored
-//! with nothing there to write it.
+//! tracepoint with its interpreter walker, `offcpu_wakeup` on
+//! `sched_wakeup`, then `offcpu_switch` on `sched_switch`. The ends of a
+//! wait go first, so no wait is stored with nothing there to end it.
 
 use std::{path::Path, time::Duration};
 
-use agent_common::{names, tail_calls};
+use agent_common::{BpfConfig, names, tail_calls};
 use aya::{Ebpf, maps::ProgramArray, programs::RawTracePoint};
 use tracing::debug;
 
@@ -25,10 +25,14 @@ pub(super) fn period_ns(period: Duration) -> u64 {
         .max(1)
 }
 
-/// Where `offcpu_switch` reads the id of the task coming on the CPU.
-pub(super) fn pid_offset() -> Result<u32, BpfError> {
-    btf::task_pid_offset(Path::new(btf::VMLINUX_BTF))
-        .map_err(|source| BpfError::OffCpuBtf { source })
+/// `config` with where `offcpu_wakeup` reads the id of the task woken,
+/// when off-CPU profiling is on.
+pub(super) fn with_pid_offset(mut config: BpfConfig) -> Result<BpfConfig, BpfError> {
+    if config.off_cpu_period_ns != 0 {
+        config.task_pid_offset = btf::task_pid_offset(Path::new(btf::VMLINUX_BTF))
+            .map_err(|source| BpfError::OffCpuBtf { source })?;
+    }
+    Ok(config)
 }
 
 pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), BpfError> {
@@ -55,6 +59,7 @@ pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), BpfError> {
 
     for (name, tracepoint) in [
         (names::PROG_OFFCPU_SYSCALL_EXIT, "sys_exit"),
+        (names::PROG_OFFCPU_WAKEUP, "sched_wakeup"),
         (names::PROG_OFFCPU_SWITCH, "sched_switch"),
     ] {
         let program: &mut RawTracePoint = program_mut(ebpf, name)?;

@@ -99,30 +99,14 @@ pub async fn run(config: &RecordConfig) -> Result<u8> {
         &stats,
     )
     .await?;
-    let cpu = Target {
-        output: config.output.clone(),
-        flamegraph: config.flamegraph.clone(),
-        period_ns: period_ns(config.sampling.frequency_hz),
-        off_cpu: false,
-    };
-    let written = write_profile(config, &cpu, recording.aggregated, &stats)?;
-    report(config, &recording.bpf, recording.run_time, &written, &stats);
-    if config.summary {
-        print_summary(&cpu, &written.profile);
-    }
-    if let (Some(aggregated), Some(period)) = (recording.off_cpu, config.sampling.off_cpu_period) {
-        let off_cpu = Target {
-            output: firn::offcpu::beside(&config.output),
-            flamegraph: config.flamegraph.as_deref().map(firn::offcpu::beside),
-            period_ns: i64::try_from(period.as_nanos()).unwrap_or(i64::MAX),
-            off_cpu: true,
-        };
-        let written = write_profile(config, &off_cpu, aggregated, &stats)?;
-        report_off_cpu(&off_cpu, &recording.bpf, &written);
-        if config.summary {
-            print_summary(&off_cpu, &written.profile);
-        }
-    }
+    write_profiles(
+        config,
+        recording.aggregated,
+        recording.off_cpu,
+        &recording.bpf,
+        recording.run_time,
+        &stats,
+    )?;
     let Some(command) = command else {
         return Ok(0);
     };
@@ -134,6 +118,43 @@ pub async fn run(config: &RecordConfig) -> Result<u8> {
         .context("could not read the command's exit status")?;
     info!(%status, "the command exited");
     Ok(shell_status(status))
+}
+
+/// Writes the CPU profile and, with `--off-cpu`, the off-CPU one beside
+/// it, each with its flame graph and summary.
+fn write_profiles(
+    config: &RecordConfig,
+    aggregated: AggregatedProfile,
+    off_cpu: Option<AggregatedProfile>,
+    bpf: &BpfCounters,
+    run_time: Option<ProgramRunTime>,
+    stats: &Arc<Stats>,
+) -> Result<()> {
+    let cpu = Target {
+        output: config.output.clone(),
+        flamegraph: config.flamegraph.clone(),
+        period_ns: period_ns(config.sampling.frequency_hz),
+        off_cpu: false,
+    };
+    let written = write_profile(config, &cpu, aggregated, stats)?;
+    report(config, bpf, run_time, &written, stats);
+    if config.summary {
+        print_summary(&cpu, &written.profile);
+    }
+    if let (Some(aggregated), Some(period)) = (off_cpu, config.sampling.off_cpu_period) {
+        let off_cpu = Target {
+            output: firn::offcpu::beside(&config.output),
+            flamegraph: config.flamegraph.as_deref().map(firn::offcpu::beside),
+            period_ns: i64::try_from(period.as_nanos()).unwrap_or(i64::MAX),
+            off_cpu: true,
+        };
+        let written = write_profile(config, &off_cpu, aggregated, stats)?;
+        report_off_cpu(&off_cpu, bpf, &written);
+        if config.summary {
+            print_summary(&off_cpu, &written.profile);
+        }
+    }
+    Ok(())
 }
 
 /// What one recording sampled.

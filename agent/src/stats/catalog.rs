@@ -650,12 +650,16 @@ declare_metrics! {
         "Waits of threads of profiled processes seen by the off-CPU programs (--off-cpu), by \
         result: followed (the switch-out time was stored), not_kept (shorter than the \
         period and not drawn: expected, it is how the cost stays bounded), map_full (not \
-        followed: too many threads were off the CPU at once)."
+        followed: too many threads were off the CPU at once), outside_syscall (a wait outside \
+        any system call, e.g. a page fault: not sampled), stale (kept, but the system call \
+        that returned was not the one that waited: not written)."
     {
         bpf: [
             OffCpuWaits { result = "followed" },
             OffCpuNotKept { result = "not_kept" },
             OffCpuMapFull { result = "map_full" },
+            OffCpuOutsideSyscall { result = "outside_syscall" },
+            OffCpuStale { result = "stale" },
         ],
     }
     off_cpu_samples: Counter,

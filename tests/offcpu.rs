@@ -1,0 +1,239 @@
+//! End to end: off-CPU profiles (`--off-cpu`) from the real BPF programs,
+//! against a workload that says how long it really waited.
+
+mod common;
+
+use std::{
+    collections::HashMap,
+    path::Path,
+    process::{Command, Output},
+    time::Duration,
+};
+
+use agent_pprof::{Reader, proto::Profile};
+use common::*;
+
+/// Builds the off-CPU workload (`tests/workloads/offcpu.c`).
+fn workload(dir: &Path) -> std::path::PathBuf {
+    build_c(
+        dir,
+        "offcpu.c",
+        "offcpu",
+        &[&FP_FLAGS[..], &["-pthread"]].concat(),
+    )
+}
+
+/// `firn record ARGS -- COMMAND`; the output, the CPU profile and the
+/// off-CPU one.
+fn record_off_cpu(dir: &Path, args: &[&str], command: &[&str]) -> (Output, Profile, Profile) {
+    let (output, cpu) = record(dir, &[args, &["--"], command].concat());
+    let path = dir.join("profile.offcpu.pb.gz");
+    let bytes = std::fs::read(&path).expect("firn wrote the off-CPU profile");
+    let off_cpu = agent_pprof::decode(&bytes).expect("the off-CPU profile decodes as pprof");
+    (output, cpu, off_cpu)
+}
+
+/// `NAME VALUE` lines of the workload's output.
+fn truths(output: &Output) -> HashMap<String, u64> {
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(' ')?;
+            Some((name.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Nanoseconds waited per sample, with its function names (root first)
+/// and labels.
+fn waits(profile: &Profile) -> Vec<(Vec<String>, i64, HashMap<String, String>)> {
+    let reader = Reader::new(profile);
+    assert_eq!(
+        reader.sample_types(),
+        vec![("samples", "count"), ("off_cpu", "nanoseconds")],
+        "the off-CPU profile's values"
+    );
+    reader
+        .samples()
+        .map(|sample| {
+            let mut names = sample.function_names();
+            names.reverse();
+            let labels = sample
+                .labels()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            (names, sample.sample.value[1], labels)
+        })
+        .collect()
+}
+
+fn waited_in(
+    waits: &[(Vec<String>, i64, HashMap<String, String>)],
+    function: &str,
+) -> (i64, Vec<String>) {
+    let mut reasons = Vec::new();
+    let total = waits
+        .iter()
+        .filter(|(names, _, _)| names.iter().any(|n| n == function))
+        .inspect(|(_, _, labels)| reasons.extend(labels.get("off_cpu_reason").cloned()))
+        .map(|(_, ns, _)| ns)
+        .sum();
+    reasons.sort();
+    reasons.dedup();
+    (total, reasons)
+}
+
+#[test]
+fn each_wait_is_attributed_to_its_function_within_ten_percent() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = workload(dir.path());
+    let binary = binary.to_str().expect("utf-8 path");
+    let (output, cpu, off_cpu) =
+        record_off_cpu(dir.path(), &["--off-cpu"], &[binary, "waits", "5"]);
+    let truth = truths(&output);
+    let waits = waits(&off_cpu);
+    let describe_waits = || {
+        waits
+            .iter()
+            .map(|(names, ns, labels)| format!("{} {ns} {labels:?}", names.join(";")))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for (function, path, reason) in [
+        ("sleep_wait", &["main", "sleep_wait"][..], "sleep"),
+        ("pipe_wait", &["main", "pipe_wait"][..], "io"),
+        (
+            "lock_wait",
+            &["main", "lock_wait", "pthread_mutex_lock"][..],
+            "futex",
+        ),
+    ] {
+        let real = truth[function] as f64;
+        let (estimated, reasons) = waited_in(&waits, function);
+        let error = (estimated as f64 - real).abs() / real;
+        assert!(
+            error < 0.10,
+            "{function}: {estimated} ns estimated, {real} ns waited ({:.1}% off):\n{}",
+            error * 100.0,
+            describe_waits()
+        );
+        assert!(
+            waits.iter().any(|(names, _, _)| holds_chain(names, path)
+                && names.last().is_some_and(|leaf| leaf == "__schedule")),
+            "{function}: named in order from main to the scheduler:\n{}",
+            describe_waits()
+        );
+        assert_eq!(
+            reasons,
+            vec![reason.to_owned()],
+            "{function}'s off_cpu_reason"
+        );
+    }
+    // The CPU profile is where the CPU went: burn, and no wait.
+    let cpu_names: Vec<String> = Reader::new(&cpu)
+        .samples()
+        .flat_map(|sample| sample.function_names())
+        .collect();
+    assert!(
+        cpu_names.iter().any(|n| n == "burn"),
+        "burn on the CPU: {cpu_names:?}"
+    );
+    assert!(
+        !cpu_names.iter().any(|n| n == "sleep_wait"),
+        "no sleep in the CPU profile"
+    );
+}
+
+#[test]
+fn a_200k_switches_a_second_ping_pong_stays_bounded_and_estimated() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = workload(dir.path());
+    let binary = binary.to_str().expect("utf-8 path");
+    let seconds = 5;
+    let period = Duration::from_millis(1);
+    let (output, _, off_cpu) = record_off_cpu(
+        dir.path(),
+        &["--off-cpu=1ms"],
+        &[binary, "pingpong", &seconds.to_string()],
+    );
+    let truth = truths(&output);
+    let log = String::from_utf8_lossy(&output.stderr);
+    let switches_per_second = truth["trips"] / seconds;
+    eprintln!("{switches_per_second} reads a second");
+    assert!(
+        switches_per_second >= 100_000,
+        "the ping-pong is fast enough to mean something: {switches_per_second}/s"
+    );
+    let written = log_field(&log, "off-CPU profile written", "samples_written")
+        .expect("the off-CPU line counts the samples written");
+    let followed = log_field(&log, "off-CPU profile written", "waits_followed").expect("waits");
+    // Two threads each waiting at most a second a second: at most two
+    // seconds' worth of periods a second, whatever the switch rate.
+    let bound = 2 * Duration::from_secs(1).as_nanos() as u64 / period.as_nanos() as u64;
+    let rate = written / seconds;
+    assert!(
+        rate <= bound,
+        "{rate} off-CPU samples a second, over the bound of {bound} ({followed} waits)"
+    );
+    assert!(
+        followed > 20 * written,
+        "most waits are not kept: {followed} waits, {written} samples"
+    );
+    let waits = waits(&off_cpu);
+    let (estimated, reasons) = waited_in(&waits, "bounce");
+    let real = truth["off_cpu_ns"] as f64;
+    let error = (estimated as f64 - real).abs() / real;
+    eprintln!(
+        "ping-pong: {estimated} ns estimated, {real} ns blocked ({:.1}% off), {rate} samples/s, {followed} waits",
+        error * 100.0
+    );
+    assert!(
+        error < 0.10,
+        "ping-pong: {estimated} ns estimated, {real} ns off the CPU ({:.1}% off)",
+        error * 100.0
+    );
+    assert_eq!(reasons, vec!["io".to_owned()]);
+}
+
+#[test]
+fn off_by_default_nothing_is_attached_to_the_scheduler() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let programs = || {
+        let output = Command::new("bpftool")
+            .args(["prog", "show"])
+            .output()
+            .expect("bpftool lists the loaded BPF programs");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    for (args, attached) in [
+        (&["--duration", "30s"][..], false),
+        (&["--duration", "30s", "--off-cpu"][..], true),
+    ] {
+        let mut recording = Recording::start(dir.path(), args);
+        recording.wait_until_sampling();
+        let loaded = programs();
+        assert!(
+            loaded.contains("sample_cpu"),
+            "firn's sampler is loaded:\n{loaded}"
+        );
+        assert_eq!(
+            loaded.contains("offcpu_switch"),
+            attached,
+            "sched_switch program loaded with {args:?}:\n{loaded}"
+        );
+        let (_, profile) = recording.interrupt();
+        assert!(!Reader::new(&profile).sample_types().is_empty());
+        assert_eq!(
+            dir.path().join("profile.offcpu.pb.gz").exists(),
+            attached,
+            "an off-CPU profile only with --off-cpu"
+        );
+        let _ = std::fs::remove_file(dir.path().join("profile.offcpu.pb.gz"));
+    }
+}
