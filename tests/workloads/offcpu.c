@@ -6,8 +6,9 @@
  * thread keeps (lock_wait, a futex), and burns 300 ms of CPU (burn). It
  * prints how long each wait really took, in total, in nanoseconds.
  *
- * `offcpu pingpong SECONDS`: two threads bounce a byte over two pipes as
- * fast as they can; together they print the time they were blocked (wall
+ * `offcpu pingpong SECONDS [PAUSE_US]`: two threads bounce a byte over two
+ * pipes as fast as they can (or the first spins PAUSE_US before each
+ * bounce, to set the rate); together they print the time they were blocked (wall
  * time minus CPU time minus time runnable on a run queue, from
  * /proc/thread-self/schedstat) and the reads they made. */
 #define _GNU_SOURCE
@@ -113,7 +114,7 @@ static int waits(int cycles) {
 }
 
 static int ping[2], pong[2];
-static uint64_t pingpong_end;
+static uint64_t pingpong_end, pause_ns;
 
 struct bouncer {
     int in, out, first;
@@ -144,6 +145,12 @@ __attribute__((noinline)) void bounce(struct bouncer *b) {
             if (write(b->out, &byte, 1) != 1) {
             }
             break;
+        }
+        if (b->first && pause_ns) {
+            /* Spun, not slept: the pause adds no wait of its own. */
+            uint64_t until = clock_ns(CLOCK_MONOTONIC) + pause_ns;
+            while (clock_ns(CLOCK_MONOTONIC) < until) {
+            }
         }
         if (write(b->out, &byte, 1) != 1) break;
     }
@@ -177,7 +184,10 @@ static int pingpong(int seconds) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "waits") == 0) return waits(atoi(argv[2]));
-    if (argc == 3 && strcmp(argv[1], "pingpong") == 0) return pingpong(atoi(argv[2]));
-    fprintf(stderr, "usage: offcpu waits CYCLES | offcpu pingpong SECONDS\n");
+    if ((argc == 3 || argc == 4) && strcmp(argv[1], "pingpong") == 0) {
+        if (argc == 4) pause_ns = strtoull(argv[3], 0, 10) * 1000;
+        return pingpong(atoi(argv[2]));
+    }
+    fprintf(stderr, "usage: offcpu waits CYCLES | offcpu pingpong SECONDS [PAUSE_US]\n");
     return 2;
 }

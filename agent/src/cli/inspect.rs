@@ -83,7 +83,11 @@ impl From<&ReportArgs> for ReportConfig {
 impl From<&TopArgs> for TopConfig {
     fn from(args: &TopArgs) -> Self {
         Self {
-            sampling: args.sampling.sampling(),
+            // `top` shows CPU time only: no off-CPU programs attached.
+            sampling: crate::sampler::SamplingConfig {
+                off_cpu_period: None,
+                ..args.sampling.sampling()
+            },
             pipeline: pipeline(&args.sampling, &args.symbols),
             symbols: args.symbols.symbols(),
             metadata: MetadataConfig {

@@ -118,6 +118,11 @@ pub enum ConfigError {
     )]
     NoStacks,
     #[error(
+        "--off-cpu is taken by `firn record` only so far: the agent and `firn top` do not \
+         push or show off-CPU profiles yet"
+    )]
+    OffCpuRecordOnly,
+    #[error(
         "destinations[{index}] must name one server: remote-store-address (Parca) or \
          pyroscope-url (Pyroscope)"
     )]
