@@ -6,11 +6,13 @@
 //!
 //! reads the post-mortem constants of `/proc/PID/exe`, stops the process
 //! (ptrace) for the moment it takes to read its registers and walk its main
-//! thread's frame pointers, and names the function slot of every frame,
-//! reading the process only through a recorder. With OUTPUT it writes
-//! `OUTPUT.mem.gz` (every byte range read, in `agent_fixtures::memory`
-//! format) and `OUTPUT.txt` (the registers the walk started from); it
-//! prints what it named, which the tests then expect of the same reads.
+//! thread's frame pointers, and names the function slot of every frame
+//! (name, file, line, tier), reading the process only through a recorder.
+//! With OUTPUT it writes `OUTPUT.mem.gz` (every byte range read, in
+//! `agent_fixtures::memory` format) and `OUTPUT.txt` (the registers the
+//! walk started from, and where the builtins are when the interpreter runs
+//! the executable's own); it prints what it named, which the tests then
+//! expect of the same reads.
 //!
 //! ```text
 //! cargo run -p firn --example v8_capture -- PID --samples N
@@ -26,7 +28,7 @@ use std::{fmt::Write as _, io::Write as _};
 use agent_fixtures::memory::Regions;
 use agent_runtimes::{
     Memory, MemoryError,
-    v8::{Layout, V8Namer, inspect_object},
+    v8::{ChainFrame, Layout, V8Namer, inspect_object},
 };
 use anyhow::{Context, Result, bail};
 use firn::runtimes::ProcessMemory;
@@ -106,6 +108,7 @@ fn main() -> Result<()> {
         object.builtins
     );
     let layout = Layout::new(&constants)?;
+    let builtins = builtins_in_process(pid, object.builtins)?;
     let mut recorder = Recorder {
         process: ProcessMemory::new(pid),
         regions: Regions::default(),
@@ -118,25 +121,22 @@ fn main() -> Result<()> {
             "registers {:#x} {:#x} {:#x}",
             regs.rip, regs.rbp, regs.rsp
         )?;
+        // Builtins no frame returns into are a copy V8 does not run.
+        let builtins = builtins.filter(|builtins| {
+            frame_pcs(&mut recorder, regs)
+                .iter()
+                .any(|pc| builtins.contains(pc))
+        });
+        if let Some(builtins) = &builtins {
+            writeln!(meta, "builtins {:#x} {:#x}", builtins.start, builtins.end)?;
+        }
         let mut pc = regs.rip;
         let mut fp = regs.rbp;
         for index in 0..MAX_FRAMES {
             if fp == 0 {
                 break;
             }
-            let slot = fp.wrapping_add_signed(layout.frame.function);
-            let mut word = [0; 8];
-            let function = recorder
-                .read(slot, &mut word)
-                .map(|()| u64::from_le_bytes(word));
-            match function.map(|function| namer.name(&mut recorder, function)) {
-                Ok(Ok(named)) => println!(
-                    "{index:3} pc {pc:#x} fp {fp:#x} {} {}",
-                    named.name, named.file
-                ),
-                Ok(Err(error)) => println!("{index:3} pc {pc:#x} fp {fp:#x} ({})", error.reason()),
-                Err(error) => println!("{index:3} pc {pc:#x} fp {fp:#x} slot unreadable: {error}"),
-            }
+            print_frame(&mut recorder, &mut namer, builtins.as_ref(), index, pc, fp);
             let mut next = [0; 16];
             if recorder.read(fp, &mut next).is_err() {
                 break;
@@ -167,6 +167,104 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// Where the embedded builtins are in the process: their link-time range
+/// moved by the executable's load bias, unless V8 runs a copy of them
+/// (Node 24 copies them next to its generated code, and the originals are
+/// never run; then no range).
+fn builtins_in_process(
+    pid: u32,
+    builtins: Option<std::ops::Range<u64>>,
+) -> Result<Option<std::ops::Range<u64>>> {
+    let Some(builtins) = builtins else {
+        return Ok(None);
+    };
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))?;
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    let exe = exe.to_string_lossy();
+    // The first mapping of the executable is at its lowest address; an
+    // executable linked at a fixed address (Node's is) has no bias.
+    let base = maps
+        .lines()
+        .find(|line| line.ends_with(&*exe))
+        .and_then(|line| line.split('-').next())
+        .and_then(|start| u64::from_str_radix(start, 16).ok())
+        .context("the executable is not mapped")?;
+    let bias = if base <= builtins.start { 0 } else { base };
+    Ok(Some(builtins.start + bias..builtins.end + bias))
+}
+
+/// Names one frame and prints it.
+fn print_frame(
+    recorder: &mut Recorder,
+    namer: &mut V8Namer,
+    builtins: Option<&std::ops::Range<u64>>,
+    index: usize,
+    pc: u64,
+    fp: u64,
+) {
+    let layout = *namer.layout();
+    let frame = read_frame(recorder, &layout, pc, fp);
+    let named = frame
+        .function
+        .map(|function| namer.name(recorder, function));
+    match named {
+        Some(Ok(named)) => {
+            let tier = namer
+                .tier(recorder, &frame, builtins)
+                .map_or("?", |tier| tier.as_str());
+            println!(
+                "{index:3} pc {pc:#x} fp {fp:#x} {} {}{} [{tier}]",
+                named.name,
+                named.file,
+                named
+                    .position
+                    .map(|at| format!(":{}:{}", at.line, at.column))
+                    .unwrap_or_default()
+            );
+        }
+        Some(Err(error)) => {
+            println!("{index:3} pc {pc:#x} fp {fp:#x} ({})", error.reason())
+        }
+        None => println!("{index:3} pc {pc:#x} fp {fp:#x} slot unreadable"),
+    }
+}
+
+/// The pc of each frame of the chain.
+fn frame_pcs(memory: &mut dyn Memory, regs: &Registers) -> Vec<u64> {
+    let mut pcs = vec![regs.rip];
+    let mut fp = regs.rbp;
+    let mut next = [0; 16];
+    while pcs.len() < MAX_FRAMES && memory.read(fp, &mut next).is_ok() {
+        let caller = u64::from_le_bytes(next[..8].try_into().unwrap_or_default());
+        pcs.push(u64::from_le_bytes(next[8..].try_into().unwrap_or_default()));
+        if caller <= fp {
+            break;
+        }
+        fp = caller;
+    }
+    pcs
+}
+
+/// A frame's slots, read through `memory` (so a capture holds them).
+fn read_frame(memory: &mut dyn Memory, layout: &Layout, pc: u64, fp: u64) -> ChainFrame {
+    let mut slot = |offset: i64| {
+        let mut word = [0; 8];
+        memory
+            .read(fp.wrapping_add_signed(offset), &mut word)
+            .ok()
+            .map(|()| u64::from_le_bytes(word))
+    };
+    ChainFrame {
+        pc,
+        fp,
+        function: slot(layout.frame.function),
+        bytecode: [
+            slot(layout.frame.bytecode_array),
+            slot(layout.frame.bytecode_offset),
+        ],
+    }
+}
+
 /// The JavaScript frames of one stop, innermost first, and how many
 /// frames the chain had.
 fn named_stack(
@@ -180,15 +278,21 @@ fn named_stack(
     let mut frames = 0;
     while fp != 0 && frames < MAX_FRAMES {
         frames += 1;
-        let mut word = [0; 8];
-        if memory
-            .read(fp.wrapping_add_signed(layout.frame.function), &mut word)
-            .is_ok()
-            && let Ok(named) = namer.name(memory, u64::from_le_bytes(word))
+        let frame = read_frame(memory, &layout, 0, fp);
+        if let Some(function) = frame.function
+            && let Ok(named) = namer.name(memory, function)
         {
             let file = named.file.rsplit('/').next().unwrap_or_default().to_owned();
-            names.push(format!("{}@{file}", named.name));
+            let line = named
+                .position
+                .map(|at| format!(":{}", at.line))
+                .unwrap_or_default();
+            let tier = namer
+                .tier(memory, &frame, None)
+                .map_or("?", |tier| tier.as_str());
+            names.push(format!("{}@{file}{line}/{tier}", named.name));
         }
+        let mut word = [0; 8];
         if memory.read(fp, &mut word).is_err() {
             break;
         }
