@@ -13,7 +13,7 @@
 //! the end must close the function (`}`, or the end of an arrow function's
 //! expression body, which V8 marks one past its last character) and the
 //! start must open its parameters (`(`) or be an arrow function's lone
-//! parameter. A function whose source firn cannot read (external strings,
+//! parameter (followed by `=>`). A function whose source firn cannot read (external strings,
 //! as Node's own modules are) or whose positions no pair matches has no
 //! line: never a guessed one.
 
@@ -103,9 +103,13 @@ pub(crate) fn start_position(
     Ok(None)
 }
 
+/// Longest parameter name of an arrow function `x => …` looked through.
+const MAX_ARROW_PARAMETER: u64 = 64;
+
 /// Whether the source between `start` and `end` looks like a function:
-/// `(`…`}`, `(`…expression or `a =>`…; a string firn cannot read
-/// confirms nothing.
+/// `(`…, or `x =>`… (an arrow function's lone parameter), ending on a
+/// character that is not a space; a string firn cannot read confirms
+/// nothing.
 fn confirmed(
     memory: &mut dyn Memory,
     layout: &Layout,
@@ -113,19 +117,64 @@ fn confirmed(
     start: u64,
     end: u64,
 ) -> Result<bool, NameError> {
-    let unit = |memory: &mut dyn Memory, index| match unit_at(memory, layout, source, index) {
+    let Some(last) = unit(memory, layout, source, end - 1)? else {
+        return Ok(false);
+    };
+    if char_of(last).is_whitespace() {
+        return Ok(false);
+    }
+    let Some(first) = unit(memory, layout, source, start)? else {
+        return Ok(false);
+    };
+    if first == u16::from(b'(') {
+        return Ok(true);
+    }
+    if !is_identifier_start(char_of(first)) {
+        return Ok(false);
+    }
+    // The parameter, spaces, then `=>`.
+    let mut at = start + 1;
+    let limit = end.min(start + MAX_ARROW_PARAMETER);
+    while at < limit {
+        let Some(next) = unit(memory, layout, source, at)? else {
+            return Ok(false);
+        };
+        let next = char_of(next);
+        if next == '=' {
+            let arrow = unit(memory, layout, source, at + 1)?;
+            return Ok(at + 1 < end && arrow == Some(u16::from(b'>')));
+        }
+        if !(is_identifier_part(next) || next.is_whitespace()) {
+            return Ok(false);
+        }
+        at += 1;
+    }
+    Ok(false)
+}
+
+fn unit(
+    memory: &mut dyn Memory,
+    layout: &Layout,
+    source: u64,
+    index: u64,
+) -> Result<Option<u16>, NameError> {
+    match unit_at(memory, layout, source, index) {
         Ok(unit) => Ok(Some(unit)),
         Err(NameError::ExternalString { .. }) => Ok(None),
         Err(error) => Err(error),
-    };
-    let (Some(first), Some(last)) = (unit(memory, start)?, unit(memory, end - 1)?) else {
-        return Ok(false);
-    };
-    let opens = first == u16::from(b'(')
-        || char::from_u32(u32::from(first))
-            .is_some_and(|c| c.is_alphabetic() || c == '_' || c == '$');
-    let closes = !char::from_u32(u32::from(last)).is_some_and(char::is_whitespace);
-    Ok(opens && closes)
+    }
+}
+
+fn char_of(unit: u16) -> char {
+    char::from_u32(u32::from(unit)).unwrap_or(char::REPLACEMENT_CHARACTER)
+}
+
+fn is_identifier_start(c: char) -> bool {
+    c.is_alphabetic() || c == '_' || c == '$'
+}
+
+fn is_identifier_part(c: char) -> bool {
+    is_identifier_start(c) || c.is_numeric()
 }
 
 /// `start` as line and column: from the Script's `line_ends` when V8 has

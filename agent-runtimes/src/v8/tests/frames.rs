@@ -28,7 +28,7 @@ impl Replay {
         Some(u64::from_le_bytes(bytes))
     }
 
-    fn write(&mut self, address: u64, value: u64) {
+    pub(super) fn write(&mut self, address: u64, value: u64) {
         assert!(
             self.0.get(address, 8).is_some(),
             "{address:#x} was not captured"

@@ -6,7 +6,7 @@
 use agent_fixtures::v8::CAPTURES;
 
 use super::frames::{SCRIPT, load, stack_copy};
-use crate::v8::{Position, StackCopy, Tier, V8Namer, walk_chain};
+use crate::v8::{Position, StackCopy, Tier, V8Namer, heap::read_units, walk_chain};
 
 /// Where each function of `tests/workloads/node_chain.js` starts: the
 /// parameter list's `(` (column 1-based), the module wrapper at 1:1.
@@ -136,4 +136,71 @@ fn functions_without_a_readable_source_have_no_line() {
     assert!(!loader.is_empty());
     assert!(loader.iter().all(|named| named.position.is_none()));
     assert!(namer.counts().without_line >= loader.len() as u64);
+}
+
+/// A start position the source does not confirm (one past the `(`, as a
+/// slot misread would give) is no line, not a wrong one.
+#[test]
+fn a_start_the_source_does_not_confirm_is_no_line() {
+    let index = CAPTURES
+        .iter()
+        .position(|capture| capture.name == "node20-interpreted")
+        .expect("the capture");
+    let mut loaded = load(&CAPTURES[index]);
+    let layout = loaded.layout;
+    let fp = loaded.frame_pointers[0];
+    let function = loaded
+        .memory
+        .word(fp.wrapping_add_signed(layout.frame.function))
+        .expect("captured");
+    let named = V8Namer::new(layout)
+        .name(&mut loaded.memory, function)
+        .expect("named");
+    assert_eq!(&*named.name, "burnLeaf");
+    assert_eq!(
+        named.position,
+        Some(Position {
+            line: 13,
+            column: 18
+        })
+    );
+    // The absolute start, from the captured source.
+    let untag = |tagged| layout.tagging.untag(tagged);
+    let shared = loaded
+        .memory
+        .word(untag(function) + layout.fields.js_function_shared)
+        .expect("captured");
+    let scope_info = loaded
+        .memory
+        .word(untag(shared) + layout.fields.sfi_name_or_scope_info)
+        .expect("captured");
+    let script = loaded
+        .memory
+        .word(untag(shared) + layout.fields.sfi_script)
+        .expect("captured");
+    let source = loaded
+        .memory
+        .word(untag(script) + layout.fields.script_source)
+        .expect("captured");
+    let text = read_units(&mut loaded.memory, &layout, source, 1 << 20).expect("the source");
+    let text = String::from_utf16_lossy(&text);
+    let line_start: usize = text.split_inclusive('\n').take(12).map(str::len).sum();
+    let start = (line_start + 17) as i64;
+    assert_eq!(&text[start as usize..start as usize + 7], "(rounds");
+    let slot = (1..24)
+        .map(|index| untag(scope_info) + 8 * index)
+        .find(|&at| {
+            loaded
+                .memory
+                .word(at)
+                .and_then(|word| layout.tagging.smi(word))
+                == Some(start)
+        })
+        .expect("the ScopeInfo's start position");
+    loaded.memory.write(slot, ((start + 1) as u64) << 32);
+    let named = V8Namer::new(layout)
+        .name(&mut loaded.memory, function)
+        .expect("named");
+    assert_eq!(&*named.name, "burnLeaf");
+    assert_eq!(named.position, None);
 }
