@@ -10,9 +10,8 @@
 //! (name, file, line, tier), reading the process only through a recorder.
 //! With OUTPUT it writes `OUTPUT.mem.gz` (every byte range read, in
 //! `agent_fixtures::memory` format) and `OUTPUT.txt` (the registers the
-//! walk started from, and where the builtins are when the interpreter runs
-//! the executable's own); it prints what it named, which the tests then
-//! expect of the same reads.
+//! walk started from, and where the process runs V8's builtins); it
+//! prints what it named, which the tests then expect of the same reads.
 //!
 //! ```text
 //! cargo run -p firn --example v8_capture -- PID --samples N
@@ -28,7 +27,7 @@ use std::{fmt::Write as _, io::Write as _};
 use agent_fixtures::memory::Regions;
 use agent_runtimes::{
     Memory, MemoryError,
-    v8::{ChainFrame, Layout, V8Namer, inspect_object},
+    v8::{ChainFrame, FileMapping, Layout, V8Namer, V8Object, inspect_object},
 };
 use anyhow::{Context, Result, bail};
 use firn::runtimes::ProcessMemory;
@@ -100,7 +99,7 @@ fn main() -> Result<()> {
     let pid: u32 = pid.parse().context("PID")?;
     let exe = std::fs::read(format!("/proc/{pid}/exe")).context("reading the executable")?;
     let object = inspect_object(&exe)?.context("no v8dbg_ constants")?;
-    let constants = object.constants;
+    let constants = object.constants.clone();
     println!(
         "{} constants ({} skipped), builtins {:x?}",
         constants.len(),
@@ -108,7 +107,7 @@ fn main() -> Result<()> {
         object.builtins
     );
     let layout = Layout::new(&constants)?;
-    let builtins = builtins_in_process(pid, object.builtins)?;
+    let builtins = builtins_in_process(pid, &object)?;
     let mut recorder = Recorder {
         process: ProcessMemory::new(pid),
         regions: Regions::default(),
@@ -121,12 +120,6 @@ fn main() -> Result<()> {
             "registers {:#x} {:#x} {:#x}",
             regs.rip, regs.rbp, regs.rsp
         )?;
-        // Builtins no frame returns into are a copy V8 does not run.
-        let builtins = builtins.filter(|builtins| {
-            frame_pcs(&mut recorder, regs)
-                .iter()
-                .any(|pc| builtins.contains(pc))
-        });
         if let Some(builtins) = &builtins {
             writeln!(meta, "builtins {:#x} {:#x}", builtins.start, builtins.end)?;
         }
@@ -167,30 +160,27 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Where the embedded builtins are in the process: their link-time range
-/// moved by the executable's load bias, unless V8 runs a copy of them
-/// (Node 24 copies them next to its generated code, and the originals are
-/// never run; then no range).
-fn builtins_in_process(
-    pid: u32,
-    builtins: Option<std::ops::Range<u64>>,
-) -> Result<Option<std::ops::Range<u64>>> {
-    let Some(builtins) = builtins else {
-        return Ok(None);
-    };
+/// Where the process runs the embedded builtins: the executable's
+/// mappings read from `/proc/PID/maps`.
+fn builtins_in_process(pid: u32, object: &V8Object) -> Result<Option<std::ops::Range<u64>>> {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))?;
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
     let exe = exe.to_string_lossy();
-    // The first mapping of the executable is at its lowest address; an
-    // executable linked at a fixed address (Node's is) has no bias.
-    let base = maps
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    let mappings: Vec<FileMapping> = maps
         .lines()
-        .find(|line| line.ends_with(&*exe))
-        .and_then(|line| line.split('-').next())
-        .and_then(|start| u64::from_str_radix(start, 16).ok())
-        .context("the executable is not mapped")?;
-    let bias = if base <= builtins.start { 0 } else { base };
-    Ok(Some(builtins.start + bias..builtins.end + bias))
+        .filter(|line| line.ends_with(&*exe))
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (start, end) = fields.next()?.split_once('-')?;
+            let offset = fields.nth(1)?;
+            let hex = |text: &str| u64::from_str_radix(text, 16).ok();
+            Some(FileMapping {
+                addresses: hex(start)?..hex(end)?,
+                offset: hex(offset)?,
+            })
+        })
+        .collect();
+    Ok(object.running_builtins(&mappings))
 }
 
 /// Names one frame and prints it.
@@ -227,22 +217,6 @@ fn print_frame(
         }
         None => println!("{index:3} pc {pc:#x} fp {fp:#x} slot unreadable"),
     }
-}
-
-/// The pc of each frame of the chain.
-fn frame_pcs(memory: &mut dyn Memory, regs: &Registers) -> Vec<u64> {
-    let mut pcs = vec![regs.rip];
-    let mut fp = regs.rbp;
-    let mut next = [0; 16];
-    while pcs.len() < MAX_FRAMES && memory.read(fp, &mut next).is_ok() {
-        let caller = u64::from_le_bytes(next[..8].try_into().unwrap_or_default());
-        pcs.push(u64::from_le_bytes(next[8..].try_into().unwrap_or_default()));
-        if caller <= fp {
-            break;
-        }
-        fp = caller;
-    }
-    pcs
 }
 
 /// A frame's slots, read through `memory` (so a capture holds them).

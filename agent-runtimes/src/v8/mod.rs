@@ -35,7 +35,7 @@ pub use layout::{
     Fields, FrameSlots, Layout, LayoutError, ScopeInfoSlots, StringTags, Tagging, Types,
 };
 pub use namer::{JsFunction, NameError, NamerCounts, V8Namer};
-pub use object::{Constants, ObjectError, V8Object, inspect_object};
+pub use object::{Constants, FileMapping, ObjectError, V8Object, inspect_object};
 pub use position::Position;
 pub use tier::Tier;
 pub use walk::{ChainFrame, MAX_FRAMES, StackCopy, walk_chain};

@@ -181,10 +181,11 @@ impl V8Namer {
 
 impl V8Namer {
     /// Which tier ran a JavaScript frame (one [`V8Namer::name`] named),
-    /// checked against the live heap like a name. `builtins`: where V8's
-    /// builtins are in the process, when known (the embedder's
-    /// [`V8Object::builtins`](super::V8Object) plus its load bias), which
-    /// tells code entered by on-stack replacement from the interpreter.
+    /// checked against the live heap like a name. `builtins`: where the
+    /// process runs V8's builtins, when known
+    /// ([`V8Object::running_builtins`](super::V8Object::running_builtins)),
+    /// which tells code entered by on-stack replacement from the
+    /// interpreter.
     pub fn tier(
         &self,
         memory: &mut dyn Memory,

@@ -35,7 +35,56 @@ pub struct V8Object {
     /// to it when short builtin calls are on, as in Node 24). `None` when
     /// the symbol table (stripped) does not name them.
     pub builtins: Option<Range<u64>>,
+    /// Where in the file the builtins start: V8 may map that part of the
+    /// file a second time, next to its generated code, and run the copy
+    /// ([`V8Object::running_builtins`]).
+    pub builtins_file_offset: Option<u64>,
 }
+
+/// One mapping of the embedder's file in a process (`/proc/PID/maps`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileMapping {
+    pub addresses: Range<u64>,
+    /// The file offset the mapping starts at.
+    pub offset: u64,
+}
+
+impl V8Object {
+    /// Where a process that maps this embedder as `mappings` runs its
+    /// builtins. With short builtin calls (Node 22 and 24), V8 maps the
+    /// builtins' part of the file again next to its generated code, so
+    /// calls between them stay near, and runs that copy: a mapping that
+    /// holds the builtins and little else is taken over the text segment
+    /// that holds them too.
+    pub fn running_builtins(&self, mappings: &[FileMapping]) -> Option<Range<u64>> {
+        let (builtins, file_offset) = (self.builtins.as_ref()?, self.builtins_file_offset?);
+        let length = builtins.end.checked_sub(builtins.start)?;
+        let mut found = None;
+        for mapping in mappings {
+            let size = mapping
+                .addresses
+                .end
+                .saturating_sub(mapping.addresses.start);
+            let Some(skip) = file_offset.checked_sub(mapping.offset) else {
+                continue;
+            };
+            if skip.saturating_add(length) > size {
+                continue;
+            }
+            let start = mapping.addresses.start + skip;
+            let range = start..start + length;
+            let copy = size <= (skip + length).next_multiple_of(PAGE_SIZE);
+            if copy {
+                return Some(range);
+            }
+            found.get_or_insert(range);
+        }
+        found
+    }
+}
+
+/// Mappings are made of whole pages.
+const PAGE_SIZE: u64 = 4096;
 
 /// A V8 embedder's post-mortem constants, by name without the `v8dbg_`
 /// prefix (`off_fp_function`, `type_JSFunction__JS_FUNCTION_TYPE`, ...).
@@ -168,9 +217,17 @@ pub fn inspect_object(elf: &[u8]) -> Result<Option<V8Object>, ObjectError> {
             }
         }
     }
+    let builtins_file_offset = builtins.as_ref().and_then(|builtins| {
+        file.sections().find_map(|section| {
+            let (offset, _) = section.file_range()?;
+            let within = builtins.start.checked_sub(section.address())?;
+            (within < section.size()).then_some(offset + within)
+        })
+    });
     Ok((!constants.is_empty()).then_some(V8Object {
         constants,
         builtins,
+        builtins_file_offset,
     }))
 }
 

@@ -9,8 +9,8 @@
 //! on-stack replacement (a long loop optimized while it runs), which
 //! keeps the interpreter's frame: such a frame's pc is in generated code,
 //! where an interpreted frame's is in the interpreter, one of V8's
-//! builtins. Where the caller cannot say where the builtins are (Node 24
-//! copies them next to the generated code at startup), an OSR frame is
+//! builtins ([`V8Object::running_builtins`](super::V8Object::running_builtins)
+//! says where they run). Where the caller cannot say, an OSR frame is
 //! taken for an interpreted one.
 //!
 //! Maglev and TurboFan frames are not told apart: that needs the frame's
