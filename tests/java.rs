@@ -6,6 +6,7 @@
 //! `--java=false`, no Java frame at all.
 
 mod common;
+mod java_support;
 
 use std::{
     path::{Path, PathBuf},
@@ -15,9 +16,11 @@ use std::{
 
 use agent_pprof::{Reader, proto::Profile};
 use common::*;
+use java_support::*;
 
-/// The mapping of every Java frame's location.
-const JAVA_MAPPING: &str = "[java]";
+/// The prefix of the mapping of every Java frame's location (`[java]`,
+/// `[java:c2]`, ...).
+const JAVA_MAPPING: &str = "[java";
 
 /// Share of the main thread's samples that must hold the whole chain.
 const MOST: f64 = 0.9;
@@ -109,7 +112,7 @@ fn main_thread(profile: &Profile, pid: u32) -> Vec<(Vec<Frame>, i64)> {
                     line: frame.line,
                     java: frame
                         .mapping
-                        .is_some_and(|mapping| mapping.filename == JAVA_MAPPING),
+                        .is_some_and(|mapping| mapping.filename.starts_with(JAVA_MAPPING)),
                 })
                 .collect::<Vec<_>>();
             (frames, sample.count())
@@ -239,7 +242,7 @@ fn java_off_leaves_native_stacks() {
     );
     let any_java = Reader::new(&profile)
         .mappings()
-        .any(|mapping| mapping.filename == JAVA_MAPPING);
+        .any(|mapping| mapping.filename.starts_with(JAVA_MAPPING));
     let samples = stacks_of(&profile, process.pid());
     assert!(!samples.is_empty(), "no samples of the JVM");
     assert!(
@@ -250,4 +253,175 @@ fn java_off_leaves_native_stacks() {
         "Java frames with --java=false:\n{}",
         describe(&samples)
     );
+}
+
+/// C2 inlines the chain into `settle` (PrintInlining says so): each
+/// inlined method is a frame of its own, of kind `inlined`, above the C2
+/// frame it was inlined into.
+#[test]
+fn c2_inlined_method_is_its_own_frame() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    compile_chain(dir.path());
+    let home = java_home();
+    let jvm = Jvm::start(
+        &home,
+        dir.path(),
+        "chain",
+        &["-XX:+UnlockDiagnosticVMOptions", "-XX:+PrintInlining"],
+        dir.path(),
+        &["Chain", "0"],
+    );
+    wait_for(
+        "Chain.settle compiled by C2",
+        Duration::from_secs(60),
+        || compiled_at(&home, jvm.pid(), "Chain.settle", 4),
+        || codelist(&home, jvm.pid()),
+    );
+    let output = jvm.output();
+    for callee in ["Chain::reconcile", "Chain::accumulate"] {
+        assert!(
+            output
+                .lines()
+                .any(|line| line.contains(callee) && line.contains("inline (hot)")),
+            "C2 did not say it inlined {callee}:\n{output}"
+        );
+    }
+    let pid = jvm.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let samples: Vec<JSample> = jvm_samples(&profile, jvm.pid())
+        .into_iter()
+        .filter(|sample| sample.has("JavaMain"))
+        .collect();
+    // accumulate <- reconcile inlined, into a C2 frame of settle (or of
+    // main, when main's compiled loop inlined settle too).
+    let inlined = |sample: &JSample| {
+        let Some(leaf) = sample.position("Chain.accumulate") else {
+            return false;
+        };
+        let frames = &sample.frames[leaf..];
+        frames.len() > 3
+            && frames[0].kind() == Some("inlined")
+            && frames[1].name == "Chain.reconcile"
+            && frames[1].kind() == Some("inlined")
+            && frames[2].name == "Chain.settle"
+            && match frames[2].kind() {
+                Some("c2") => true,
+                Some("inlined") => frames[3].name == "Chain.main" && frames[3].kind() == Some("c2"),
+                _ => false,
+            }
+    };
+    let all = total(&samples);
+    let named = total(samples.iter().filter(|sample| inlined(sample)));
+    let share = named as f64 / all.max(1) as f64;
+    println!("inlined: {named} of {all} main thread samples ({share:.3})");
+    assert!(
+        all >= 20 && share >= MOST,
+        "{named} of {all} samples show the chain inlined into a C2 frame:\n{}",
+        describe_samples(&samples)
+    );
+}
+
+/// `Shapes.compress` deflating with `java.util.zip.Deflater`: the native
+/// frames of libzip (the JNI function) and libz above the native method's
+/// Java frame, in call order.
+#[test]
+fn native_frames_above_their_java_caller() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = java_home();
+    let (app, _) = compile_shapes(&home, dir.path());
+    let jvm = Jvm::start(&home, dir.path(), "native", &[], &app, &["Shapes", "native"]);
+    wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
+    let pid = jvm.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let samples: Vec<JSample> = jvm_samples(&profile, jvm.pid())
+        .into_iter()
+        .filter(|sample| sample.has("Shapes.compress"))
+        .collect();
+    let in_order = |sample: &JSample| {
+        let jni = sample.position("Java_java_util_zip_Deflater_deflateBytesBytes");
+        let native = sample.position("java.util.zip.Deflater.deflateBytesBytes");
+        let deflate = sample.position("java.util.zip.Deflater.deflate");
+        let caller = sample.position("Shapes.compress");
+        let (Some(jni), Some(native), Some(deflate), Some(caller)) = (jni, native, deflate, caller)
+        else {
+            return false;
+        };
+        native == jni + 1
+            && sample.frames[native].kind() == Some("native")
+            && native < deflate
+            && deflate < caller
+            && sample.frames[caller].file == "Shapes.java"
+            && sample.frames[..jni]
+                .iter()
+                .any(|frame| frame.mapping.contains("libz.so") && frame.named)
+    };
+    let all = total(&samples);
+    let held = total(samples.iter().filter(|sample| in_order(sample)));
+    let share = held as f64 / all.max(1) as f64;
+    println!("native: {held} of {all} samples of Shapes.compress ({share:.3})");
+    assert!(
+        all >= 20 && share >= 0.8,
+        "{held} of {all} samples of Shapes.compress hold libz <- libzip <- Deflater:\n{}",
+        describe_samples(&samples)
+    );
+}
+
+/// Three threads, each busy in its own method: each thread's samples
+/// name its method, and never another thread's.
+#[test]
+fn threads_name_their_own_methods() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = java_home();
+    let (app, _) = compile_shapes(&home, dir.path());
+    let jvm = Jvm::start(&home, dir.path(), "threads", &[], &app, &["Shapes", "threads"]);
+    wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
+    let pid = jvm.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let samples = jvm_samples(&profile, jvm.pid());
+    let methods = [
+        ("alpha", "Shapes.spinAlpha"),
+        ("beta", "Shapes.spinBeta"),
+        ("gamma", "Shapes.spinGamma"),
+    ];
+    let mut report = Vec::new();
+    for (name, method) in &methods {
+        let thread = format!("firn-worker-{name}-thread");
+        let own: Vec<&JSample> = samples
+            .iter()
+            .filter(|sample| sample.thread_name.as_deref() == Some(thread_label(&thread).as_str()))
+            .collect();
+        let all = total(own.iter().copied());
+        let named = total(own.iter().copied().filter(|sample| sample.has(method)));
+        let others = total(own.iter().copied().filter(|sample| {
+            methods
+                .iter()
+                .any(|(_, other)| other != method && sample.has(other))
+        }));
+        let threads: std::collections::HashSet<_> =
+            own.iter().filter_map(|sample| sample.thread_id.clone()).collect();
+        report.push(format!(
+            "{thread}: {named} of {all} name {method}, {others} another's, {} thread ids",
+            threads.len()
+        ));
+        assert!(
+            all >= 20 && named as f64 >= MOST * all as f64 && others == 0 && threads.len() == 1,
+            "{}\n{}",
+            report.join("\n"),
+            describe_samples(own.iter().copied())
+        );
+    }
+    println!("{}", report.join("\n"));
+}
+
+/// The `thread_name` label of a Java thread named `name`.
+fn thread_label(name: &str) -> String {
+    // The thread's comm: the JVM sets it from the Java name, cut at 15
+    // bytes.
+    name.chars().take(15).collect()
 }

@@ -15,12 +15,13 @@ use std::{collections::HashMap, path::Path, sync::Arc};
 
 use agent_elf::ContentKey;
 use agent_runtimes::hotspot::{
-    CodeCache, FrameRegs, JavaFrame, JavaNamer, JvmObject, Layout, VmTables, inspect_object, step,
+    CodeCache, FrameKind, FrameRegs, JavaFrame, JavaNamer, JvmObject, Layout, VmTables,
+    inspect_object, step,
 };
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
 use tracing::{debug, info};
 
-use super::{InterpretedFrame, ProcessMemory, Runtime, UserFrame};
+use super::{InterpretedFrame, JavaKind, ProcessMemory, Runtime, UserFrame};
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
     stats::Stats,
@@ -334,7 +335,7 @@ impl JavaRuntime {
                 // Generated code of the JVM: named by its blob, a frame of
                 // the JVM rather than of Java.
                 out.push(UserFrame::Interpreted(Arc::new(InterpretedFrame {
-                    runtime: Runtime::Java,
+                    runtime: Runtime::Java(JavaKind::Generated),
                     function: format!("[{name}]").into(),
                     file: "".into(),
                     line: 0,
@@ -347,7 +348,7 @@ impl JavaRuntime {
                     Stats::add(&self.stats.java_frames, named.len() as u64);
                     out.extend(named.into_iter().map(|named| {
                         UserFrame::Interpreted(Arc::new(InterpretedFrame {
-                            runtime: Runtime::Java,
+                            runtime: Runtime::Java(kind_of(named.kind)),
                             function: named.method.function().into(),
                             file: named.method.file.clone(),
                             line: named.line,
@@ -358,7 +359,7 @@ impl JavaRuntime {
                     debug!(tgid, %error, "Java frame not named");
                     Stats::inc(&self.stats.java_name_failures);
                     out.push(UserFrame::Interpreted(Arc::new(InterpretedFrame {
-                        runtime: Runtime::Java,
+                        runtime: Runtime::Java(JavaKind::Generated),
                         function: "<unknown>".into(),
                         file: "".into(),
                         line: 0,
@@ -372,6 +373,16 @@ impl JavaRuntime {
     /// The process executed a new image or exited.
     pub fn forget(&mut self, tgid: u32) {
         self.processes.remove(&tgid);
+    }
+}
+
+fn kind_of(kind: FrameKind) -> JavaKind {
+    match kind {
+        FrameKind::Interpreted => JavaKind::Interpreted,
+        FrameKind::C1 => JavaKind::C1,
+        FrameKind::C2 => JavaKind::C2,
+        FrameKind::Inlined => JavaKind::Inlined,
+        FrameKind::Native => JavaKind::Native,
     }
 }
 
