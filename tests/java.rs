@@ -425,3 +425,147 @@ fn thread_label(name: &str) -> String {
     // bytes.
     name.chars().take(15).collect()
 }
+
+/// A lambda and an inner class, each on a thread of its own, and on the
+/// main thread `Plugin`, loaded by a class loader of its own, run, then
+/// unloaded (the JVM says so) and `Other` loaded in its place: every
+/// frame of theirs is named right, and after the unloading no frame
+/// carries Plugin's name, nor Plugin's frames Other's (a frame that could
+/// not be named is `<unknown>`).
+#[test]
+fn lambda_inner_class_and_unloaded_class_are_named_right() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = java_home();
+    let (app, plugin) = compile_shapes(&home, dir.path());
+    let go = dir.path().join("go");
+    let jvm = Jvm::start(
+        &home,
+        dir.path(),
+        "loader",
+        &["-Xlog:class+unload=info"],
+        &app,
+        &[
+            "Shapes",
+            "loader",
+            plugin.to_str().expect("utf-8"),
+            go.to_str().expect("utf-8"),
+        ],
+    );
+    wait_for_cpu_time(jvm.pid(), Duration::from_secs(1), Duration::from_secs(60));
+    let pid = jvm.pid().to_string();
+    let mut recording = Recording::start(dir.path(), &["--duration", "120s", "--pid", &pid]);
+    recording.wait_until_sampling();
+    std::fs::write(&go, b"").expect("go");
+    let after = dir.path().join("go.after");
+    wait_for(
+        "Plugin unloaded and Other run for 3 s",
+        Duration::from_secs(120),
+        || after.exists(),
+        || jvm.output(),
+    );
+    let (_, profile) = recording.interrupt();
+    let output = jvm.output();
+    assert!(
+        output.contains("unloading class Plugin") && output.contains("unloaded"),
+        "the JVM did not unload Plugin:\n{output}"
+    );
+    let samples = jvm_samples(&profile, jvm.pid());
+    let of_thread = |name: &str| -> Vec<&JSample> {
+        samples
+            .iter()
+            .filter(|sample| sample.thread_name.as_deref() == Some(thread_label(name).as_str()))
+            .collect()
+    };
+    let mut report = Vec::new();
+    // The lambda's body is a method of Shapes, `lambda$loader$N`.
+    let lambda_line = marked("Shapes.java", "lambda");
+    let lambda = of_thread("lambda-thread");
+    let lambda_named = total(lambda.iter().copied().filter(|sample| {
+        sample.frames.iter().any(|frame| {
+            frame.name.starts_with("Shapes.lambda$loader$")
+                && frame.file == "Shapes.java"
+                && (lambda_line - 2..=lambda_line + 2).contains(&frame.line)
+        })
+    }));
+    report.push(format!(
+        "lambda: {lambda_named} of {}",
+        total(lambda.iter().copied())
+    ));
+    let inner_line = marked("Shapes.java", "inner");
+    let inner = of_thread("inner-thread");
+    let inner_named = total(inner.iter().copied().filter(|sample| {
+        sample.frames.iter().any(|frame| {
+            frame.name == "Shapes$Inner.work"
+                && frame.file == "Shapes.java"
+                && (inner_line - 2..=inner_line + 2).contains(&frame.line)
+        })
+    }));
+    report.push(format!(
+        "inner class: {inner_named} of {}",
+        total(inner.iter().copied())
+    ));
+    // Below each runner, only its own class's method (or <unknown>).
+    let runs = |runner: &str, method: &str, file: &str| {
+        let mut right = 0;
+        let mut wrong = Vec::new();
+        let mut unknown = 0;
+        for sample in &samples {
+            let Some(at) = sample.position(runner) else {
+                continue;
+            };
+            let above: Vec<&JFrame> = sample.frames[..at]
+                .iter()
+                .filter(|frame| frame.kind().is_some() || frame.name == "<unknown>")
+                .collect();
+            if above
+                .iter()
+                .any(|frame| frame.name == method && frame.file == file)
+            {
+                right += sample.count;
+            }
+            unknown += above
+                .iter()
+                .filter(|frame| frame.name == "<unknown>")
+                .count() as i64
+                * sample.count;
+            wrong.extend(
+                above
+                    .iter()
+                    .filter(|frame| {
+                        frame.name != "<unknown>" && (frame.name != method || frame.file != file)
+                    })
+                    .map(|frame| format!("{}:{} ({})", frame.name, frame.line, frame.file)),
+            );
+        }
+        (right, wrong, unknown)
+    };
+    let (plugin_right, plugin_wrong, plugin_unknown) =
+        runs("Shapes.runPlugin", "Plugin.applyAsLong", "Plugin.java");
+    let (other_right, other_wrong, other_unknown) =
+        runs("Shapes.runOther", "Other.applyAsLong", "Other.java");
+    report.push(format!(
+        "Plugin: {plugin_right} named, {plugin_unknown} <unknown>, wrong: {plugin_wrong:?}"
+    ));
+    report.push(format!(
+        "Other: {other_right} named, {other_unknown} <unknown>, wrong: {other_wrong:?}"
+    ));
+    let report = report.join("\n");
+    println!("{report}");
+    let main = samples.iter().filter(|sample| sample.has("JavaMain"));
+    let lambda_all = total(lambda.iter().copied());
+    let inner_all = total(inner.iter().copied());
+    assert!(
+        lambda_all >= 20
+            && lambda_named as f64 >= MOST * lambda_all as f64
+            && inner_all >= 20
+            && inner_named as f64 >= MOST * inner_all as f64
+            && plugin_right >= 20
+            && other_right >= 20
+            && plugin_wrong.is_empty()
+            && other_wrong.is_empty(),
+        "{report}\n{}",
+        describe_samples(main.chain(lambda).chain(inner))
+    );
+}

@@ -356,7 +356,7 @@ impl JavaRuntime {
                     }));
                 }
                 Err(error) => {
-                    debug!(tgid, %error, "Java frame not named");
+                    debug!(tgid, %error, ?frame, "Java frame not named");
                     Stats::inc(&self.stats.java_name_failures);
                     out.push(UserFrame::Interpreted(Arc::new(InterpretedFrame {
                         runtime: Runtime::Java(JavaKind::Generated),
