@@ -569,3 +569,60 @@ fn lambda_inner_class_and_unloaded_class_are_named_right() {
         describe_samples(main.chain(lambda).chain(inner))
     );
 }
+
+/// The JVM's own threads (the compilers compiling classes loaded again and
+/// again, the GC collecting them) are native stacks of libjvm, named, with
+/// no Java frame.
+#[test]
+fn compiler_and_gc_threads_are_native_stacks() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = java_home();
+    let (app, plugin) = compile_shapes(&home, dir.path());
+    let jvm = Jvm::start(
+        &home,
+        dir.path(),
+        "churn",
+        &["-Xmx64m"],
+        &app,
+        &["Shapes", "churn", plugin.to_str().expect("utf-8")],
+    );
+    wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
+    let pid = jvm.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "5s", "--pid", &pid]);
+    let samples = jvm_samples(&profile, jvm.pid());
+    let mut report = Vec::new();
+    for (what, prefixes) in [
+        ("compiler", &["C1 CompilerThre", "C2 CompilerThre"][..]),
+        ("GC", &["GC Thread#", "G1 "][..]),
+    ] {
+        let threads: Vec<&JSample> = samples
+            .iter()
+            .filter(|sample| {
+                sample
+                    .thread_name
+                    .as_deref()
+                    .is_some_and(|name| prefixes.iter().any(|prefix| name.starts_with(prefix)))
+            })
+            .collect();
+        // Named from the thread's start in libjvm, every user frame named.
+        let native = |sample: &JSample| {
+            sample.has("thread_native_entry")
+                && sample
+                    .frames
+                    .iter()
+                    .all(|frame| !frame.java() && (frame.named || frame.mapping.is_empty()))
+        };
+        let all = total(threads.iter().copied());
+        let held = total(threads.iter().copied().filter(|sample| native(sample)));
+        report.push(format!("{what} threads: {held} of {all} native stacks named"));
+        assert!(
+            all >= 5 && held as f64 >= MOST * all as f64,
+            "{}\n{}",
+            report.join("\n"),
+            describe_samples(threads.iter().copied())
+        );
+    }
+    println!("{}", report.join("\n"));
+}

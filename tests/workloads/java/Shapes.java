@@ -20,6 +20,7 @@ import java.util.zip.Deflater;
 
 public final class Shapes {
     static volatile long sink;
+    static volatile Object garbage;
 
     static long compress(Deflater deflater, byte[] input, byte[] output) {
         deflater.reset();
@@ -159,7 +160,10 @@ public final class Shapes {
             LongUnaryOperator plugin = load(dir, "Plugin");
             long seed = round++;
             for (int i = 0; i < 300; i++) {
-                seed = plugin.applyAsLong(seed) + new long[64].length;
+                seed = plugin.applyAsLong(seed);
+                // Escapes, so the compiler cannot leave it out: work for
+                // the GC.
+                garbage = new long[1 << 16];
             }
             sink = seed;
         }
