@@ -333,7 +333,14 @@ fn native_frames_above_their_java_caller() {
     let dir = tempfile::tempdir().expect("tempdir");
     let home = java_home();
     let (app, _) = compile_shapes(&home, dir.path());
-    let jvm = Jvm::start(&home, dir.path(), "native", &[], &app, &["Shapes", "native"]);
+    let jvm = Jvm::start(
+        &home,
+        dir.path(),
+        "native",
+        &[],
+        &app,
+        &["Shapes", "native"],
+    );
     wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
     let pid = jvm.pid().to_string();
     let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
@@ -379,7 +386,14 @@ fn threads_name_their_own_methods() {
     let dir = tempfile::tempdir().expect("tempdir");
     let home = java_home();
     let (app, _) = compile_shapes(&home, dir.path());
-    let jvm = Jvm::start(&home, dir.path(), "threads", &[], &app, &["Shapes", "threads"]);
+    let jvm = Jvm::start(
+        &home,
+        dir.path(),
+        "threads",
+        &[],
+        &app,
+        &["Shapes", "threads"],
+    );
     wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
     let pid = jvm.pid().to_string();
     let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
@@ -403,8 +417,10 @@ fn threads_name_their_own_methods() {
                 .iter()
                 .any(|(_, other)| other != method && sample.has(other))
         }));
-        let threads: std::collections::HashSet<_> =
-            own.iter().filter_map(|sample| sample.thread_id.clone()).collect();
+        let threads: std::collections::HashSet<_> = own
+            .iter()
+            .filter_map(|sample| sample.thread_id.clone())
+            .collect();
         report.push(format!(
             "{thread}: {named} of {all} name {method}, {others} another's, {} thread ids",
             threads.len()
@@ -616,7 +632,9 @@ fn compiler_and_gc_threads_are_native_stacks() {
         };
         let all = total(threads.iter().copied());
         let held = total(threads.iter().copied().filter(|sample| native(sample)));
-        report.push(format!("{what} threads: {held} of {all} native stacks named"));
+        report.push(format!(
+            "{what} threads: {held} of {all} native stacks named"
+        ));
         assert!(
             all >= 5 && held as f64 >= MOST * all as f64,
             "{}\n{}",
@@ -625,4 +643,81 @@ fn compiler_and_gc_threads_are_native_stacks() {
         );
     }
     println!("{}", report.join("\n"));
+}
+
+/// The JDK's major version, from its `release` file.
+fn java_major_version(home: &Path) -> String {
+    let release = std::fs::read_to_string(home.join("release")).expect("the JDK's release file");
+    release
+        .lines()
+        .find_map(|line| line.strip_prefix("JAVA_VERSION=\""))
+        .and_then(|version| version.split(['.', '"']).next())
+        .map(str::to_owned)
+        .expect("JAVA_VERSION in the release file")
+}
+
+/// A JVM warmed up (the chain compiled by C2) before the agent starts,
+/// watching the whole host: its chain is named, and /metrics counts it by
+/// version, its frames by kind and the method cache's lookups.
+#[test]
+fn jvm_started_before_firn_is_named_and_counted() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    compile_chain(dir.path());
+    let process = start_chain(dir.path(), &[], Some(4));
+    let store = dir.path().join("store");
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
+            "--profiling-duration",
+            "5s",
+            "--local-store-directory",
+            store.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    let address = agent.http_address();
+    agent.wait_until("a profile written", Duration::from_secs(120), || {
+        agent.log().contains("profile written") && newest_profile(&store).is_some()
+    });
+    let version = java_major_version(&java_home());
+    let wanted = [
+        format!("firn_java_processes_total{{version=\"{version}\"}}"),
+        "firn_java_frames_total{kind=\"c2\"}".to_owned(),
+        "firn_java_frames_total{kind=\"inlined\"}".to_owned(),
+        "firn_java_method_cache_total{result=\"hit\"}".to_owned(),
+    ];
+    let values: Vec<(String, Option<f64>)> = wanted
+        .iter()
+        .map(|name| (name.clone(), metric(address, name)))
+        .collect();
+    // Present, at whatever value: how many frames were stale.
+    let stale = metric(address, "firn_java_read_failures_total{stage=\"stale\"}");
+    let stopped = agent.stop();
+    let profile = newest_profile(&store).expect("a profile");
+    let samples = main_thread(&profile, process.pid());
+    let all: i64 = samples.iter().map(|(_, count)| count).sum();
+    let named: i64 = samples
+        .iter()
+        .filter(|(frames, _)| holds_chain(frames))
+        .map(|(_, count)| count)
+        .sum();
+    let share = named as f64 / all.max(1) as f64;
+    println!(
+        "before firn: {named} of {all} samples hold the chain ({share:.3}); {values:?}; stale {stale:?}"
+    );
+    assert!(
+        values
+            .iter()
+            .all(|(_, value)| value.is_some_and(|value| value >= 1.0))
+            && stale.is_some(),
+        "metrics: {values:?}, stale {stale:?}:\n{}",
+        stopped.log
+    );
+    assert!(
+        all >= 20 && share >= MOST,
+        "{named} of {all} samples hold the chain:\n{}",
+        describe_frames(&samples)
+    );
 }

@@ -134,7 +134,10 @@ pub fn compile_shapes(java_home: &Path, dir: &Path) -> (PathBuf, PathBuf) {
         (&app, vec![java.join("Shapes.java")]),
         (
             &plugin,
-            vec![java.join("plugin/Plugin.java"), java.join("plugin/Other.java")],
+            vec![
+                java.join("plugin/Plugin.java"),
+                java.join("plugin/Other.java"),
+            ],
         ),
     ] {
         let status = Command::new(java_home.join("bin/javac"))
@@ -168,7 +171,11 @@ impl Jvm {
         let stdout = dir.join(format!("{name}.out"));
         let file = std::fs::File::create(&stdout).expect("JVM output file");
         let mut command = Command::new(java_home.join("bin/java"));
-        command.args(flags).arg("-cp").arg(classes).args(main_and_args);
+        command
+            .args(flags)
+            .arg("-cp")
+            .arg(classes)
+            .args(main_and_args);
         Self {
             process: TestProcess::spawn_with_stdout(&mut command, Stdio::from(file)),
             stdout,
