@@ -435,13 +435,6 @@ fn threads_name_their_own_methods() {
     println!("{}", report.join("\n"));
 }
 
-/// The `thread_name` label of a Java thread named `name`.
-fn thread_label(name: &str) -> String {
-    // The thread's comm: the JVM sets it from the Java name, cut at 15
-    // bytes.
-    name.chars().take(15).collect()
-}
-
 /// A lambda and an inner class, each on a thread of its own, and on the
 /// main thread `Plugin`, loaded by a class loader of its own, run, then
 /// unloaded (the JVM says so) and `Other` loaded in its place: every
@@ -455,134 +448,62 @@ fn lambda_inner_class_and_unloaded_class_are_named_right() {
     let dir = tempfile::tempdir().expect("tempdir");
     let home = java_home();
     let (app, plugin) = compile_shapes(&home, dir.path());
-    let go = dir.path().join("go");
-    let jvm = Jvm::start(
-        &home,
-        dir.path(),
-        "loader",
-        &["-Xlog:class+unload=info"],
-        &app,
-        &[
-            "Shapes",
-            "loader",
-            plugin.to_str().expect("utf-8"),
-            go.to_str().expect("utf-8"),
-        ],
-    );
-    wait_for_cpu_time(jvm.pid(), Duration::from_secs(1), Duration::from_secs(60));
-    let pid = jvm.pid().to_string();
-    let mut recording = Recording::start(dir.path(), &["--duration", "120s", "--pid", &pid]);
-    recording.wait_until_sampling();
-    std::fs::write(&go, b"").expect("go");
-    let after = dir.path().join("go.after");
-    wait_for(
-        "Plugin unloaded and Other run for 3 s",
-        Duration::from_secs(120),
-        || after.exists(),
-        || jvm.output(),
-    );
-    let (_, profile) = recording.interrupt();
-    let output = jvm.output();
-    assert!(
-        output.contains("unloading class Plugin") && output.contains("unloaded"),
-        "the JVM did not unload Plugin:\n{output}"
-    );
+    let (jvm, profile) = record_loader(&home, dir.path(), &app, &plugin);
     let samples = jvm_samples(&profile, jvm.pid());
-    let of_thread = |name: &str| -> Vec<&JSample> {
-        samples
-            .iter()
-            .filter(|sample| sample.thread_name.as_deref() == Some(thread_label(name).as_str()))
-            .collect()
-    };
-    let mut report = Vec::new();
     // The lambda's body is a method of Shapes, `lambda$loader$N`.
-    let lambda_line = marked("Shapes.java", "lambda");
-    let lambda = of_thread("lambda-thread");
-    let lambda_named = total(lambda.iter().copied().filter(|sample| {
-        sample.frames.iter().any(|frame| {
-            frame.name.starts_with("Shapes.lambda$loader$")
-                && frame.file == "Shapes.java"
-                && (lambda_line - 2..=lambda_line + 2).contains(&frame.line)
-        })
-    }));
-    report.push(format!(
-        "lambda: {lambda_named} of {}",
-        total(lambda.iter().copied())
-    ));
-    let inner_line = marked("Shapes.java", "inner");
-    let inner = of_thread("inner-thread");
-    let inner_named = total(inner.iter().copied().filter(|sample| {
-        sample.frames.iter().any(|frame| {
-            frame.name == "Shapes$Inner.work"
-                && frame.file == "Shapes.java"
-                && (inner_line - 2..=inner_line + 2).contains(&frame.line)
-        })
-    }));
-    report.push(format!(
-        "inner class: {inner_named} of {}",
-        total(inner.iter().copied())
-    ));
-    // Below each runner, only its own class's method (or <unknown>).
-    let runs = |runner: &str, method: &str, file: &str| {
-        let mut right = 0;
-        let mut wrong = Vec::new();
-        let mut unknown = 0;
-        for sample in &samples {
-            let Some(at) = sample.position(runner) else {
-                continue;
-            };
-            let above: Vec<&JFrame> = sample.frames[..at]
-                .iter()
-                .filter(|frame| frame.kind().is_some() || frame.name == "<unknown>")
-                .collect();
-            if above
-                .iter()
-                .any(|frame| frame.name == method && frame.file == file)
-            {
-                right += sample.count;
-            }
-            unknown += above
-                .iter()
-                .filter(|frame| frame.name == "<unknown>")
-                .count() as i64
-                * sample.count;
-            wrong.extend(
-                above
-                    .iter()
-                    .filter(|frame| {
-                        frame.name != "<unknown>" && (frame.name != method || frame.file != file)
-                    })
-                    .map(|frame| format!("{}:{} ({})", frame.name, frame.line, frame.file)),
-            );
+    let near = |name: &str| {
+        let line = marked("Shapes.java", name);
+        move |frame: &JFrame| {
+            frame.file == "Shapes.java" && (line - 2..=line + 2).contains(&frame.line)
         }
-        (right, wrong, unknown)
     };
-    let (plugin_right, plugin_wrong, plugin_unknown) =
-        runs("Shapes.runPlugin", "Plugin.applyAsLong", "Plugin.java");
-    let (other_right, other_wrong, other_unknown) =
-        runs("Shapes.runOther", "Other.applyAsLong", "Other.java");
-    report.push(format!(
-        "Plugin: {plugin_right} named, {plugin_unknown} <unknown>, wrong: {plugin_wrong:?}"
-    ));
-    report.push(format!(
-        "Other: {other_right} named, {other_unknown} <unknown>, wrong: {other_wrong:?}"
-    ));
-    let report = report.join("\n");
+    let at_lambda = near("lambda");
+    let lambda = held_in_thread(&samples, &thread_label("lambda-thread"), |frame| {
+        frame.name.starts_with("Shapes.lambda$loader$") && at_lambda(frame)
+    });
+    let at_inner = near("inner");
+    let inner = held_in_thread(&samples, &thread_label("inner-thread"), |frame| {
+        frame.name == "Shapes$Inner.work" && at_inner(frame)
+    });
+    // Above each runner, only its own class's method (or <unknown>).
+    let plugin = called_from(
+        &samples,
+        "Shapes.runPlugin",
+        "Plugin.applyAsLong",
+        "Plugin.java",
+    );
+    let other = called_from(
+        &samples,
+        "Shapes.runOther",
+        "Other.applyAsLong",
+        "Other.java",
+    );
+    let report = format!(
+        "lambda: {} of {}\ninner class: {} of {}\n\
+         Plugin: {} named, {} <unknown>, wrong: {:?}\n\
+         Other: {} named, {} <unknown>, wrong: {:?}",
+        lambda.0,
+        lambda.1,
+        inner.0,
+        inner.1,
+        plugin.0,
+        plugin.2,
+        plugin.1,
+        other.0,
+        other.2,
+        other.1
+    );
     println!("{report}");
-    let main = samples.iter().filter(|sample| sample.has("JavaMain"));
-    let lambda_all = total(lambda.iter().copied());
-    let inner_all = total(inner.iter().copied());
+    let most = |(held, all): (i64, i64)| all >= 20 && held as f64 >= MOST * all as f64;
     assert!(
-        lambda_all >= 20
-            && lambda_named as f64 >= MOST * lambda_all as f64
-            && inner_all >= 20
-            && inner_named as f64 >= MOST * inner_all as f64
-            && plugin_right >= 20
-            && other_right >= 20
-            && plugin_wrong.is_empty()
-            && other_wrong.is_empty(),
+        most(lambda)
+            && most(inner)
+            && plugin.0 >= 20
+            && other.0 >= 20
+            && plugin.1.is_empty()
+            && other.1.is_empty(),
         "{report}\n{}",
-        describe_samples(main.chain(lambda).chain(inner))
+        describe_samples(&samples)
     );
 }
 
@@ -643,17 +564,6 @@ fn compiler_and_gc_threads_are_native_stacks() {
         );
     }
     println!("{}", report.join("\n"));
-}
-
-/// The JDK's major version, from its `release` file.
-fn java_major_version(home: &Path) -> String {
-    let release = std::fs::read_to_string(home.join("release")).expect("the JDK's release file");
-    release
-        .lines()
-        .find_map(|line| line.strip_prefix("JAVA_VERSION=\""))
-        .and_then(|version| version.split(['.', '"']).next())
-        .map(str::to_owned)
-        .expect("JAVA_VERSION in the release file")
 }
 
 /// A JVM warmed up (the chain compiled by C2) before the agent starts,

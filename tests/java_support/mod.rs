@@ -7,6 +7,7 @@
 use std::{
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    time::Duration,
 };
 
 use agent_pprof::{Reader, proto::Profile};
@@ -216,4 +217,117 @@ pub fn marked(file: &str, name: &str) -> i64 {
         .position(|line| line.trim_end().ends_with(&marker))
         .map(|index| index as i64 + 1)
         .unwrap_or_else(|| panic!("no marker {marker} in {file}"))
+}
+
+/// Of the samples of the thread labelled `thread`: how many hold a frame
+/// `wanted` takes, and how many there are.
+pub fn held_in_thread(
+    samples: &[JSample],
+    thread: &str,
+    wanted: impl Fn(&JFrame) -> bool,
+) -> (i64, i64) {
+    let own: Vec<&JSample> = samples
+        .iter()
+        .filter(|sample| sample.thread_name.as_deref() == Some(thread))
+        .collect();
+    let held = total(
+        own.iter()
+            .copied()
+            .filter(|sample| sample.frames.iter().any(&wanted)),
+    );
+    (held, total(own))
+}
+
+/// What runs called from `runner`: samples holding `method` (of `file`)
+/// above it, the frames above it named otherwise (wrong names), and the
+/// `<unknown>` frames above it.
+pub fn called_from(
+    samples: &[JSample],
+    runner: &str,
+    method: &str,
+    file: &str,
+) -> (i64, Vec<String>, i64) {
+    let mut right = 0;
+    let mut wrong = Vec::new();
+    let mut unknown = 0;
+    for sample in samples {
+        let Some(at) = sample.position(runner) else {
+            continue;
+        };
+        let above: Vec<&JFrame> = sample.frames[..at]
+            .iter()
+            .filter(|frame| frame.kind().is_some() || frame.name == "<unknown>")
+            .collect();
+        if above
+            .iter()
+            .any(|frame| frame.name == method && frame.file == file)
+        {
+            right += sample.count;
+        }
+        for frame in above {
+            if frame.name == "<unknown>" {
+                unknown += sample.count;
+            } else if frame.name != method || frame.file != file {
+                wrong.push(format!("{}:{} ({})", frame.name, frame.line, frame.file));
+            }
+        }
+    }
+    (right, wrong, unknown)
+}
+
+/// The JDK's major version, from its `release` file.
+pub fn java_major_version(home: &Path) -> String {
+    let release = std::fs::read_to_string(home.join("release")).expect("the JDK's release file");
+    release
+        .lines()
+        .find_map(|line| line.strip_prefix("JAVA_VERSION=\""))
+        .and_then(|version| version.split(['.', '"']).next())
+        .map(str::to_owned)
+        .expect("JAVA_VERSION in the release file")
+}
+
+/// The `thread_name` label of a Java thread named `name`.
+pub fn thread_label(name: &str) -> String {
+    // The thread's comm: the JVM sets it from the Java name, cut at 15
+    // bytes.
+    name.chars().take(15).collect()
+}
+
+/// `Shapes loader` run under `firn record`: started, recorded from before
+/// the go file is made until `Other` has run 3 s after Plugin was
+/// unloaded. Returns the JVM (still running) and the profile.
+pub fn record_loader(java_home: &Path, dir: &Path, app: &Path, plugin: &Path) -> (Jvm, Profile) {
+    let go = dir.join("go");
+    let jvm = Jvm::start(
+        java_home,
+        dir,
+        "loader",
+        &["-Xlog:class+unload=info"],
+        app,
+        &[
+            "Shapes",
+            "loader",
+            plugin.to_str().expect("utf-8"),
+            go.to_str().expect("utf-8"),
+        ],
+    );
+    wait_for_cpu_time(jvm.pid(), Duration::from_secs(1), Duration::from_secs(60));
+    let pid = jvm.pid().to_string();
+    let mut recording = Recording::start(dir, &["--duration", "120s", "--pid", &pid]);
+    recording.wait_until_sampling();
+    std::fs::write(&go, b"").expect("go");
+    let after = dir.join("go.after");
+    wait_for(
+        "Plugin unloaded and Other run for 3 s",
+        Duration::from_secs(120),
+        || after.exists(),
+        || jvm.output(),
+    );
+    let (_, profile) = recording.interrupt();
+    let output = jvm.output();
+    assert!(
+        output.contains("unloading class Plugin") && output.contains("unloaded"),
+        "the JVM did not unload Plugin:\n{output}"
+    );
+    (jvm, profile)
 }
