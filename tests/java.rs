@@ -588,9 +588,11 @@ fn jvm_started_before_firn_is_named_and_counted() {
         &[],
     );
     let address = agent.http_address();
-    agent.wait_until("a profile written", Duration::from_secs(120), || {
-        agent.log().contains("profile written") && newest_profile(&store).is_some()
+    // The second profile: the first may start late in its period.
+    agent.wait_until("two profiles written", Duration::from_secs(120), || {
+        agent.log().matches("profile written").count() >= 2
     });
+    let profile = newest_profile(&store).expect("a profile");
     let version = java_major_version(&java_home());
     let wanted = [
         format!("firn_java_processes_total{{version=\"{version}\"}}"),
@@ -605,7 +607,6 @@ fn jvm_started_before_firn_is_named_and_counted() {
     // Present, at whatever value: how many frames were stale.
     let stale = metric(address, "firn_java_read_failures_total{stage=\"stale\"}");
     let stopped = agent.stop();
-    let profile = newest_profile(&store).expect("a profile");
     let samples = main_thread(&profile, process.pid());
     let all: i64 = samples.iter().map(|(_, count)| count).sum();
     let named: i64 = samples
