@@ -10,7 +10,7 @@
 //! (name, file, line, tier), reading the process only through a recorder.
 //! With OUTPUT it writes `OUTPUT.mem.gz` (every byte range read, in
 //! `agent_fixtures::memory` format) and `OUTPUT.txt` (the registers the
-//! walk started from, and where the process runs V8's builtins); it
+//! walk started from, and where the process has V8's builtins); it
 //! prints what it named, which the tests then expect of the same reads.
 //!
 //! ```text
@@ -120,8 +120,8 @@ fn main() -> Result<()> {
             "registers {:#x} {:#x} {:#x}",
             regs.rip, regs.rbp, regs.rsp
         )?;
-        if let Some(builtins) = &builtins {
-            writeln!(meta, "builtins {:#x} {:#x}", builtins.start, builtins.end)?;
+        for range in &builtins {
+            writeln!(meta, "builtins {:#x} {:#x}", range.start, range.end)?;
         }
         let mut pc = regs.rip;
         let mut fp = regs.rbp;
@@ -129,7 +129,7 @@ fn main() -> Result<()> {
             if fp == 0 {
                 break;
             }
-            print_frame(&mut recorder, &mut namer, builtins.as_ref(), index, pc, fp);
+            print_frame(&mut recorder, &mut namer, &builtins, index, pc, fp);
             let mut next = [0; 16];
             if recorder.read(fp, &mut next).is_err() {
                 break;
@@ -162,7 +162,7 @@ fn main() -> Result<()> {
 
 /// Where the process runs the embedded builtins: the executable's
 /// mappings read from `/proc/PID/maps`.
-fn builtins_in_process(pid: u32, object: &V8Object) -> Result<Option<std::ops::Range<u64>>> {
+fn builtins_in_process(pid: u32, object: &V8Object) -> Result<Vec<std::ops::Range<u64>>> {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe"))?;
     let exe = exe.to_string_lossy();
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
@@ -180,14 +180,14 @@ fn builtins_in_process(pid: u32, object: &V8Object) -> Result<Option<std::ops::R
             })
         })
         .collect();
-    Ok(object.running_builtins(&mappings))
+    Ok(object.builtins_in_process(&mappings))
 }
 
 /// Names one frame and prints it.
 fn print_frame(
     recorder: &mut Recorder,
     namer: &mut V8Namer,
-    builtins: Option<&std::ops::Range<u64>>,
+    builtins: &[std::ops::Range<u64>],
     index: usize,
     pc: u64,
     fp: u64,
@@ -262,7 +262,7 @@ fn named_stack(
                 .map(|at| format!(":{}", at.line))
                 .unwrap_or_default();
             let tier = namer
-                .tier(memory, &frame, None)
+                .tier(memory, &frame, &[])
                 .map_or("?", |tier| tier.as_str());
             names.push(format!("{}@{file}{line}/{tier}", named.name));
         }

@@ -182,15 +182,15 @@ impl V8Namer {
 impl V8Namer {
     /// Which tier ran a JavaScript frame (one [`V8Namer::name`] named),
     /// checked against the live heap like a name. `builtins`: where the
-    /// process runs V8's builtins, when known
-    /// ([`V8Object::running_builtins`](super::V8Object::running_builtins)),
-    /// which tells code entered by on-stack replacement from the
-    /// interpreter.
+    /// process has V8's builtins
+    /// ([`V8Object::builtins_in_process`](super::V8Object::builtins_in_process);
+    /// empty when unknown), which tells code entered by on-stack
+    /// replacement from the interpreter.
     pub fn tier(
         &self,
         memory: &mut dyn Memory,
         frame: &ChainFrame,
-        builtins: Option<&std::ops::Range<u64>>,
+        builtins: &[std::ops::Range<u64>],
     ) -> Result<Tier, NameError> {
         frame_tier(memory, &self.layout, frame, builtins)
     }

@@ -37,7 +37,7 @@ pub struct V8Object {
     pub builtins: Option<Range<u64>>,
     /// Where in the file the builtins start: V8 may map that part of the
     /// file a second time, next to its generated code, and run the copy
-    /// ([`V8Object::running_builtins`]).
+    /// ([`V8Object::builtins_in_process`]).
     pub builtins_file_offset: Option<u64>,
 }
 
@@ -50,41 +50,39 @@ pub struct FileMapping {
 }
 
 impl V8Object {
-    /// Where a process that maps this embedder as `mappings` runs its
-    /// builtins. With short builtin calls (Node 22 and 24), V8 maps the
-    /// builtins' part of the file again next to its generated code, so
-    /// calls between them stay near, and runs that copy: a mapping that
-    /// holds the builtins and little else is taken over the text segment
-    /// that holds them too.
-    pub fn running_builtins(&self, mappings: &[FileMapping]) -> Option<Range<u64>> {
-        let (builtins, file_offset) = (self.builtins.as_ref()?, self.builtins_file_offset?);
-        let length = builtins.end.checked_sub(builtins.start)?;
-        let mut found = None;
-        for mapping in mappings {
-            let size = mapping
-                .addresses
-                .end
-                .saturating_sub(mapping.addresses.start);
-            let Some(skip) = file_offset.checked_sub(mapping.offset) else {
-                continue;
-            };
-            if skip.saturating_add(length) > size {
-                continue;
-            }
-            let start = mapping.addresses.start + skip;
-            let range = start..start + length;
-            let copy = size <= (skip + length).next_multiple_of(PAGE_SIZE);
-            if copy {
-                return Some(range);
-            }
-            found.get_or_insert(range);
-        }
-        found
+    /// Where a process that maps this embedder as `mappings` has its
+    /// builtins: in its text segment, and, with short builtin calls (Node
+    /// 20 to 24 on x86-64), in a second mapping of that part of the file
+    /// next to V8's generated code. V8 runs both (calls from generated code
+    /// go to the near copy), so a pc in any of them is a builtin's.
+    pub fn builtins_in_process(&self, mappings: &[FileMapping]) -> Vec<Range<u64>> {
+        let (Some(builtins), Some(file_offset)) =
+            (self.builtins.as_ref(), self.builtins_file_offset)
+        else {
+            return Vec::new();
+        };
+        let length = builtins.end.saturating_sub(builtins.start);
+        mappings
+            .iter()
+            .filter_map(|mapping| {
+                let size = mapping
+                    .addresses
+                    .end
+                    .saturating_sub(mapping.addresses.start);
+                let skip = file_offset.checked_sub(mapping.offset)?;
+                if skip.saturating_add(length) > size {
+                    return None;
+                }
+                let start = mapping.addresses.start + skip;
+                Some(start..start + length)
+            })
+            .take(MAX_BUILTIN_MAPPINGS)
+            .collect()
     }
 }
 
-/// Mappings are made of whole pages.
-const PAGE_SIZE: u64 = 4096;
+/// More mappings of the builtins than V8 makes (two) are not all kept.
+const MAX_BUILTIN_MAPPINGS: usize = 4;
 
 /// A V8 embedder's post-mortem constants, by name without the `v8dbg_`
 /// prefix (`off_fp_function`, `type_JSFunction__JS_FUNCTION_TYPE`, ...).

@@ -9,9 +9,11 @@
 //! on-stack replacement (a long loop optimized while it runs), which
 //! keeps the interpreter's frame: such a frame's pc is in generated code,
 //! where an interpreted frame's is in the interpreter, one of V8's
-//! builtins ([`V8Object::running_builtins`](super::V8Object::running_builtins)
-//! says where they run). Where the caller cannot say, an OSR frame is
-//! taken for an interpreted one.
+//! builtins ([`V8Object::builtins_in_process`](super::V8Object::builtins_in_process)
+//! says where they are). Where the caller cannot say, an OSR frame is
+//! taken for an interpreted one; with `--interpreted-frames-native-stack`
+//! (each function's interpreter entry copied into generated code), an
+//! interpreted frame is taken for an optimized one.
 //!
 //! Maglev and TurboFan frames are not told apart: that needs the frame's
 //! Code object, and neither the way from a pc to its Code (the code
@@ -54,7 +56,7 @@ pub(crate) fn frame_tier(
     memory: &mut dyn Memory,
     layout: &Layout,
     frame: &ChainFrame,
-    builtins: Option<&Range<u64>>,
+    builtins: &[Range<u64>],
 ) -> Result<Tier, NameError> {
     let [Some(bytecode_array), Some(offset_or_feedback)] = frame.bytecode else {
         return Ok(Tier::Optimized);
@@ -67,9 +69,11 @@ pub(crate) fn frame_tier(
         return Ok(Tier::Optimized);
     }
     if layout.tagging.is_smi(offset_or_feedback) {
-        match builtins {
-            Some(builtins) if !builtins.contains(&frame.pc) => Ok(Tier::Optimized),
-            _ => Ok(Tier::Interpreted),
+        let in_builtins = builtins.iter().any(|range| range.contains(&frame.pc));
+        if builtins.is_empty() || in_builtins {
+            Ok(Tier::Interpreted)
+        } else {
+            Ok(Tier::Optimized)
         }
     } else if layout.tagging.is_heap_object(offset_or_feedback) {
         Ok(Tier::Baseline)

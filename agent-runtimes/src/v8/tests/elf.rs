@@ -213,9 +213,9 @@ fn the_builtins_range_spans_their_symbols() {
 }
 
 /// Node 24's mappings of its executable: the text segment, and the
-/// builtins' pages mapped again next to the generated code, which V8 runs.
+/// builtins' pages mapped again next to the generated code.
 #[test]
-fn the_builtins_run_from_their_copy_when_there_is_one() {
+fn the_builtins_are_found_in_every_mapping_of_them() {
     let object = V8Object {
         constants: Constants::default(),
         builtins: Some(0x1a2_7000..0x1c2_bd78),
@@ -234,20 +234,15 @@ fn the_builtins_run_from_their_copy_when_there_is_one() {
         offset: 0x2e0_1000,
     };
     assert_eq!(
-        object.running_builtins(&[data.clone(), text.clone(), copy.clone()]),
-        Some(0x7f47_a1d8_0000..0x7f47_a1f8_4d78)
+        object.builtins_in_process(&[data.clone(), text.clone(), copy.clone()]),
+        [0x1a2_7000..0x1c2_bd78, 0x7f47_a1d8_0000..0x7f47_a1f8_4d78]
     );
-    // Without the copy (Node 18 and 20), the text segment's.
-    assert_eq!(
-        object.running_builtins(&[data.clone(), text]),
-        Some(0x1a2_7000..0x1c2_bd78)
-    );
-    assert_eq!(object.running_builtins(&[data]), None);
+    assert_eq!(object.builtins_in_process(&[data]), []);
     let unknown = V8Object {
         builtins_file_offset: None,
         ..object
     };
-    assert_eq!(unknown.running_builtins(&[copy]), None);
+    assert_eq!(unknown.builtins_in_process(&[text, copy]), []);
 }
 
 #[test]

@@ -42,8 +42,8 @@ pub(super) struct Loaded {
     pub(super) layout: Layout,
     /// The frame pointer of each frame, innermost first.
     pub(super) frame_pointers: Vec<u64>,
-    /// Where the builtins were, when the capture knows.
-    pub(super) builtins: Option<std::ops::Range<u64>>,
+    /// Where the builtins were.
+    pub(super) builtins: Vec<std::ops::Range<u64>>,
 }
 
 fn hex(word: &str) -> u64 {
@@ -67,13 +67,15 @@ pub(super) fn load(capture: &V8Capture) -> Loaded {
     let ["registers", _rip, rbp, _rsp] = fields.as_slice() else {
         panic!("{}: unexpected meta {:?}", capture.name, capture.meta);
     };
-    let builtins = lines.next().map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let ["builtins", start, end] = fields.as_slice() else {
-            panic!("{}: unexpected meta {line:?}", capture.name);
-        };
-        hex(start)..hex(end)
-    });
+    let builtins = lines
+        .map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let ["builtins", start, end] = fields.as_slice() else {
+                panic!("{}: unexpected meta {line:?}", capture.name);
+            };
+            hex(start)..hex(end)
+        })
+        .collect();
     let mut fp = hex(rbp);
     let mut frame_pointers = Vec::new();
     while let Some(caller) = memory.word(fp) {

@@ -5,7 +5,7 @@
 
 use agent_fixtures::v8::CAPTURES;
 
-use super::frames::{SCRIPT, load, stack_copy};
+use super::frames::{Loaded, SCRIPT, load, stack_copy};
 use crate::v8::{Position, StackCopy, Tier, V8Namer, heap::read_units, walk_chain};
 
 /// Where each function of `tests/workloads/node_chain.js` starts: the
@@ -18,6 +18,24 @@ const STARTS: [(&str, u32, u32); 6] = [
     ("main", 39, 14),
     ("(anonymous)", 1, 1),
 ];
+
+/// burnLeaf's function slot.
+fn burn_leaf(loaded: &mut Loaded) -> u64 {
+    let mut namer = V8Namer::new(loaded.layout);
+    for fp in loaded.frame_pointers.clone() {
+        let slot = fp.wrapping_add_signed(loaded.layout.frame.function);
+        let Some(function) = loaded.memory.word(slot) else {
+            continue;
+        };
+        if namer
+            .name(&mut loaded.memory, function)
+            .is_ok_and(|named| &*named.name == "burnLeaf")
+        {
+            return function;
+        }
+    }
+    panic!("no burnLeaf frame");
+}
 
 struct Frame {
     name: String,
@@ -44,7 +62,7 @@ fn script_frames(index: usize) -> Vec<Frame> {
             continue;
         }
         let tier = namer
-            .tier(&mut loaded.memory, frame, loaded.builtins.as_ref())
+            .tier(&mut loaded.memory, frame, &loaded.builtins)
             .expect("a JavaScript frame's tier");
         frames.push(Frame {
             name: named.name.to_string(),
@@ -81,7 +99,7 @@ fn every_release_names_the_chain_with_lines() {
 fn every_frame_has_the_tier_it_ran_in() {
     for (index, capture) in CAPTURES.iter().enumerate() {
         assert!(
-            load(capture).builtins.is_some(),
+            !load(capture).builtins.is_empty(),
             "{}: where the builtins ran",
             capture.name
         );
@@ -94,7 +112,7 @@ fn every_frame_has_the_tier_it_ran_in() {
             capture.name,
         );
         match kind {
-            "interpreted" => assert!(
+            "interpreted" | "profiled" => assert!(
                 tiers.iter().all(|&tier| tier == Tier::Interpreted),
                 "{release}: {tiers:?}"
             ),
@@ -159,15 +177,10 @@ fn a_start_the_source_does_not_confirm_is_no_line() {
         .expect("the capture");
     let mut loaded = load(&CAPTURES[index]);
     let layout = loaded.layout;
-    let fp = loaded.frame_pointers[0];
-    let function = loaded
-        .memory
-        .word(fp.wrapping_add_signed(layout.frame.function))
-        .expect("captured");
+    let function = burn_leaf(&mut loaded);
     let named = V8Namer::new(layout)
         .name(&mut loaded.memory, function)
         .expect("named");
-    assert_eq!(&*named.name, "burnLeaf");
     assert_eq!(
         named.position,
         Some(Position {
@@ -214,4 +227,42 @@ fn a_start_the_source_does_not_confirm_is_no_line() {
         .expect("named");
     assert_eq!(&*named.name, "burnLeaf");
     assert_eq!(named.position, None);
+}
+
+/// Under V8's profiler every script's line ends are kept
+/// (`Script::line_ends`): lines come from them, without reading the
+/// source (the capture does not hold it).
+#[test]
+fn lines_come_from_the_line_ends_v8_keeps() {
+    let index = CAPTURES
+        .iter()
+        .position(|capture| capture.name == "node20-profiled")
+        .expect("the capture");
+    let frames = script_frames(index);
+    let found: Vec<(&str, Option<Position>)> = frames
+        .iter()
+        .map(|frame| (frame.name.as_str(), frame.position))
+        .collect();
+    let expected: Vec<(&str, Option<Position>)> = STARTS
+        .iter()
+        .map(|&(name, line, column)| (name, Some(Position { line, column })))
+        .collect();
+    assert_eq!(found, expected);
+    let mut loaded = load(&CAPTURES[index]);
+    let layout = loaded.layout;
+    let untag = |tagged| layout.tagging.untag(tagged);
+    let word = |memory: &mut super::frames::Replay, at| memory.word(at).expect("captured");
+    let function = burn_leaf(&mut loaded);
+    let shared = word(
+        &mut loaded.memory,
+        untag(function) + layout.fields.js_function_shared,
+    );
+    let script = word(&mut loaded.memory, untag(shared) + layout.fields.sfi_script);
+    let source = word(
+        &mut loaded.memory,
+        untag(script) + layout.fields.script_source,
+    );
+    let error = read_units(&mut loaded.memory, &layout, source, 1 << 20)
+        .expect_err("the source was not read whole");
+    assert_eq!(error.reason(), "read");
 }
