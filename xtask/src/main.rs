@@ -86,6 +86,7 @@ fn main() -> Result<()> {
                 setup::fuzz_toolchain(&setup::pinned_nightly()?)?;
                 setup::parca_server()?;
                 setup::pyroscope_server(&root)?;
+                setup::otelcol(&root)?;
                 setup::python_tools()?;
                 setup::container_bases(&root)?;
             }
@@ -97,6 +98,7 @@ fn main() -> Result<()> {
             setup::debian_packages()?;
             setup::parca_server()?;
             setup::pyroscope_server(&root)?;
+            setup::otelcol(&root)?;
             setup::python_tools()?;
             setup::container_bases(&root)?;
             util::run_tests(&root, &args)

@@ -1,5 +1,6 @@
 //! `cargo xtask setup`: the pinned nightly, bpf-linker, cargo-fuzz, Debian
-//! packages and the Parca server the end-to-end tests push to. Every step checks first
+//! packages and the Parca, Pyroscope and OpenTelemetry Collector servers
+//! the end-to-end tests push to. Every step checks first
 //! and does nothing when already done.
 
 use std::{
@@ -14,8 +15,10 @@ use crate::util::{describe, is_root, run};
 
 mod apt;
 mod images;
+mod otelcol;
 
 pub use images::{bases_dir as image_bases_dir, container_bases};
+pub use otelcol::{otelcol, otelcol_path};
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The cargo-fuzz `cargo xtask fuzz` drives (builds in about 2 minutes).

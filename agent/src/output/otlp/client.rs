@@ -443,6 +443,9 @@ pub fn refusal(status: StatusCode, content_type: &str, body: &[u8]) -> Status {
         | StatusCode::BAD_GATEWAY
         | StatusCode::SERVICE_UNAVAILABLE
         | StatusCode::GATEWAY_TIMEOUT => Code::Unavailable,
+        // A gRPC refusal passed on as a bare 500 (Pyroscope does so): its
+        // code says more than the status.
+        _ if text.contains("code = InvalidArgument") => Code::InvalidArgument,
         _ => Code::Internal,
     };
     Status::new(code, format!("HTTP {}: {text}", status.as_u16()))
@@ -476,5 +479,11 @@ mod tests {
         .encode_to_vec();
         let status = refusal(StatusCode::BAD_REQUEST, "application/x-protobuf", &body);
         assert!(status.message().contains("bad profiles"), "{status:?}");
+        let passed_on = refusal(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "text/plain",
+            b"rpc error: code = InvalidArgument desc = sample value is required",
+        );
+        assert_eq!(passed_on.code(), Code::InvalidArgument);
     }
 }
