@@ -245,6 +245,10 @@ fn fan_out_to_the_collector_and_parca_gives_the_same_totals() {
             )
         },
     );
+    eprintln!(
+        "the Collector and Parca hold {} samples of the workload each",
+        at_collector.get()
+    );
 }
 
 #[test]
