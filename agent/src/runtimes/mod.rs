@@ -3,12 +3,14 @@
 //! detector that recognizes the runtime in a process image and hands the
 //! BPF walker that process's layout, and a namer that turns what the walker
 //! recorded into function, file and line while the process is alive. Only
-//! CPython (`python`) and HotSpot (`java`) exist so far; the pipeline sees only this module.
+//! CPython (`python`) and HotSpot (`java`) exist so far; the pipeline drives
+//! each through one trait, [`RuntimeSupport`] (`support`).
 
 mod java;
 mod memory;
 mod python;
 mod splice;
+mod support;
 
 use std::sync::Arc;
 
@@ -18,6 +20,7 @@ pub use python::{
     PythonConfig, PythonMapError, PythonProcessMap, PythonRuntime, ThreadPointerLookup,
 };
 pub use splice::{NamedFrame, splice};
+pub use support::{ForeignUnwind, JavaSupport, PythonSupport, RuntimeSupport, Spliced};
 
 /// Which interpreter a frame belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
