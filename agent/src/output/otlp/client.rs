@@ -23,7 +23,7 @@ use tonic::{
     service::{Interceptor, interceptor::InterceptedService},
     transport::Channel,
 };
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{
     OtlpConfig, OtlpError, OtlpRequest, ProfilesVersion, Protocol,
@@ -289,6 +289,11 @@ impl Pusher for OtlpClient {
 
     async fn push(&mut self, request: OtlpRequest) -> Result<(), Status> {
         let message = request.build().map_err(|error| unconvertible(&error))?;
+        debug!(
+            series = message.resource_profiles.len(),
+            bytes = message.encoded_len(),
+            "OTLP request built"
+        );
         let response = match self {
             Self::Grpc(client) => client.export(message).await?.into_inner(),
             Self::GrpcV1_9(client) => client

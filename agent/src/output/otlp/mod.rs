@@ -27,8 +27,9 @@ use super::{
 const OTLP: Server = Server {
     name: "OTLP",
     queue_option: "--otlp-queue-bytes",
-    // The Collector's gRPC receiver takes 4 MiB by default; the request
-    // is larger than the gzipped profiles it is built from.
+    // The Collector's gRPC receiver takes 4 MiB by default; a request is
+    // about twice the gzipped profiles it is built from (measured: 0.5 MB
+    // of them made 0.74 to 1.0 MB, the dictionary shared).
     max_request_bytes: 1 << 20,
 };
 
