@@ -84,7 +84,8 @@ pub struct OtlpArgs {
     #[arg(long, value_name = "FILE")]
     pub otlp_ca_file: Option<PathBuf>,
 
-    /// Send HTTP bodies as they are instead of gzipped.
+    /// Send requests as they are instead of gzipped (for a receiver
+    /// without gzip).
     #[arg(long)]
     pub otlp_no_compression: bool,
 

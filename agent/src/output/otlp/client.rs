@@ -1,6 +1,6 @@
 //! Sending one export: gRPC (`ProfilesService/Export` over HTTP/2, TLS by
 //! the same connector as Parca's) or HTTP (`POST
-//! {endpoint}/v1development/profiles`, protobuf, gzipped, over HTTP/1.1),
+//! {endpoint}/v1development/profiles`, protobuf, over HTTP/1.1), gzipped,
 //! at the release of the messages the receiver reads. Refusals are told
 //! as gRPC statuses, HTTP ones mapped as the OTLP specification maps them,
 //! and only the failures the specification calls retryable are retried.
@@ -19,6 +19,7 @@ use hyper_util::{
 use prost::Message;
 use tonic::{
     Code, Status,
+    codec::CompressionEncoding,
     metadata::{AsciiMetadataKey, AsciiMetadataValue},
     service::{Interceptor, interceptor::InterceptedService},
     transport::Channel,
@@ -52,6 +53,7 @@ pub struct GrpcTarget {
     target: connect::Target,
     metadata: Metadata,
     version: ProfilesVersion,
+    gzip: bool,
 }
 
 #[derive(Clone)]
@@ -110,6 +112,7 @@ impl Target {
                     target,
                     metadata: Metadata::new(config)?,
                     version: config.version,
+                    gzip: config.gzip,
                 })))
             }
             Protocol::Http => {
@@ -157,14 +160,34 @@ impl Target {
                     target,
                     metadata,
                     version,
+                    gzip,
                 } = *grpc;
+                let channel = target.channel();
                 match version {
-                    ProfilesVersion::V1_10 => OtlpClient::Grpc(
-                        proto::ProfilesServiceClient::with_interceptor(target.channel(), metadata),
-                    ),
-                    ProfilesVersion::V1_9 => OtlpClient::GrpcV1_9(
-                        legacy::ProfilesServiceClient::with_interceptor(target.channel(), metadata),
-                    ),
+                    ProfilesVersion::V1_10 => {
+                        let client =
+                            proto::ProfilesServiceClient::with_interceptor(channel, metadata);
+                        OtlpClient::Grpc(if gzip {
+                            // A server answers in the encoding it was sent.
+                            client
+                                .send_compressed(CompressionEncoding::Gzip)
+                                .accept_compressed(CompressionEncoding::Gzip)
+                        } else {
+                            client
+                        })
+                    }
+                    ProfilesVersion::V1_9 => {
+                        let client =
+                            legacy::ProfilesServiceClient::with_interceptor(channel, metadata);
+                        OtlpClient::GrpcV1_9(if gzip {
+                            // A server answers in the encoding it was sent.
+                            client
+                                .send_compressed(CompressionEncoding::Gzip)
+                                .accept_compressed(CompressionEncoding::Gzip)
+                        } else {
+                            client
+                        })
+                    }
                 }
             }
             Self::Http(target) => {

@@ -59,7 +59,8 @@ pub struct OtlpConfig {
     pub bearer_token: Option<Secret>,
     /// Extra headers (gRPC metadata) sent with every export.
     pub headers: Vec<(String, Secret)>,
-    /// Gzip the HTTP body (`Content-Encoding: gzip`).
+    /// Gzip the request (HTTP `Content-Encoding: gzip`, gRPC
+    /// `grpc-encoding: gzip`).
     pub gzip: bool,
     /// Bytes of unsent profiles kept; the oldest are dropped beyond.
     pub queue_bytes: u64,
