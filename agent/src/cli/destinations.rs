@@ -147,4 +147,41 @@ mod tests {
         let neither = DestinationArgs::from_entry(&[one("name", "x")], path, 3).expect("parses");
         assert!(neither.config(3).is_err());
     }
+
+    #[test]
+    fn otlp_entries_name_their_receiver_protocol_and_release() {
+        let path = Path::new("firn.yaml");
+        let entry = DestinationArgs::from_entry(
+            &[
+                one("otlp-endpoint", "http://localhost:4040"),
+                one("otlp-protocol", "http"),
+                one("otlp-profiles-version", "1.9"),
+                one("otlp-headers", "X-Scope-OrgID=team-a"),
+            ],
+            path,
+            0,
+        )
+        .expect("valid");
+        let DestinationConfig::Otlp(config) = entry.config(0).expect("config") else {
+            panic!("an OTLP destination");
+        };
+        assert_eq!(config.name, "otlp");
+        assert_eq!(config.protocol, crate::output::otlp::Protocol::Http);
+        assert_eq!(config.version, crate::output::otlp::ProfilesVersion::V1_9);
+        assert!(config.tls.is_none(), "http:// is plaintext");
+        assert_eq!(config.headers.len(), 1);
+        let version = DestinationArgs::from_entry(&[one("otlp-profiles-version", "2")], path, 1)
+            .expect_err("an unknown release");
+        assert!(version.to_string().contains("destinations[1]"), "{version}");
+        let both = DestinationArgs::from_entry(
+            &[
+                one("otlp-endpoint", "collector:4317"),
+                one("pyroscope-url", "http://localhost:4040"),
+            ],
+            path,
+            2,
+        )
+        .expect("parses");
+        assert!(both.config(2).is_err(), "one server per entry");
+    }
 }
