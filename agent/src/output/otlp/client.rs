@@ -116,7 +116,14 @@ impl Target {
                 })))
             }
             Protocol::Http => {
-                let endpoint = format!("{}{HTTP_PATH}", config.endpoint.trim_end_matches('/'));
+                // A base URL gets the signal's path, as OpenTelemetry's
+                // exporters add it; a full one is taken as it is.
+                let base = config.endpoint.trim_end_matches('/');
+                let endpoint = if base.ends_with(HTTP_PATH) {
+                    base.to_owned()
+                } else {
+                    format!("{base}{HTTP_PATH}")
+                };
                 let endpoint: http::Uri = endpoint.parse().map_err(|_| OtlpError::Endpoint {
                     endpoint: config.endpoint.clone(),
                 })?;
