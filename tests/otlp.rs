@@ -17,7 +17,10 @@ use std::{
 
 use common::*;
 use otlp_support::{Collector, Received};
-use parca_support::harness::{ParcaServer, all_stacks};
+use parca_support::{
+    harness::{ParcaServer, all_stacks},
+    tls_server::Authority,
+};
 use pyroscope_support::{CPU_TYPE, PyroscopeServer};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -422,4 +425,70 @@ fn refusing_receivers_are_told_once_counted_and_not_retried() {
     assert!(missing.log.contains("HTTP 404"), "{}", missing.log);
     let right = right.stop();
     assert!(!right.log.contains("level=error"), "{}", right.log);
+}
+
+#[test]
+fn tls_is_checked_against_the_given_ca() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let authority = Authority::new(dir.path(), "otlp-ca");
+    let (cert, key) = authority.server_files(dir.path());
+    let collector = Collector::start_tls(&dir.path().join("otelcol"), &cert, &key);
+    let workload = start_chain(dir.path(), &FP_FLAGS);
+    let pid = workload.pid();
+    let ca = authority.pem_path.to_str().expect("utf-8");
+    let grpc = format!("https://127.0.0.1:{}", collector.grpc_port);
+    let http = format!("https://127.0.0.1:{}", collector.http_port);
+    let common = ["--pid", &pid.to_string(), "--profiling-duration", "2s"];
+    let agent = |name: &str, args: &[&str]| {
+        Agent::start(
+            &dir.path().join(format!("{name}.log")),
+            &[args, &common].concat(),
+            &[],
+        )
+    };
+    let trusted_grpc = agent("grpc", &["--otlp-endpoint", &grpc, "--otlp-ca-file", ca]);
+    let trusted_http = agent(
+        "http",
+        &[
+            "--otlp-endpoint",
+            &http,
+            "--otlp-protocol",
+            "http",
+            "--otlp-ca-file",
+            ca,
+        ],
+    );
+    let untrusted = agent("untrusted", &["--otlp-endpoint", &grpc]);
+    wait_for(
+        "profiles through TLS by both protocols, and the unknown CA refused",
+        Duration::from_secs(60),
+        || {
+            trusted_grpc.assert_running();
+            std::thread::sleep(Duration::from_millis(300));
+            chain_samples(&of_pid(&collector, "grpc", pid)) >= 50
+                && chain_samples(&of_pid(&collector, "http", pid)) >= 50
+                && untrusted.log().contains("UnknownIssuer")
+        },
+        || {
+            format!(
+                "{}\n{}\n{}",
+                trusted_http.log(),
+                untrusted.log(),
+                collector.log()
+            )
+        },
+    );
+    for agent in [trusted_grpc, trusted_http] {
+        let stopped = agent.stop();
+        assert!(!stopped.log.contains("level=error"), "{}", stopped.log);
+    }
+    let untrusted = untrusted.stop();
+    assert_eq!(
+        log_field(&untrusted.log, "firn agent stopped", "remote_profiles_sent"),
+        Some(0),
+        "nothing sent to a server whose certificate is not trusted:\n{}",
+        untrusted.log
+    );
 }

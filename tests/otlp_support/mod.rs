@@ -49,8 +49,24 @@ impl Collector {
     /// With `token`, the gRPC receiver refuses exports without
     /// `Authorization: Bearer <token>`.
     pub fn start(dir: &Path, token: Option<&str>) -> Self {
+        Self::launch(dir, token, None)
+    }
+
+    /// Both receivers behind TLS with this certificate and key (PEM).
+    pub fn start_tls(dir: &Path, cert: &Path, key: &Path) -> Self {
+        Self::launch(dir, None, Some((cert, key)))
+    }
+
+    fn launch(dir: &Path, token: Option<&str>, tls: Option<(&Path, &Path)>) -> Self {
         std::fs::create_dir_all(dir).expect("collector directory");
         let (grpc_port, http_port) = (free_port(), free_port());
+        let tls = tls.map_or(String::new(), |(cert, key)| {
+            format!(
+                "\n        tls:\n          cert_file: {}\n          key_file: {}",
+                cert.display(),
+                key.display()
+            )
+        });
         let auth = token.map_or(String::new(), |_| {
             "\n        auth:\n          authenticator: bearertokenauth".to_owned()
         });
@@ -68,11 +84,11 @@ impl Collector {
   otlp/grpc:
     protocols:
       grpc:
-        endpoint: 127.0.0.1:{grpc_port}{auth}
+        endpoint: 127.0.0.1:{grpc_port}{auth}{tls}
   otlp/http:
     protocols:
       http:
-        endpoint: 127.0.0.1:{http_port}
+        endpoint: 127.0.0.1:{http_port}{tls}
 exporters:
   file/grpc:
     path: {}
