@@ -215,9 +215,9 @@ fn remote_exporter(
             Ok((
                 Box::new(exporter),
                 format!(
-                    "{} (OTLP {:?}, profiles {})",
+                    "{} (OTLP over {}, profiles messages {})",
                     otlp.endpoint,
-                    otlp.protocol,
+                    otlp.protocol.as_str(),
                     otlp.version.as_str()
                 ),
             ))

@@ -18,6 +18,15 @@ pub enum Protocol {
     Http,
 }
 
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Grpc => "gRPC",
+            Self::Http => "HTTP",
+        }
+    }
+}
+
 /// The release of opentelemetry-proto whose profiles messages are sent.
 /// The profiles signal is still in development: v1.9.0 and v1.10.0 number
 /// `Sample`'s fields differently, so a receiver reading one release takes
