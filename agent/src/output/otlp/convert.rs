@@ -401,15 +401,16 @@ fn fastrand_id() -> Vec<u8> {
 }
 
 /// What a frame is, by the mapping that holds it, in the words of
-/// OpenTelemetry's eBPF profiler: `kernel`, `cpython`, `jvm`, `native`,
+/// OpenTelemetry's eBPF profiler: `kernel`, `cpython`, `jvm` (interpreted,
+/// compiled and inlined Java alike: `[java]`, `[java:c2]`, ...), `native`,
 /// and `jit` for code in anonymous memory (JIT compilers without a runtime
 /// of their own here).
 pub fn frame_type(mapping: &str) -> &'static str {
     match mapping {
         "[kernel.kallsyms]" => "kernel",
-        "[python]" => "cpython",
-        "[java]" => "jvm",
         "[vdso]" | "[vsyscall]" => "native",
+        other if other.starts_with("[python") => "cpython",
+        other if other.starts_with("[java") => "jvm",
         other if other.starts_with('[') => "jit",
         _ => "native",
     }

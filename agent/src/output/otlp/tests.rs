@@ -237,6 +237,8 @@ fn frame_kinds_follow_the_mapping() {
     assert_eq!(frame_type("[kernel.kallsyms]"), "kernel");
     assert_eq!(frame_type("[python]"), "cpython");
     assert_eq!(frame_type("[java]"), "jvm");
+    assert_eq!(frame_type("[java:c2]"), "jvm");
+    assert_eq!(frame_type("[java:interpreted]"), "jvm");
     assert_eq!(frame_type("[anon]"), "jit");
     assert_eq!(frame_type("[vdso]"), "native");
     assert_eq!(frame_type("/usr/lib/libc.so.6"), "native");
