@@ -87,6 +87,7 @@ fn main() -> Result<()> {
                 setup::fuzz_toolchain(&setup::pinned_nightly()?)?;
                 setup::parca_server()?;
                 setup::pyroscope_server(&root)?;
+                setup::otelcol(&root)?;
                 setup::python_tools()?;
                 setup::container_bases(&root)?;
                 setup::node_releases()?;
@@ -99,6 +100,7 @@ fn main() -> Result<()> {
             setup::debian_packages()?;
             setup::parca_server()?;
             setup::pyroscope_server(&root)?;
+            setup::otelcol(&root)?;
             setup::python_tools()?;
             setup::container_bases(&root)?;
             setup::node_releases()?;
