@@ -29,7 +29,8 @@ struct Cli {
 enum Command {
     /// Install what building the BPF object and running the tests need:
     /// the pinned nightly with rust-src, bpf-linker, cargo-fuzz, Debian
-    /// packages, the Parca server, the container test's base images.
+    /// packages, the Parca server, the container test's base images, the
+    /// Node.js releases.
     /// Idempotent.
     Setup {
         /// Only the Debian packages the tests and benchmarks use.
@@ -88,6 +89,7 @@ fn main() -> Result<()> {
                 setup::pyroscope_server(&root)?;
                 setup::python_tools()?;
                 setup::container_bases(&root)?;
+                setup::node_releases()?;
             }
             Ok(())
         }
@@ -99,6 +101,7 @@ fn main() -> Result<()> {
             setup::pyroscope_server(&root)?;
             setup::python_tools()?;
             setup::container_bases(&root)?;
+            setup::node_releases()?;
             util::run_tests(&root, &args)
         }
         Command::Install(args) => install::run(&root, &args),

@@ -81,7 +81,11 @@ pub fn run_tests(root: &Path, args: &[String]) -> Result<()> {
         );
     }
     crate::libraries::check(root)?;
-    run(cargo(root)
+    let mut command = cargo(root);
+    for (variable, version) in crate::setup::NODE_RELEASES {
+        command.env(variable, crate::setup::node_path(version));
+    }
+    run(command
         .env("FIRN_PARCA_BIN", crate::setup::parca_path())
         .env("FIRN_PYROSCOPE_BIN", crate::setup::pyroscope_path())
         .env("FIRN_TOOLS_VENV", crate::setup::tools_venv())
