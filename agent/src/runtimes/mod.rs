@@ -3,11 +3,12 @@
 //! detector that recognizes the runtime in a process image and hands the
 //! BPF walker that process's layout, and a namer that turns what the walker
 //! recorded into function, file and line while the process is alive. Only
-//! CPython (`python`) and HotSpot (`java`) exist so far; the pipeline drives
+//! CPython (`python`), HotSpot (`java`) and V8 (`node`) exist so far; the pipeline drives
 //! each through one trait, [`RuntimeSupport`] (`support`).
 
 mod java;
 mod memory;
+mod node;
 mod python;
 mod splice;
 mod support;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 
 pub use java::{JavaConfig, JavaFrames, JavaRuntime, JvmUnwinder};
 pub use memory::ProcessMemory;
+pub use node::{NodeConfig, NodeRuntime};
 pub use python::{
     PythonConfig, PythonMapError, PythonProcessMap, PythonRuntime, ThreadPointerLookup,
 };
@@ -27,6 +29,7 @@ pub use support::{ForeignUnwind, JavaSupport, PythonSupport, RuntimeSupport, Spl
 pub enum Runtime {
     Python,
     Java,
+    JavaScript,
 }
 
 impl Runtime {
@@ -35,6 +38,7 @@ impl Runtime {
         match self {
             Self::Python => "[python]",
             Self::Java => "[java]",
+            Self::JavaScript => "[javascript]",
         }
     }
 }
