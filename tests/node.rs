@@ -1,0 +1,383 @@
+//! End to end: JavaScript frames of Node.js processes named from V8's heap
+//! by the real `firn` binary (no `--perf-basic-prof`), for
+//! `tests/workloads/node/chain.js` run unoptimized (`--max-opt=0`, or
+//! `--no-opt` where V8 lacks it) and optimized (TurboFan, after warm-up,
+//! inlining off so each function keeps its frame): the chain in order with
+//! its script file, a class method and a closure; with `--nodejs=false`,
+//! native stacks as before. Each check runs on Debian's Node 20
+//! (`/usr/bin/node`) and on every Node named by `FIRN_NODE_18`,
+//! `FIRN_NODE_22` and `FIRN_NODE_24` (`cargo xtask setup` installs them,
+//! `cargo xtask test` sets them).
+
+mod common;
+
+use std::{
+    fs::File,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use agent_pprof::{Reader, proto::Profile};
+use common::*;
+
+/// The mapping of every JavaScript frame's location.
+const JS_MAPPING: &str = "[javascript]";
+
+/// Share of the main thread's samples that must hold the whole chain.
+const MOST: f64 = 0.9;
+
+/// Least samples of the main thread a check needs to say anything.
+const ENOUGH: i64 = 40;
+
+/// The Node binaries to check, with a name for messages.
+fn nodes() -> Vec<(String, PathBuf)> {
+    let debian = PathBuf::from("/usr/bin/node");
+    assert!(
+        debian.is_file(),
+        "no Node at /usr/bin/node (Debian's nodejs, installed by `cargo xtask setup`)"
+    );
+    let mut nodes = vec![("Debian node".to_owned(), debian)];
+    for version in ["18", "22", "24"] {
+        let var = format!("FIRN_NODE_{version}");
+        if let Some(path) = std::env::var_os(&var) {
+            let path = PathBuf::from(path);
+            assert!(
+                path.is_file(),
+                "{var} is set to {}, which is not a file (run `cargo xtask setup`, or unset it)",
+                path.display()
+            );
+            nodes.push((format!("Node {version}"), path));
+        }
+    }
+    nodes
+}
+
+fn script() -> PathBuf {
+    workloads_dir().join("node/chain.js")
+}
+
+/// Whether `node` knows the V8 flag `flag` (without its `--`).
+fn knows_flag(node: &Path, flag: &str) -> bool {
+    let output = Command::new(node)
+        .arg("--v8-options")
+        .output()
+        .unwrap_or_else(|error| panic!("{} --v8-options: {error}", node.display()));
+    let wanted = format!("--{flag} ");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .any(|line| line.trim_start().starts_with(&wanted))
+}
+
+/// How V8 is to run the chain.
+#[derive(Clone, Copy, Debug)]
+enum Tier {
+    /// Interpreted and baseline code only.
+    Unoptimized,
+    /// TurboFan code for the whole chain, each function its own frame.
+    Optimized,
+}
+
+impl Tier {
+    fn flags(self, node: &Path) -> Vec<&'static str> {
+        match self {
+            Self::Unoptimized if knows_flag(node, "max-opt") => vec!["--max-opt=0"],
+            Self::Unoptimized => vec!["--no-opt"],
+            Self::Optimized => {
+                let mut flags = vec!["--no-turbo-inlining", "--trace-opt"];
+                if knows_flag(node, "maglev-inlining") {
+                    flags.push("--no-maglev-inlining");
+                }
+                flags
+            }
+        }
+    }
+}
+
+/// A Node process running the chain, its standard output in a file;
+/// killed when dropped.
+struct NodeProcess {
+    child: Child,
+    stdout: PathBuf,
+}
+
+impl NodeProcess {
+    /// `node FLAGS chain.js 0 MODE`, once it has run a while and, for an
+    /// optimized run, once TurboFan compiled `functions`.
+    fn start(dir: &Path, node: &Path, tier: Tier, mode: &str, functions: &[&str]) -> Self {
+        let stdout = dir.join(format!("node-{mode}.out"));
+        let child = Command::new(node)
+            .args(tier.flags(node))
+            .arg(script())
+            .args(["0", mode])
+            .stdout(File::create(&stdout).expect("stdout file"))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|error| panic!("could not start {}: {error}", node.display()));
+        let process = Self { child, stdout };
+        wait_for_cpu_time(
+            process.pid(),
+            Duration::from_millis(500),
+            Duration::from_secs(60),
+        );
+        if let Tier::Optimized = tier {
+            wait_for(
+                "TurboFan to compile the chain",
+                Duration::from_secs(60),
+                || {
+                    let trace = process.trace();
+                    functions.iter().all(|function| optimized(&trace, function))
+                },
+                || process.trace(),
+            );
+        }
+        process
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn trace(&self) -> String {
+        std::fs::read_to_string(&self.stdout).unwrap_or_default()
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether V8's `--trace-opt` output says `function` was compiled by
+/// TurboFan (`[optimizing ...]` in V8 10, `[completed optimizing ...]`
+/// from 11, target `TURBOFAN` or `TURBOFAN_JS`).
+fn optimized(trace: &str, function: &str) -> bool {
+    let object = format!("<JSFunction {function} ");
+    trace.lines().any(|line| {
+        line.contains(&object)
+            && line.contains("TURBOFAN")
+            && (line.starts_with("[optimizing") || line.starts_with("[completed optimizing"))
+    })
+}
+
+/// One frame of a sample.
+#[derive(Debug)]
+struct Frame {
+    name: String,
+    file: String,
+    line: i64,
+    javascript: bool,
+}
+
+/// The samples of `pid`'s main thread (those under `node::Start`), leaf
+/// first, with their counts.
+fn main_thread(profile: &Profile, pid: u32) -> Vec<(Vec<Frame>, i64)> {
+    let pid = pid.to_string();
+    Reader::new(profile)
+        .samples()
+        .filter(|sample| sample.label("pid") == Some(pid.as_str()))
+        .map(|sample| {
+            let frames = sample
+                .frames()
+                .iter()
+                .map(|frame| Frame {
+                    name: frame.display_name(),
+                    file: frame.file.to_owned(),
+                    line: frame.line,
+                    javascript: frame
+                        .mapping
+                        .is_some_and(|mapping| mapping.filename == JS_MAPPING),
+                })
+                .collect::<Vec<_>>();
+            (frames, sample.count())
+        })
+        .filter(|(frames, _)| frames.iter().any(|frame| frame.name == "node::Start"))
+        .collect()
+}
+
+/// The line of `chain.js` marked `// line: NAME`.
+fn marked_line(name: &str) -> i64 {
+    let source = std::fs::read_to_string(script()).expect("chain.js");
+    let marker = format!("// line: {name}");
+    source
+        .lines()
+        .position(|line| line.trim_end().ends_with(&marker))
+        .map(|index| index as i64 + 1)
+        .unwrap_or_else(|| panic!("no marker {marker}"))
+}
+
+/// Whether `frames` hold `chain` (leaf first, each `(names, marker)`: the
+/// frame's accepted names and the marker of the line it runs) as
+/// consecutive JavaScript frames of chain.js. A line, where firn gives one
+/// (not 0), must be the marked one; the leaf's any line of its body.
+fn holds(frames: &[Frame], chain: &[(&[&str], &str)]) -> bool {
+    let (leaf_names, leaf_marker) = chain[0];
+    let Some(leaf) = frames
+        .iter()
+        .position(|frame| leaf_names.contains(&frame.name.as_str()))
+    else {
+        return false;
+    };
+    let leaf_body = marked_line(leaf_marker) - 3..=marked_line(leaf_marker) + 3;
+    let run = &frames[leaf..];
+    run.len() >= chain.len()
+        && run
+            .iter()
+            .zip(chain)
+            .enumerate()
+            .all(|(index, (frame, (names, marker)))| {
+                let line_ok = frame.line == 0
+                    || match index {
+                        0 => leaf_body.contains(&frame.line),
+                        _ => frame.line == marked_line(marker),
+                    };
+                frame.javascript
+                    && names.contains(&frame.name.as_str())
+                    && frame.file.ends_with("node/chain.js")
+                    && line_ok
+            })
+}
+
+fn describe_frames(samples: &[(Vec<Frame>, i64)]) -> String {
+    let mut sorted: Vec<_> = samples.iter().collect();
+    sorted.sort_by_key(|(_, count)| -count);
+    sorted
+        .iter()
+        .take(6)
+        .map(|(frames, count)| {
+            let names: Vec<String> = frames
+                .iter()
+                .map(|frame| match frame.javascript {
+                    true => format!("{}@{}:{}", frame.name, frame.file, frame.line),
+                    false => frame.name.clone(),
+                })
+                .collect();
+            format!("{count:>5}  {}", names.join(" <- "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The chain `settle -> reconcile -> accumulate`, leaf first.
+const CHAIN: &[(&[&str], &str)] = &[
+    (&["accumulate"], "accumulate"),
+    (&["reconcile"], "reconcile"),
+    (&["settle"], "settle"),
+    (&["main"], "main"),
+];
+
+/// A closure calling a class method: `tally -> Ledger.post -> accumulate`.
+const METHOD_CHAIN: &[(&[&str], &str)] = &[
+    (&["accumulate"], "accumulate"),
+    (&["Ledger.post", "post"], "post"),
+    (&["tally"], "tally"),
+];
+
+/// Records each Node running chain.js in `mode` at `tier` and checks the
+/// share of the main thread's samples holding `chain`.
+fn chain_is_named(tier: Tier, mode: &str, chain: &[(&[&str], &str)], compiled: &[&str]) {
+    require_root();
+    let _serial = serial();
+    let mut failures = Vec::new();
+    for (name, node) in nodes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let process = NodeProcess::start(dir.path(), &node, tier, mode, compiled);
+        let pid = process.pid().to_string();
+        let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+        let samples = main_thread(&profile, process.pid());
+        let total: i64 = samples.iter().map(|(_, count)| count).sum();
+        let named: i64 = samples
+            .iter()
+            .filter(|(frames, _)| holds(frames, chain))
+            .map(|(_, count)| count)
+            .sum();
+        let share = named as f64 / total.max(1) as f64;
+        println!("{name} {tier:?} {mode}: {named} of {total} samples hold the chain ({share:.3})");
+        if total < ENOUGH || share < MOST {
+            failures.push(format!(
+                "{name} {tier:?} {mode}: {named} of {total} samples hold the chain:\n{}",
+                describe_frames(&samples)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn unoptimized_chain_is_named() {
+    chain_is_named(Tier::Unoptimized, "chain", CHAIN, &[]);
+}
+
+#[test]
+fn optimized_chain_is_named() {
+    chain_is_named(
+        Tier::Optimized,
+        "chain",
+        CHAIN,
+        &["accumulate", "reconcile", "settle"],
+    );
+}
+
+#[test]
+fn class_method_and_closure_are_named() {
+    chain_is_named(Tier::Unoptimized, "method", METHOD_CHAIN, &[]);
+}
+
+#[test]
+fn optimized_class_method_and_closure_are_named() {
+    chain_is_named(
+        Tier::Optimized,
+        "method",
+        METHOD_CHAIN,
+        &["accumulate", "post", "tally"],
+    );
+}
+
+/// `--nodejs=false`: no JavaScript frame, the JIT code's frames as the
+/// native unwind finds them (`[anon]` where no perf map names them).
+#[test]
+fn nodejs_off_leaves_native_stacks() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let process = NodeProcess::start(
+        dir.path(),
+        Path::new("/usr/bin/node"),
+        Tier::Unoptimized,
+        "chain",
+        &[],
+    );
+    let pid = process.pid().to_string();
+    let (_, profile) = record(
+        dir.path(),
+        &["--duration", "3s", "--pid", &pid, "--nodejs=false"],
+    );
+    let any_js = Reader::new(&profile)
+        .mappings()
+        .any(|mapping| mapping.filename == JS_MAPPING);
+    let samples = stacks_of(&profile, process.pid());
+    let total: i64 = samples.iter().map(|(_, count)| count).sum();
+    let trampolines: i64 = samples
+        .iter()
+        .filter(|(names, _)| {
+            names
+                .iter()
+                .any(|name| name == "Builtins_InterpreterEntryTrampoline")
+        })
+        .map(|(_, count)| count)
+        .sum();
+    assert!(total >= ENOUGH, "too few samples of node: {total}");
+    assert!(
+        !any_js
+            && samples.iter().all(|(names, _)| {
+                names
+                    .iter()
+                    .all(|name| !["settle", "reconcile", "accumulate"].contains(&name.as_str()))
+            })
+            && trampolines * 10 >= total * 9,
+        "--nodejs=false: JavaScript frames, or native stacks not as before:\n{}",
+        describe(&samples)
+    );
+}
