@@ -381,3 +381,74 @@ fn nodejs_off_leaves_native_stacks() {
         describe(&samples)
     );
 }
+
+/// V8's major version of `node`, as it reports it.
+fn v8_major(node: &Path) -> String {
+    let output = Command::new(node)
+        .args(["-p", "process.versions.v8"])
+        .output()
+        .unwrap_or_else(|error| panic!("{} -p: {error}", node.display()));
+    let version = String::from_utf8_lossy(&output.stdout);
+    version
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+/// The agent on the whole host, one Node started before it and the others
+/// after: every one is found (`firn_node_processes_total` by V8 version)
+/// and its frames named (`firn_node_frames_total`), none skipped.
+#[test]
+fn node_processes_before_and_after_firn_are_counted_by_v8_version() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nodes = nodes();
+    let mut wanted = std::collections::BTreeMap::<String, f64>::new();
+    for (_, node) in &nodes {
+        *wanted.entry(v8_major(node)).or_default() += 1.0;
+    }
+    let (_, first) = &nodes[0];
+    let before = NodeProcess::start(dir.path(), first, Tier::Unoptimized, "chain", &[]);
+    let store = dir.path().join("store");
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
+            "--profiling-duration",
+            "2s",
+            "--local-store-directory",
+            store.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    let address = agent.http_address();
+    agent.wait_until("samples", Duration::from_secs(120), || {
+        metric(address, "firn_node_frames_total").is_some_and(|value| value > 0.0)
+    });
+    let after: Vec<NodeProcess> = nodes[1..]
+        .iter()
+        .map(|(_, node)| NodeProcess::start(dir.path(), node, Tier::Unoptimized, "method", &[]))
+        .collect();
+    let found = |major: &str| {
+        metric(
+            address,
+            &format!("firn_node_processes_total{{v8=\"{major}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    agent.wait_until(
+        "every Node counted by its V8 version",
+        Duration::from_secs(60),
+        || wanted.iter().all(|(major, count)| found(major) >= *count),
+    );
+    for reason in ["layout", "unreadable"] {
+        let name = format!("firn_node_processes_skipped_total{{reason=\"{reason}\"}}");
+        assert_eq!(metric(address, &name), Some(0.0), "{name}");
+    }
+    drop(after);
+    drop(before);
+    let stopped = agent.stop();
+    assert!(stopped.status.success(), "{}", stopped.log);
+}
