@@ -452,3 +452,121 @@ fn node_processes_before_and_after_firn_are_counted_by_v8_version() {
     let stopped = agent.stop();
     assert!(stopped.status.success(), "{}", stopped.log);
 }
+
+/// Samples of `pid` (all threads), leaf first, as frames.
+fn all_threads(profile: &Profile, pid: u32) -> Vec<(Vec<Frame>, i64)> {
+    let pid = pid.to_string();
+    Reader::new(profile)
+        .samples()
+        .filter(|sample| sample.label("pid") == Some(pid.as_str()))
+        .map(|sample| {
+            let frames = sample
+                .frames()
+                .iter()
+                .map(|frame| Frame {
+                    name: frame.display_name(),
+                    file: frame.file.to_owned(),
+                    line: frame.line,
+                    javascript: frame
+                        .mapping
+                        .is_some_and(|mapping| mapping.filename == JS_MAPPING),
+                })
+                .collect::<Vec<_>>();
+            (frames, sample.count())
+        })
+        .collect()
+}
+
+/// A JavaScript function calling `zlib.deflateSync` in a loop: the native
+/// frames of the call (Node's zlib binding, zlib's deflate) sit above the
+/// JavaScript frame `compress`, which sits above `main`.
+#[test]
+fn native_frames_of_zlib_sit_above_their_javascript_caller() {
+    require_root();
+    let _serial = serial();
+    let mut failures = Vec::new();
+    for (name, node) in nodes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let process = NodeProcess::start(dir.path(), &node, Tier::Unoptimized, "zlib", &[]);
+        let pid = process.pid().to_string();
+        let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+        let samples = main_thread(&profile, process.pid());
+        let total: i64 = samples.iter().map(|(_, count)| count).sum();
+        let good: i64 = samples
+            .iter()
+            .filter(|(frames, _)| {
+                let Some(caller) = frames.iter().position(|frame| {
+                    frame.javascript
+                        && frame.name == "compress"
+                        && frame.file.ends_with("node/chain.js")
+                }) else {
+                    return false;
+                };
+                frames[caller + 1].javascript
+                    && frames[caller + 1].name == "main"
+                    && frames[..caller].iter().any(|frame| {
+                        !frame.javascript
+                            && (frame.name.contains("deflate") || frame.name.contains("Zlib"))
+                    })
+            })
+            .map(|(_, count)| count)
+            .sum();
+        let share = good as f64 / total.max(1) as f64;
+        println!("{name} zlib: {good} of {total} samples hold zlib above compress ({share:.3})");
+        // Some samples are in JavaScript of Node's zlib module, or in the
+        // garbage collector: most are in deflate.
+        if total < ENOUGH || share < 0.7 {
+            failures.push(format!(
+                "{name}: zlib above compress in {good} of {total} samples:\n{}",
+                describe_frames(&samples)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// A worker thread names its own function (`spin`, busy in `accumulate`)
+/// while the main thread runs the chain.
+#[test]
+fn worker_thread_names_its_own_functions() {
+    require_root();
+    let _serial = serial();
+    let mut failures = Vec::new();
+    for (name, node) in nodes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let process = NodeProcess::start(dir.path(), &node, Tier::Unoptimized, "worker", &[]);
+        let pid = process.pid().to_string();
+        let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+        let worker: Vec<_> = all_threads(&profile, process.pid())
+            .into_iter()
+            .filter(|(frames, _)| {
+                frames.iter().any(|frame| frame.name == "spin")
+                    || frames.iter().all(|frame| frame.name != "node::Start")
+                        && frames.iter().any(|frame| frame.javascript)
+            })
+            .collect();
+        let total: i64 = worker.iter().map(|(_, count)| count).sum();
+        let spin: &[(&[&str], &str)] = &[(&["accumulate"], "accumulate"), (&["spin"], "spin")];
+        let named: i64 = worker
+            .iter()
+            .filter(|(frames, _)| holds(frames, spin))
+            .map(|(_, count)| count)
+            .sum();
+        let main: i64 = main_thread(&profile, process.pid())
+            .iter()
+            .filter(|(frames, _)| holds(frames, CHAIN))
+            .map(|(_, count)| count)
+            .sum();
+        let share = named as f64 / total.max(1) as f64;
+        println!(
+            "{name} worker: {named} of {total} worker samples in spin ({share:.3}); main chain in {main}"
+        );
+        if total < ENOUGH || share < MOST || main < ENOUGH {
+            failures.push(format!(
+                "{name}: spin in {named} of {total} worker samples, main chain in {main}:\n{}",
+                describe_frames(&worker)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
