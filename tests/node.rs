@@ -208,36 +208,69 @@ fn marked_line(name: &str) -> i64 {
         .unwrap_or_else(|| panic!("no marker {marker}"))
 }
 
+/// The lines a frame of the function holding `// line: NAME` may be
+/// given: from its declaration (V8's profiler gives a function's start)
+/// to a few lines past the marked one.
+fn function_lines(marker: &str) -> std::ops::RangeInclusive<i64> {
+    let marked = marked_line(marker);
+    let source = std::fs::read_to_string(script()).expect("chain.js");
+    let lines: Vec<&str> = source.lines().collect();
+    let declaration = (0..marked as usize)
+        .rev()
+        .find(|&index| {
+            let line = lines[index].trim();
+            let method = line.ends_with(") {")
+                && line
+                    .split('(')
+                    .next()
+                    .is_some_and(|name| name.chars().all(|c| c.is_alphanumeric() || c == '_'));
+            line.contains("function ") || method
+        })
+        .map_or(marked, |index| index as i64 + 1);
+    declaration..=marked + 3
+}
+
 /// Whether `frames` hold `chain` (leaf first, each `(names, marker)`: the
-/// frame's accepted names and the marker of the line it runs) as
+/// frame's accepted names and the marker of a line of its function) as
 /// consecutive JavaScript frames of chain.js. A line, where firn gives one
-/// (not 0), must be the marked one; the leaf's any line of its body.
+/// (not 0), must be one of the function's.
 fn holds(frames: &[Frame], chain: &[(&[&str], &str)]) -> bool {
-    let (leaf_names, leaf_marker) = chain[0];
+    let (leaf_names, _) = chain[0];
     let Some(leaf) = frames
         .iter()
         .position(|frame| leaf_names.contains(&frame.name.as_str()))
     else {
         return false;
     };
-    let leaf_body = marked_line(leaf_marker) - 3..=marked_line(leaf_marker) + 3;
     let run = &frames[leaf..];
     run.len() >= chain.len()
-        && run
-            .iter()
-            .zip(chain)
-            .enumerate()
-            .all(|(index, (frame, (names, marker)))| {
-                let line_ok = frame.line == 0
-                    || match index {
-                        0 => leaf_body.contains(&frame.line),
-                        _ => frame.line == marked_line(marker),
-                    };
-                frame.javascript
-                    && names.contains(&frame.name.as_str())
-                    && frame.file.ends_with("node/chain.js")
-                    && line_ok
-            })
+        && run.iter().zip(chain).all(|(frame, (names, marker))| {
+            frame.javascript
+                && names.contains(&frame.name.as_str())
+                && frame.file.ends_with("node/chain.js")
+                && (frame.line == 0 || function_lines(marker).contains(&frame.line))
+        })
+}
+
+#[test]
+fn function_lines_run_from_the_declaration() {
+    let declared = |text: &str| {
+        let source = std::fs::read_to_string(script()).expect("chain.js");
+        source
+            .lines()
+            .position(|line| line.contains(text))
+            .map(|index| index as i64 + 1)
+            .expect("declaration")
+    };
+    assert_eq!(
+        *function_lines("accumulate").start(),
+        declared("function accumulate(")
+    );
+    assert_eq!(*function_lines("post").start(), declared("  post(seed) {"));
+    assert_eq!(
+        *function_lines("tally").start(),
+        declared("return function tally(")
+    );
 }
 
 fn describe_frames(samples: &[(Vec<Frame>, i64)]) -> String {
