@@ -46,9 +46,14 @@ impl Default for NodeConfig {
     }
 }
 
-/// Most V8 processes remembered; beyond, the others are forgotten and
-/// looked at again.
+/// Most processes remembered; beyond, those that are not V8 are forgotten
+/// and looked at again.
 const MAX_PROCESSES: usize = 4096;
+
+/// Most V8 processes named at once, each with its namer's caches (about a
+/// MiB at most); beyond, one is forgotten (its caches dropped) and looked
+/// at again on its next sample.
+const MAX_V8_PROCESSES: usize = 256;
 
 /// Most objects whose inspection is remembered.
 const MAX_REMEMBERED_OBJECTS: usize = 4096;
@@ -184,6 +189,25 @@ impl NodeRuntime {
             }
         }
         State::NotNode
+    }
+
+    /// Keeps the V8 processes named, `tgid` about to be one, within
+    /// [`MAX_V8_PROCESSES`].
+    fn make_room(&mut self, tgid: u32) {
+        let named = |entry: &Entry| matches!(entry.state, State::Node(_));
+        let count = self.processes.values().filter(|entry| named(entry)).count();
+        if count < MAX_V8_PROCESSES || self.processes.get(&tgid).is_some_and(named) {
+            return;
+        }
+        let evicted = self
+            .processes
+            .iter()
+            .find(|(other, entry)| **other != tgid && named(entry))
+            .map(|(other, _)| *other);
+        if let Some(evicted) = evicted {
+            debug!(tgid = evicted, "V8 process forgotten to make room");
+            self.processes.remove(&evicted);
+        }
     }
 
     fn count_version(&self, major: Option<u32>) {
@@ -351,6 +375,9 @@ impl RuntimeSupport for NodeRuntime {
                 .retain(|_, entry| matches!(entry.state, State::Node(_)));
         }
         let state = self.inspect(image, processes);
+        if matches!(state, State::Node(_)) {
+            self.make_room(tgid);
+        }
         self.processes.insert(
             tgid,
             Entry {
