@@ -24,11 +24,12 @@ pub use python::{
 pub use splice::{NamedFrame, splice};
 pub use support::{ForeignUnwind, JavaSupport, PythonSupport, RuntimeSupport, Spliced};
 
-/// Which interpreter a frame belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Which interpreter a frame belongs to. The order is the pipeline's:
+/// the first runtime to claim a sample's process names its frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Runtime {
-    Python,
     Java,
+    Python,
     JavaScript,
 }
 

@@ -273,6 +273,11 @@ impl NodeRuntime {
 
 /// Whether the object is a V8 embedder, and its layout.
 fn inspect(path: &str, data: &[u8]) -> Inspected {
+    // Every process's executable is looked at: only its dynamic string
+    // table is read to rule V8 out, not the whole file.
+    let Some(rodata) = exported_v8_constants(data) else {
+        return Inspected::NotV8;
+    };
     let object = match inspect_object(data) {
         Ok(Some(object)) => object,
         Ok(None) => return Inspected::NotV8,
@@ -284,13 +289,31 @@ fn inspect(path: &str, data: &[u8]) -> Inspected {
     match Layout::new(&object.constants) {
         Ok(layout) => Inspected::V8 {
             layout: Box::new(layout),
-            major: v8_major(data),
+            major: data.get(rodata).and_then(v8_major),
         },
         Err(error) => {
             info!(path, %error, "V8 build without a constant firn needs");
             Inspected::Skipped(SkipReason::Layout)
         }
     }
+}
+
+/// Where the object's read-only data is (empty if it has no `.rodata`),
+/// if its dynamic symbols name post-mortem constants (as Node's executable
+/// and `libnode.so` export them); `None` if not.
+fn exported_v8_constants(data: &[u8]) -> Option<std::ops::Range<usize>> {
+    use object::{Object, ObjectSection};
+    let file = object::File::parse(data).ok()?;
+    let names = file.section_by_name(".dynstr")?.data().ok()?;
+    memchr::memmem::find(names, b"v8dbg_")?;
+    let rodata = file
+        .section_by_name(".rodata")
+        .and_then(|section| section.file_range())
+        .and_then(|(offset, size)| {
+            let start = usize::try_from(offset).ok()?;
+            Some(start..start.checked_add(usize::try_from(size).ok()?)?)
+        });
+    Some(rodata.unwrap_or(0..0))
 }
 
 /// V8's major version, from the version string Node embeds
