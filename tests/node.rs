@@ -232,8 +232,8 @@ fn function_lines(marker: &str) -> std::ops::RangeInclusive<i64> {
 
 /// Whether `frames` hold `chain` (leaf first, each `(names, marker)`: the
 /// frame's accepted names and the marker of a line of its function) as
-/// consecutive JavaScript frames of chain.js. A line, where firn gives one
-/// (not 0), must be one of the function's.
+/// consecutive JavaScript frames of chain.js, each at a line of its
+/// function.
 fn holds(frames: &[Frame], chain: &[(&[&str], &str)]) -> bool {
     let (leaf_names, _) = chain[0];
     let Some(leaf) = frames
@@ -248,7 +248,7 @@ fn holds(frames: &[Frame], chain: &[(&[&str], &str)]) -> bool {
             frame.javascript
                 && names.contains(&frame.name.as_str())
                 && frame.file.ends_with("node/chain.js")
-                && (frame.line == 0 || function_lines(marker).contains(&frame.line))
+                && function_lines(marker).contains(&frame.line)
         })
 }
 

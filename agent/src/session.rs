@@ -153,12 +153,13 @@ impl Pipeline {
     }
 
     /// Names the frames of one more runtime, kept in the order of
-    /// [`Runtime`]: Java first (a process embedding both a JVM and CPython
+    /// [`Runtime::order`]: Java first (a process embedding both a JVM and CPython
     /// keeps its Java frames, as before), then Python (registered with the
     /// BPF walker before a new process's image is searched for V8).
     pub fn with_runtime(mut self, runtime: Box<dyn RuntimeSupport>) -> Self {
         self.runtimes.push(runtime);
-        self.runtimes.sort_by_key(|runtime| runtime.runtime());
+        self.runtimes
+            .sort_by_key(|runtime| runtime.runtime().order());
         self
     }
 

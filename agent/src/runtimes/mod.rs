@@ -24,13 +24,31 @@ pub use python::{
 pub use splice::{NamedFrame, splice};
 pub use support::{ForeignUnwind, JavaSupport, PythonSupport, RuntimeSupport, Spliced};
 
-/// Which interpreter a frame belongs to. The order is the pipeline's:
-/// the first runtime to claim a sample's process names its frames.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Which interpreter a frame belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Runtime {
-    Java,
     Python,
+    Java(JavaKind),
     JavaScript,
+}
+
+/// How a Java frame ran, as async-profiler's `_[0]`, `_[1]`, `_[j]`,
+/// `_[i]` markers tell it; shown as the frame's mapping, so a method keeps
+/// one function name whatever tier ran it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JavaKind {
+    /// The JVM's generated code (stubs, the call stub), or a frame that
+    /// could not be named.
+    Generated,
+    Interpreted,
+    /// Compiled by C1 (tiers 1 to 3).
+    C1,
+    /// Compiled by C2 (tier 4).
+    C2,
+    /// Inlined by the compiler into the frame below it.
+    Inlined,
+    /// A `native` method's wrapper.
+    Native,
 }
 
 impl Runtime {
@@ -38,8 +56,23 @@ impl Runtime {
     pub fn mapping_name(self) -> &'static str {
         match self {
             Self::Python => "[python]",
-            Self::Java => "[java]",
+            Self::Java(JavaKind::Generated) => "[java]",
+            Self::Java(JavaKind::Interpreted) => "[java:interpreted]",
+            Self::Java(JavaKind::C1) => "[java:c1]",
+            Self::Java(JavaKind::C2) => "[java:c2]",
+            Self::Java(JavaKind::Inlined) => "[java:inlined]",
+            Self::Java(JavaKind::Native) => "[java:native]",
             Self::JavaScript => "[javascript]",
+        }
+    }
+
+    /// The pipeline's order: the first runtime to claim a sample's process
+    /// names its frames.
+    pub fn order(self) -> u8 {
+        match self {
+            Self::Java(_) => 0,
+            Self::Python => 1,
+            Self::JavaScript => 2,
         }
     }
 }

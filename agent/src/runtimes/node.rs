@@ -243,7 +243,8 @@ impl NodeRuntime {
                     runtime: Runtime::JavaScript,
                     function: named.name,
                     file: named.file,
-                    line: 0,
+                    // Where the function starts, as V8's profiler gives it.
+                    line: named.position.map_or(0, |position| position.line),
                 })
             }
             // A builtin with JavaScript linkage (`Array.prototype.map`): its

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
 
-use super::{JavaFrames, JavaRuntime, JvmUnwinder, PythonRuntime, Runtime, UserFrame, splice};
+use super::{
+    JavaFrames, JavaKind, JavaRuntime, JvmUnwinder, PythonRuntime, Runtime, UserFrame, splice,
+};
 use crate::{
     process::{ProcessImage, ProcessTable},
     sampler::RawSample,
@@ -86,7 +88,9 @@ impl JavaSupport {
 
 impl RuntimeSupport for JavaSupport {
     fn runtime(&self) -> Runtime {
-        Runtime::Java
+        // Its frames carry their kind as well; the JVM's generated code
+        // is the kind that stands for the runtime itself.
+        Runtime::Java(JavaKind::Generated)
     }
 
     fn observe(&mut self, image: &Arc<ProcessImage>, processes: &mut ProcessTable) {
