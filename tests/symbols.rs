@@ -425,7 +425,11 @@ fn node_perf_map_names_javascript_functions() {
         || std::fs::read_to_string(&perf_map.0).unwrap_or_default(),
     );
     let pid = node.pid().to_string();
-    let (_, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
+    // Perf maps name V8's code when firn does not read V8's heap.
+    let (_, profile) = record(
+        dir.path(),
+        &["--duration", "3s", "--pid", &pid, "--nodejs=false"],
+    );
     let stacks = stacks_of(&profile, node.pid());
     let total: i64 = stacks.iter().map(|(_, count)| count).sum();
     assert!(total >= 60, "node should be busy: {total} samples");
@@ -480,7 +484,10 @@ fn node_jitdump_names_javascript_functions() {
             .arg(&script),
     );
     let pid = node.pid().to_string();
-    let (_, profile) = record(dir.path(), &["--duration", "7s", "--pid", &pid]);
+    let (_, profile) = record(
+        dir.path(),
+        &["--duration", "7s", "--pid", &pid, "--nodejs=false"],
+    );
     let stacks = stacks_of(&profile, node.pid());
     let total: i64 = stacks.iter().map(|(_, count)| count).sum();
     assert!(total >= 60, "node should be busy: {total} samples");

@@ -146,6 +146,12 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub java: bool,
 
+    /// Name the JavaScript frames of Node.js (V8) processes from V8's heap,
+    /// without `--perf-basic-prof` (`--nodejs=false`: native frames, and
+    /// perf maps where a process writes them).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub nodejs: bool,
+
     /// Walk kernel stacks (off: the BPF program skips the walk, and samples
     /// of kernel threads are not taken).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
@@ -349,6 +355,9 @@ fn pipeline(sampling: &SamplingArgs, symbols: &SymbolArgs) -> PipelineConfig {
         },
         java: crate::runtimes::JavaConfig {
             enabled: sampling.java,
+        },
+        node: crate::runtimes::NodeConfig {
+            enabled: sampling.nodejs,
         },
         ..PipelineConfig::default()
     }

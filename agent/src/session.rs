@@ -18,12 +18,12 @@ use crate::{
     labels::{MetadataLimits, MetadataReader},
     process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats},
     runtimes::{
-        JavaConfig, JavaRuntime, JavaSupport, PythonConfig, PythonRuntime, PythonSupport,
-        RuntimeSupport, Spliced, ThreadPointerLookup, UserFrame,
+        JavaConfig, JavaRuntime, JavaSupport, NodeConfig, NodeRuntime, PythonConfig, PythonRuntime,
+        PythonSupport, RuntimeSupport, Spliced, ThreadPointerLookup, UserFrame,
     },
     sampler::{self, RawSample, Record, RingReader, SamplingConfig, UnwindMode},
     stats::Stats,
-    unwind::{UnwindPolicy, Unwinder, UnwinderConfig, UserFrames},
+    unwind::{ProcessUnwinding, UnwindPolicy, Unwinder, UnwinderConfig, UserFrames},
     watchdog::Stage,
 };
 
@@ -73,6 +73,7 @@ pub struct PipelineConfig {
     pub aggregate: AggregateConfig,
     pub python: PythonConfig,
     pub java: JavaConfig,
+    pub node: NodeConfig,
     /// Label every sample with its thread's id and name (`thread_id`,
     /// `thread_name`), not only other threads' ids.
     pub thread_labels: bool,
@@ -128,15 +129,19 @@ impl Pipeline {
             ),
             aggregator: Aggregator::new(&config.aggregate, stats.clone()),
             off_cpu: Aggregator::new(&config.aggregate, stats.clone()),
-            runtimes: config
-                .java
-                .enabled
-                .then(|| {
+            runtimes: [
+                config.java.enabled.then(|| {
                     Box::new(JavaSupport::new(JavaRuntime::new(stats.clone())))
                         as Box<dyn RuntimeSupport>
-                })
-                .into_iter()
-                .collect(),
+                }),
+                config
+                    .node
+                    .enabled
+                    .then(|| Box::new(NodeRuntime::new(stats.clone())) as Box<dyn RuntimeSupport>),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
             stats,
             last_expire: Instant::now(),
             last_sweep: Instant::now(),
@@ -150,9 +155,14 @@ impl Pipeline {
         self
     }
 
-    /// Names the frames of one more runtime (after those already there).
+    /// Names the frames of one more runtime, kept in the order of
+    /// [`Runtime::order`]: Java first (a process embedding both a JVM and CPython
+    /// keeps its Java frames, as before), then Python (registered with the
+    /// BPF walker before a new process's image is searched for V8).
     pub fn with_runtime(mut self, runtime: Box<dyn RuntimeSupport>) -> Self {
         self.runtimes.push(runtime);
+        self.runtimes
+            .sort_by_key(|runtime| runtime.runtime().order());
         self
     }
 
@@ -202,9 +212,28 @@ impl Pipeline {
     }
 
     fn prepare_image(&mut self, image: &Arc<ProcessImage>) {
-        self.policy
+        self.decide_unwinding(image);
+    }
+
+    /// How `image` is unwound, once every runtime looked at it: with
+    /// DWARF over a stack copy when a runtime finds its frames there.
+    fn decide_unwinding(&mut self, image: &Arc<ProcessImage>) -> ProcessUnwinding {
+        let unwinding = self
+            .policy
             .decide(image, &mut self.processes, &mut self.unwinder);
         self.observe(image);
+        if unwinding == ProcessUnwinding::FramePointers
+            && self
+                .runtimes
+                .iter()
+                .any(|runtime| runtime.unwinds_over_stack(image.tgid))
+        {
+            self.policy.require_dwarf(image);
+            return self
+                .policy
+                .decide(image, &mut self.processes, &mut self.unwinder);
+        }
+        unwinding
     }
 
     /// Every runtime looks at `image`.
@@ -301,12 +330,9 @@ impl Pipeline {
         sample: &RawSample,
         mut image: Arc<ProcessImage>,
     ) -> (Vec<u64>, Arc<ProcessImage>) {
-        let unwinding = self
-            .policy
-            .decide(&image, &mut self.processes, &mut self.unwinder);
         // A new image (first sample, or maps re-read) may be a new
         // runtime's process: this sample on gets its frames named.
-        self.observe(&image);
+        let unwinding = self.decide_unwinding(&image);
         let mut reread = false;
         let mut jit = self
             .runtimes

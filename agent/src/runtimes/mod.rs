@@ -3,11 +3,12 @@
 //! detector that recognizes the runtime in a process image and hands the
 //! BPF walker that process's layout, and a namer that turns what the walker
 //! recorded into function, file and line while the process is alive. Only
-//! CPython (`python`) and HotSpot (`java`) exist so far; the pipeline drives
+//! CPython (`python`), HotSpot (`java`) and V8 (`node`) exist so far; the pipeline drives
 //! each through one trait, [`RuntimeSupport`] (`support`).
 
 mod java;
 mod memory;
+mod node;
 mod python;
 mod splice;
 mod support;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 
 pub use java::{JavaConfig, JavaFrames, JavaRuntime, JvmUnwinder};
 pub use memory::ProcessMemory;
+pub use node::{NodeConfig, NodeRuntime};
 pub use python::{
     PythonConfig, PythonMapError, PythonProcessMap, PythonRuntime, ThreadPointerLookup,
 };
@@ -27,6 +29,7 @@ pub use support::{ForeignUnwind, JavaSupport, PythonSupport, RuntimeSupport, Spl
 pub enum Runtime {
     Python,
     Java(JavaKind),
+    JavaScript,
 }
 
 /// How a Java frame ran, as async-profiler's `_[0]`, `_[1]`, `_[j]`,
@@ -59,6 +62,17 @@ impl Runtime {
             Self::Java(JavaKind::C2) => "[java:c2]",
             Self::Java(JavaKind::Inlined) => "[java:inlined]",
             Self::Java(JavaKind::Native) => "[java:native]",
+            Self::JavaScript => "[javascript]",
+        }
+    }
+
+    /// The pipeline's order: the first runtime to claim a sample's process
+    /// names its frames.
+    pub fn order(self) -> u8 {
+        match self {
+            Self::Java(_) => 0,
+            Self::Python => 1,
+            Self::JavaScript => 2,
         }
     }
 }

@@ -45,6 +45,13 @@ pub trait RuntimeSupport {
     /// The process executed a new image or exited.
     fn forget(&mut self, tgid: u32);
 
+    /// Whether `tgid`'s frames are found over its stack copy, so it must be
+    /// unwound with DWARF over a copy even if its code keeps frame
+    /// pointers.
+    fn unwinds_over_stack(&self, _tgid: u32) -> bool {
+        false
+    }
+
     /// The unwinder of `tgid`'s JIT frames, for the sample about to be
     /// unwound; what it finds is kept for [`Self::splice`].
     fn unwinder(&mut self, _tgid: u32) -> Option<Box<dyn ForeignUnwind + '_>> {

@@ -822,6 +822,57 @@ declare_metrics! {
             java_method_cache_misses { result = "miss" },
         ],
     }
+    node_processes: Counter,
+        "V8 processes (Node.js) found whose JavaScript frames firn names, by V8's major \
+        version (`other`: an embedder other than Node, or a version firn does not list)."
+    {
+        stats: [
+            /// V8 10 (Node 18).
+            node_processes_v8_10 { v8 = "10" },
+            /// V8 11 (Node 20).
+            node_processes_v8_11 { v8 = "11" },
+            /// V8 12 (Node 22).
+            node_processes_v8_12 { v8 = "12" },
+            /// V8 13 (Node 24).
+            node_processes_v8_13 { v8 = "13" },
+            /// Another V8.
+            node_processes_v8_other { v8 = "other" },
+        ],
+    }
+    node_processes_skipped: Counter,
+        "V8 processes whose JavaScript frames firn does not name from V8's heap (a perf map \
+        still names them where the process writes one), by reason: layout (the build lacks \
+        a post-mortem constant firn needs), unreadable (the object could not be read)."
+    {
+        stats: [
+            /// V8 processes skipped: a constant is missing.
+            node_skipped_layout { reason = "layout" },
+            /// V8 processes skipped: the object could not be read.
+            node_skipped_unreadable { reason = "unreadable" },
+        ],
+    }
+    node_frames: Counter,
+        "JavaScript frames named."
+    {
+        stats: [
+            /// JavaScript frames named.
+            node_frames {},
+        ],
+    }
+    node_read_failures: Counter,
+        "JavaScript frames shown as <unknown> rather than misnamed, by stage: read (the \
+        process's memory could not be read), stale (an object on the way had changed or \
+        moved since the sample), name (a name or script could not be decoded)."
+    {
+        stats: [
+            /// JavaScript frames not named: memory unreadable.
+            node_read_failures { stage = "read" },
+            /// JavaScript frames not named: objects changed since the sample.
+            node_name_stale { stage = "stale" },
+            /// JavaScript frames not named: a string could not be decoded.
+            node_name_failures { stage = "name" },
+        ],
+    }
 }
 
 /// The same per destination (a Parca or Pyroscope server), with a

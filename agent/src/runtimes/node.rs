@@ -1,0 +1,525 @@
+//! Node.js and other V8 embedders: found in their images by V8's
+//! post-mortem constants (`v8dbg_*`, in the executable or `libnode.so`),
+//! their layout read from those constants once per object; JavaScript
+//! frames named from the function slot of each frame, through
+//! `agent_runtimes::v8`.
+//!
+//! V8's generated code and its builtins keep frame pointers but have no
+//! CFI, so the DWARF unwinder crosses them by their frame pointers and
+//! asks the runtime about each (`ForeignUnwind`): at that point it knows
+//! the frame's own frame pointer even below C++ frames that have none,
+//! which a walk of the rbp chain from the sample's registers does not.
+//! The hook only reads the frame's context and function slots from the
+//! stack copy (as of the sample) and leaves the step to the unwinder. The
+//! function is named while the process is alive, each object checked
+//! against the heap; a frame whose context slot holds a frame type marker
+//! (entry, exit and stub frames) is V8's own and keeps its native name.
+//! A V8 process is therefore always unwound with DWARF over a stack copy
+//! (`RuntimeSupport::unwinds_over_stack`).
+
+use std::{collections::HashMap, path::Path, sync::Arc};
+
+use agent_elf::ContentKey;
+use agent_runtimes::v8::{Layout, NameError, V8Namer, inspect_object};
+use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
+use tracing::{debug, info};
+
+use super::{
+    ForeignUnwind, InterpretedFrame, ProcessMemory, Runtime, RuntimeSupport, Spliced, UserFrame,
+};
+use crate::{
+    process::{MappingKind, ProcessImage, ProcessTable},
+    sampler::RawSample,
+    stats::Stats,
+};
+
+/// What the Node.js support does.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// Name the JavaScript frames of V8 processes (`--nodejs`).
+    pub enabled: bool,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// Most processes remembered; beyond, those that are not V8 are forgotten
+/// and looked at again.
+const MAX_PROCESSES: usize = 4096;
+
+/// Most V8 processes named at once, each with its namer's caches (about a
+/// MiB at most); beyond, one is forgotten (its caches dropped) and looked
+/// at again on its next sample.
+const MAX_V8_PROCESSES: usize = 256;
+
+/// Most objects whose inspection is remembered.
+const MAX_REMEMBERED_OBJECTS: usize = 4096;
+
+/// Frames the hook records per sample at most (a stack holds fewer).
+const MAX_RECORDED: usize = agent_runtimes::v8::MAX_FRAMES;
+
+/// Why a V8 process's frames are not named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SkipReason {
+    /// A constant firn needs is missing: perf maps name its code, if any.
+    Layout,
+    Unreadable,
+}
+
+/// What an object is, as far as V8 goes.
+#[derive(Clone)]
+enum Inspected {
+    NotV8,
+    V8 {
+        layout: Box<Layout>,
+        major: Option<u32>,
+    },
+    Skipped(SkipReason),
+}
+
+enum State {
+    NotNode,
+    Node(Box<V8Namer>),
+    Skipped,
+}
+
+struct Entry {
+    /// The image looked at (by identity): a new one is looked at again.
+    image: *const ProcessImage,
+    state: State,
+}
+
+/// One frame of V8 code the unwinder crossed, with its slots as of the
+/// sample.
+#[derive(Clone, Copy, Debug)]
+struct Recorded {
+    depth: usize,
+    ip: u64,
+    function: u64,
+    context: u64,
+}
+
+/// The V8 processes firn has seen.
+pub struct NodeRuntime {
+    processes: HashMap<u32, Entry>,
+    objects: HashMap<ContentKey, Inspected>,
+    /// What the last unwind of a V8 process's sample crossed.
+    found: Vec<Recorded>,
+    stats: Arc<Stats>,
+}
+
+impl NodeRuntime {
+    pub fn new(stats: Arc<Stats>) -> Self {
+        Self {
+            processes: HashMap::new(),
+            objects: HashMap::new(),
+            found: Vec::new(),
+            stats,
+        }
+    }
+
+    fn inspect(&mut self, image: &ProcessImage, processes: &mut ProcessTable) -> State {
+        let executable = image.executable();
+        for (index, mapping) in image.mappings.iter().enumerate() {
+            let spec = &mapping.spec;
+            if spec.kind != MappingKind::File {
+                continue;
+            }
+            let candidate = Some(spec.path.as_str()) == executable
+                || file_name(&spec.path).starts_with("libnode");
+            // One look per object: its first mapping.
+            if !candidate
+                || image.mappings[..index]
+                    .iter()
+                    .any(|earlier| earlier.spec.path == spec.path)
+            {
+                continue;
+            }
+            let Some(object) = processes.object(image, index) else {
+                continue;
+            };
+            let key = object.content_key();
+            let inspected = match self.objects.get(&key) {
+                Some(inspected) => inspected.clone(),
+                None => {
+                    let inspected = match object.data() {
+                        Ok(data) => inspect(&object.path, &data),
+                        Err(error) => {
+                            debug!(path = object.path, %error, "could not read object");
+                            Inspected::Skipped(SkipReason::Unreadable)
+                        }
+                    };
+                    if self.objects.len() >= MAX_REMEMBERED_OBJECTS {
+                        self.objects.clear();
+                    }
+                    self.objects.insert(key, inspected.clone());
+                    inspected
+                }
+            };
+            match inspected {
+                Inspected::NotV8 => continue,
+                Inspected::V8 { layout, major } => {
+                    self.count_version(major);
+                    debug!(
+                        tgid = image.tgid,
+                        comm = image.comm,
+                        v8 = major,
+                        "naming the JavaScript frames of a V8 process"
+                    );
+                    return State::Node(Box::new(V8Namer::new(*layout)));
+                }
+                Inspected::Skipped(reason) => {
+                    let stats = &self.stats;
+                    Stats::inc(match reason {
+                        SkipReason::Layout => &stats.node_skipped_layout,
+                        SkipReason::Unreadable => &stats.node_skipped_unreadable,
+                    });
+                    info!(
+                        tgid = image.tgid,
+                        comm = image.comm,
+                        ?reason,
+                        "JavaScript frames of this process are not named from V8's heap \
+                         (a perf map still names them, if the process writes one)"
+                    );
+                    return State::Skipped;
+                }
+            }
+        }
+        State::NotNode
+    }
+
+    /// Keeps the V8 processes named, `tgid` about to be one, within
+    /// [`MAX_V8_PROCESSES`].
+    fn make_room(&mut self, tgid: u32) {
+        let named = |entry: &Entry| matches!(entry.state, State::Node(_));
+        let count = self.processes.values().filter(|entry| named(entry)).count();
+        if count < MAX_V8_PROCESSES || self.processes.get(&tgid).is_some_and(named) {
+            return;
+        }
+        let evicted = self
+            .processes
+            .iter()
+            .find(|(other, entry)| **other != tgid && named(entry))
+            .map(|(other, _)| *other);
+        if let Some(evicted) = evicted {
+            debug!(tgid = evicted, "V8 process forgotten to make room");
+            self.processes.remove(&evicted);
+        }
+    }
+
+    fn count_version(&self, major: Option<u32>) {
+        let stats = &self.stats;
+        Stats::inc(match major {
+            Some(10) => &stats.node_processes_v8_10,
+            Some(11) => &stats.node_processes_v8_11,
+            Some(12) => &stats.node_processes_v8_12,
+            Some(13) => &stats.node_processes_v8_13,
+            _ => &stats.node_processes_v8_other,
+        });
+    }
+
+    /// The named frame for one recorded V8 frame: `None` keeps the native
+    /// frame (V8's own frames, and functions without a script: builtins,
+    /// named by their symbols).
+    fn name(
+        namer: &mut V8Namer,
+        memory: &mut ProcessMemory,
+        recorded: &Recorded,
+        stats: &Stats,
+    ) -> Option<InterpretedFrame> {
+        let tagging = namer.layout().tagging;
+        // Entry, exit, stub and internal frames hold a frame type marker
+        // (a Smi) where JavaScript frames hold their context.
+        if !tagging.is_heap_object(recorded.context) {
+            return None;
+        }
+        match namer.name(memory, recorded.function) {
+            Ok(named) => {
+                Stats::inc(&stats.node_frames);
+                Some(InterpretedFrame {
+                    runtime: Runtime::JavaScript,
+                    function: named.name,
+                    file: named.file,
+                    // Where the function starts, as V8's profiler gives it.
+                    line: named.position.map_or(0, |position| position.line),
+                })
+            }
+            // A builtin with JavaScript linkage (`Array.prototype.map`): its
+            // symbol names it.
+            Err(NameError::WrongType {
+                expected: "Script", ..
+            }) => None,
+            Err(error) => {
+                debug!(%error, "JavaScript frame not named");
+                Stats::inc(match error {
+                    NameError::Read { .. } => &stats.node_read_failures,
+                    NameError::NotHeapObject { .. }
+                    | NameError::BadMap { .. }
+                    | NameError::WrongType { .. } => &stats.node_name_stale,
+                    _ => &stats.node_name_failures,
+                });
+                Some(InterpretedFrame {
+                    runtime: Runtime::JavaScript,
+                    function: "<unknown>".into(),
+                    file: "".into(),
+                    line: 0,
+                })
+            }
+        }
+    }
+}
+
+/// Whether the object is a V8 embedder, and its layout.
+fn inspect(path: &str, data: &[u8]) -> Inspected {
+    // Every process's executable is looked at: only its dynamic string
+    // table is read to rule V8 out, not the whole file.
+    let Some(rodata) = exported_v8_constants(data) else {
+        return Inspected::NotV8;
+    };
+    let object = match inspect_object(data) {
+        Ok(Some(object)) => object,
+        Ok(None) => return Inspected::NotV8,
+        Err(error) => {
+            debug!(path, %error, "not a V8 embedder firn can read");
+            return Inspected::Skipped(SkipReason::Unreadable);
+        }
+    };
+    match Layout::new(&object.constants) {
+        Ok(layout) => Inspected::V8 {
+            layout: Box::new(layout),
+            major: data.get(rodata).and_then(v8_major),
+        },
+        Err(error) => {
+            info!(path, %error, "V8 build without a constant firn needs");
+            Inspected::Skipped(SkipReason::Layout)
+        }
+    }
+}
+
+/// Where the object's read-only data is (empty if it has no `.rodata`),
+/// if its dynamic symbols name post-mortem constants (as Node's executable
+/// and `libnode.so` export them); `None` if not.
+fn exported_v8_constants(data: &[u8]) -> Option<std::ops::Range<usize>> {
+    use object::{Object, ObjectSection};
+    let file = object::File::parse(data).ok()?;
+    let names = file.section_by_name(".dynstr")?.data().ok()?;
+    memchr::memmem::find(names, b"v8dbg_")?;
+    let rodata = file
+        .section_by_name(".rodata")
+        .and_then(|section| section.file_range())
+        .and_then(|(offset, size)| {
+            let start = usize::try_from(offset).ok()?;
+            Some(start..start.checked_add(usize::try_from(size).ok()?)?)
+        });
+    Some(rodata.unwrap_or(0..0))
+}
+
+/// V8's major version, from the version string Node embeds
+/// (`11.3.244.8-node.38`); `None` for other embedders.
+fn v8_major(data: &[u8]) -> Option<u32> {
+    const SUFFIX: &[u8] = b"-node.";
+    for at in memchr::memmem::find_iter(data, SUFFIX).take(64) {
+        let start = data[..at]
+            .iter()
+            .rposition(|byte| !(byte.is_ascii_digit() || *byte == b'.'))
+            .map_or(0, |position| position + 1);
+        let version = std::str::from_utf8(&data[start..at]).ok()?;
+        let parts: Vec<&str> = version.split('.').collect();
+        if parts.len() == 4 && parts.iter().all(|part| !part.is_empty()) {
+            return parts[0].parse().ok();
+        }
+    }
+    None
+}
+
+fn file_name(path: &str) -> &str {
+    Path::new(path)
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or(path)
+}
+
+/// Records the V8 frames one unwind crosses.
+struct V8Unwinder<'a> {
+    function: i64,
+    context: i64,
+    found: &'a mut Vec<Recorded>,
+}
+
+impl ForeignUnwind for V8Unwinder<'_> {
+    fn foreign(&mut self, frame: ForeignFrame, stack: StackCopy<'_>) -> Option<ForeignStep> {
+        // Depths only grow within one unwind: a smaller one is the start
+        // of another over fresher maps.
+        while self
+            .found
+            .last()
+            .is_some_and(|last| last.depth >= frame.depth)
+        {
+            self.found.pop();
+        }
+        let bp = frame.bp?;
+        if self.found.len() < MAX_RECORDED
+            && let (Some(function), Some(context)) = (
+                stack.word(bp.wrapping_add_signed(self.function)),
+                stack.word(bp.wrapping_add_signed(self.context)),
+            )
+        {
+            self.found.push(Recorded {
+                depth: frame.depth,
+                ip: frame.ip,
+                function,
+                context,
+            });
+        }
+        // The unwinder follows the frame pointer, as for any JIT code.
+        None
+    }
+}
+
+impl RuntimeSupport for NodeRuntime {
+    fn runtime(&self) -> Runtime {
+        Runtime::JavaScript
+    }
+
+    fn observe(&mut self, image: &Arc<ProcessImage>, processes: &mut ProcessTable) {
+        if image.gone || image.mappings.is_empty() {
+            return;
+        }
+        let tgid = image.tgid;
+        if let Some(entry) = self.processes.get(&tgid)
+            && std::ptr::eq(entry.image, Arc::as_ptr(image))
+        {
+            return;
+        }
+        if !self.processes.contains_key(&tgid) && self.processes.len() >= MAX_PROCESSES {
+            self.processes
+                .retain(|_, entry| matches!(entry.state, State::Node(_)));
+        }
+        let state = self.inspect(image, processes);
+        if matches!(state, State::Node(_)) {
+            self.make_room(tgid);
+        }
+        self.processes.insert(
+            tgid,
+            Entry {
+                image: Arc::as_ptr(image),
+                state,
+            },
+        );
+    }
+
+    fn forget(&mut self, tgid: u32) {
+        self.processes.remove(&tgid);
+    }
+
+    fn unwinds_over_stack(&self, tgid: u32) -> bool {
+        matches!(
+            self.processes.get(&tgid),
+            Some(Entry {
+                state: State::Node(_),
+                ..
+            })
+        )
+    }
+
+    fn unwinder(&mut self, tgid: u32) -> Option<Box<dyn ForeignUnwind + '_>> {
+        let Some(Entry {
+            state: State::Node(namer),
+            ..
+        }) = self.processes.get(&tgid)
+        else {
+            return None;
+        };
+        let frame = namer.layout().frame;
+        self.found.clear();
+        Some(Box::new(V8Unwinder {
+            function: frame.function,
+            context: frame.context,
+            found: &mut self.found,
+        }))
+    }
+
+    fn splice(&mut self, sample: &RawSample, native: Vec<u64>) -> Spliced {
+        let tgid = sample.tgid;
+        let Some(Entry {
+            state: State::Node(namer),
+            ..
+        }) = self.processes.get_mut(&tgid)
+        else {
+            return Spliced::NotMine(native);
+        };
+        let found = std::mem::take(&mut self.found);
+        let mut memory = ProcessMemory::new(tgid);
+        let mut recorded = found.iter().peekable();
+        let frames = native
+            .into_iter()
+            .enumerate()
+            .map(|(depth, address)| {
+                // Frames recorded at a depth whose address is not this
+                // one's belong to an unwind that was not kept.
+                recorded
+                    .next_if(|recorded| recorded.depth == depth && recorded.ip == address)
+                    .and_then(|recorded| Self::name(namer, &mut memory, recorded, &self.stats))
+                    .map_or(UserFrame::Native(address), |named| {
+                        UserFrame::Interpreted(Arc::new(named))
+                    })
+            })
+            .collect();
+        let counts = namer.counts();
+        debug!(hits = counts.hits, misses = counts.misses, "V8 namer cache");
+        Spliced::Named(frames)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v8_version_from_nodes_string() {
+        let data = b"\0\0v20.20.2\0garbage-node.x\0\x0111.3.244.8-node.38\0";
+        assert_eq!(v8_major(data), Some(11));
+        assert_eq!(v8_major(b"no version here"), None);
+        assert_eq!(v8_major(b"1.2-node.3"), None);
+    }
+
+    fn recorded(depth: usize) -> Recorded {
+        Recorded {
+            depth,
+            ip: 0x1000 + depth as u64,
+            function: 0,
+            context: 0,
+        }
+    }
+
+    #[test]
+    fn a_new_unwind_drops_what_the_last_one_recorded_from_its_depth() {
+        let mut found = vec![recorded(1), recorded(3), recorded(4)];
+        let mut unwinder = V8Unwinder {
+            function: -16,
+            context: -8,
+            found: &mut found,
+        };
+        let bytes = [0u8; 64];
+        let stack = StackCopy {
+            sp: 0x7000,
+            bytes: &bytes,
+        };
+        let step = unwinder.foreign(
+            ForeignFrame {
+                ip: 0x1003,
+                sp: 0x7000,
+                bp: Some(0x7020),
+                depth: 3,
+                exact: false,
+            },
+            stack,
+        );
+        assert_eq!(step, None);
+        let depths: Vec<usize> = found.iter().map(|recorded| recorded.depth).collect();
+        assert_eq!(depths, [1, 3]);
+    }
+}

@@ -1,0 +1,107 @@
+// The chain the Node tests look for: main -> settle -> reconcile ->
+// accumulate, busy in accumulate; modes: `chain`, `method` (a closure,
+// tally, calling a class method, Ledger.post), `zlib` (compress calling
+// zlib.deflateSync), `worker` (the chain, and a worker thread in spin).
+// Run with arguments seconds (0: until killed) and mode. The tests run it
+// with `--max-opt=0` (interpreted and baseline code) and optimized, where
+// TurboFan would inline the short callers: `--no-turbo-inlining` keeps each
+// function a frame of its own. Each level works after its call, so none
+// becomes a tail call.
+"use strict";
+
+const zlib = require("zlib");
+const { Worker, isMainThread } = require("worker_threads");
+
+let sink = 0;
+
+function accumulate(seed) {
+  let total = seed;
+  for (let i = 0; i < 20000; i++) {
+    total = (total * 31 + i) % 1000003; // line: accumulate
+  }
+  return total;
+}
+
+function reconcile(seed) {
+  let total = 0;
+  for (let i = 0; i < 4; i++) {
+    total += accumulate(seed + i); // line: reconcile
+  }
+  sink ^= total;
+  return total;
+}
+
+function settle(seed) {
+  let total = 0;
+  for (let i = 0; i < 4; i++) {
+    total ^= reconcile(seed * 7 + i); // line: settle
+  }
+  sink ^= total;
+  return total;
+}
+
+class Ledger {
+  constructor() {
+    this.balance = 0;
+  }
+
+  post(seed) {
+    const r = accumulate(seed); // line: post
+    this.balance ^= r;
+    return r;
+  }
+}
+
+function makeTally(ledger) {
+  return function tally(seed) {
+    const r = ledger.post(seed); // line: tally
+    sink ^= r;
+    return r;
+  };
+}
+
+// A JavaScript function calling into C++ in a loop: zlib's deflate runs
+// above it.
+function compress(data) {
+  let length = 0;
+  for (let i = 0; i < 8; i++) {
+    length += zlib.deflateSync(data, { level: 9 }).length; // line: compress
+  }
+  return length;
+}
+
+// A worker thread running the chain of its own.
+function spin(seed) {
+  let total = seed;
+  for (;;) {
+    total ^= accumulate(total + 1); // line: spin
+  }
+}
+
+function main() {
+  const seconds = Number(process.argv[2] || 0);
+  const mode = process.argv[3] || "chain";
+  const deadline = seconds > 0 ? Date.now() + seconds * 1000 : Infinity;
+  const tally = makeTally(new Ledger());
+  const data = Buffer.alloc(1 << 16, "firn profiles node ");
+  if (mode === "worker") {
+    new Worker(__filename, { argv: [String(seconds), "spin"] });
+  }
+  let seed = 1;
+  while (Date.now() < deadline) {
+    if (mode === "chain" || mode === "worker") {
+      seed = settle(seed) + 1; // line: main
+    } else if (mode === "zlib") {
+      seed = compress(data) + 1;
+    } else {
+      seed = tally(seed) + 1;
+    }
+    sink ^= seed;
+  }
+}
+
+if (isMainThread) {
+  main();
+} else {
+  spin(1);
+}
