@@ -88,6 +88,7 @@ fn main() -> Result<()> {
                 setup::pyroscope_server(&root)?;
                 setup::python_tools()?;
                 setup::container_bases(&root)?;
+                setup::jdk25_home()?;
             }
             Ok(())
         }

@@ -81,7 +81,9 @@ pub fn run_tests(root: &Path, args: &[String]) -> Result<()> {
         );
     }
     crate::libraries::check(root)?;
+    let jdk25 = crate::setup::jdk25_home()?;
     run(cargo(root)
+        .env("FIRN_JDK25_HOME", jdk25)
         .env("FIRN_PARCA_BIN", crate::setup::parca_path())
         .env("FIRN_PYROSCOPE_BIN", crate::setup::pyroscope_path())
         .env("FIRN_TOOLS_VENV", crate::setup::tools_venv())

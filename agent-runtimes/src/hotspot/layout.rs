@@ -340,13 +340,12 @@ impl Layout {
             compile_id: l.offset("nmethod", "_compile_id"),
             debug,
         };
-        let code_blob_kind = match tables.offset("CodeBlob", "_kind") {
-            Some(kind) => Some((
+        let code_blob_kind = tables.offset("CodeBlob", "_kind").map(|kind| {
+            (
                 l.bounded(kind, || "CodeBlob::_kind".into()),
                 l.constant_of(&["CodeBlobKind::Nmethod"]) as u64,
-            )),
-            None => None,
-        };
+            )
+        });
         let frame_complete = l.offset("CodeBlob", "_frame_complete_offset");
         let flags = l.offset_of(&[("ConstMethod", "_flags"), ("ConstMethod", "_flags._flags")]);
         let flags_width = if tables.offset("ConstMethod", "_flags").is_some() {

@@ -104,6 +104,7 @@ fn captures(suffix: &str) -> impl Iterator<Item = &'static JvmCapture> + '_ {
 }
 
 #[test]
+#[expect(clippy::too_many_lines, reason = "one assertion per field, by JDK")]
 fn tables_give_the_layout_the_jvm_had() {
     use layout::{CodeBounds, DebugPlacement};
     for capture in CAPTURES {
