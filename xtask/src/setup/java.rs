@@ -90,7 +90,12 @@ pub fn async_profiler() -> Result<PathBuf> {
     let artifact = format!("tools.profiler:async-profiler:{ASYNC_PROFILER_VERSION}:jar:linux-x64");
     eprintln!("xtask: fetching {artifact}");
     run(Command::new("mvn")
-        .args(["--batch-mode", "--quiet", "dependency:copy"])
+        .args([
+            "--batch-mode",
+            "--quiet",
+            "-Dstyle.color=never",
+            "dependency:copy",
+        ])
         .arg(format!("-Dartifact={artifact}"))
         .arg(format!("-DoutputDirectory={}", dir.display())))
     .context("Maven (`mvn`, Debian's maven) fetches async-profiler from Maven Central")?;
