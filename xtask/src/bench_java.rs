@@ -325,16 +325,20 @@ fn async_profiler_output(tools: &Tools) -> PathBuf {
     tools.work.join("java-async-profiler.txt")
 }
 
-/// `jcmd PID JVMTI.agent_load LIBRARY OPTIONS`: async-profiler's command.
+/// `jcmd PID JVMTI.agent_load LIBRARY "OPTIONS"`: async-profiler's
+/// command (quoted, or jcmd's parser takes `start,event=cpu` for an option
+/// of its own). jcmd exits 0 whatever the agent answers: the answer is in
+/// its output.
 fn async_profiler_command(tools: &Tools, pid: u32, options: &str) -> Result<()> {
     let output = Command::new(&tools.jcmd)
         .arg(pid.to_string())
         .arg("JVMTI.agent_load")
         .arg(&tools.library)
-        .arg(options)
+        .arg(format!("\"{options}\""))
         .output()
         .context("could not run jcmd")?;
-    if !output.status.success() {
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() || !text.contains("return code: 0") {
         bail!(
             "async-profiler's {options} failed: {}",
             String::from_utf8_lossy(&output.stdout)
