@@ -407,7 +407,9 @@ fn measure(
                 pid,
                 &format!("stop,file={},collapsed", output.display()),
             )?;
-            run.complete = collapsed_complete(&fs::read_to_string(&output)?);
+            let text = fs::read_to_string(&output)
+                .with_context(|| format!("async-profiler wrote no {}", output.display()))?;
+            run.complete = collapsed_complete(&text);
         }
         None => {}
     }
@@ -426,7 +428,10 @@ fn start_firn(tools: &Tools, pid: u32, args: &BenchArgs) -> Result<Child> {
         .arg("--output")
         .arg(firn_output(tools))
         .stdout(Stdio::null())
-        .stderr(fs::File::create(&log)?)
+        .stderr(
+            fs::File::create(&log)
+                .with_context(|| format!("could not create {}", log.display()))?,
+        )
         .spawn()
         .context("could not start firn")?;
     let deadline = Instant::now() + Duration::from_secs(120);
