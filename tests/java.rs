@@ -6,6 +6,7 @@
 //! `--java=false`, no Java frame at all.
 
 mod common;
+mod java_support;
 
 use std::{
     path::{Path, PathBuf},
@@ -15,9 +16,11 @@ use std::{
 
 use agent_pprof::{Reader, proto::Profile};
 use common::*;
+use java_support::*;
 
-/// The mapping of every Java frame's location.
-const JAVA_MAPPING: &str = "[java]";
+/// The prefix of the mapping of every Java frame's location (`[java]`,
+/// `[java:c2]`, ...).
+const JAVA_MAPPING: &str = "[java";
 
 /// Share of the main thread's samples that must hold the whole chain.
 const MOST: f64 = 0.9;
@@ -129,7 +132,7 @@ fn main_thread(profile: &Profile, pid: u32) -> Vec<(Vec<Frame>, i64)> {
                     line: frame.line,
                     java: frame
                         .mapping
-                        .is_some_and(|mapping| mapping.filename == JAVA_MAPPING),
+                        .is_some_and(|mapping| mapping.filename.starts_with(JAVA_MAPPING)),
                 })
                 .collect::<Vec<_>>();
             (frames, sample.count())
@@ -279,7 +282,7 @@ fn java_off_leaves_native_stacks() {
     );
     let any_java = Reader::new(&profile)
         .mappings()
-        .any(|mapping| mapping.filename == JAVA_MAPPING);
+        .any(|mapping| mapping.filename.starts_with(JAVA_MAPPING));
     let samples = stacks_of(&profile, process.pid());
     assert!(!samples.is_empty(), "no samples of the JVM");
     assert!(
@@ -289,5 +292,383 @@ fn java_off_leaves_native_stacks() {
                 .all(|(names, _)| names.iter().all(|name| !name.starts_with("Chain."))),
         "Java frames with --java=false:\n{}",
         describe(&samples)
+    );
+}
+
+/// C2 inlines the chain into `settle` (PrintInlining says so): each
+/// inlined method is a frame of its own, of kind `inlined`, above the C2
+/// frame it was inlined into.
+#[test]
+fn c2_inlined_method_is_its_own_frame() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    compile_chain(dir.path());
+    let home = java_home();
+    let jvm = Jvm::start(
+        &home,
+        dir.path(),
+        "chain",
+        &["-XX:+UnlockDiagnosticVMOptions", "-XX:+PrintInlining"],
+        dir.path(),
+        &["Chain", "0"],
+    );
+    wait_for(
+        "Chain.settle compiled by C2",
+        Duration::from_secs(60),
+        || compiled_at(&home, jvm.pid(), "Chain.settle", 4),
+        || codelist(&home, jvm.pid()),
+    );
+    let output = jvm.output();
+    for callee in ["Chain::reconcile", "Chain::accumulate"] {
+        assert!(
+            output
+                .lines()
+                .any(|line| line.contains(callee) && line.contains("inline (hot)")),
+            "C2 did not say it inlined {callee}:\n{output}"
+        );
+    }
+    let pid = jvm.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let samples: Vec<JSample> = jvm_samples(&profile, jvm.pid())
+        .into_iter()
+        .filter(|sample| sample.has("JavaMain"))
+        .collect();
+    // accumulate <- reconcile inlined, into a C2 frame of settle (or of
+    // main, when main's compiled loop inlined settle too).
+    let inlined = |sample: &JSample| {
+        let Some(leaf) = sample.position("Chain.accumulate") else {
+            return false;
+        };
+        let frames = &sample.frames[leaf..];
+        frames.len() > 3
+            && frames[0].kind() == Some("inlined")
+            && frames[1].name == "Chain.reconcile"
+            && frames[1].kind() == Some("inlined")
+            && frames[2].name == "Chain.settle"
+            && match frames[2].kind() {
+                Some("c2") => true,
+                Some("inlined") => frames[3].name == "Chain.main" && frames[3].kind() == Some("c2"),
+                _ => false,
+            }
+    };
+    let all = total(&samples);
+    let named = total(samples.iter().filter(|sample| inlined(sample)));
+    let share = named as f64 / all.max(1) as f64;
+    println!("inlined: {named} of {all} main thread samples ({share:.3})");
+    assert!(
+        all >= 20 && share >= MOST,
+        "{named} of {all} samples show the chain inlined into a C2 frame:\n{}",
+        describe_samples(&samples)
+    );
+}
+
+/// `Shapes.compress` deflating with `java.util.zip.Deflater`: the native
+/// frames of libzip (the JNI function) and libz above the native method's
+/// Java frame, in call order.
+#[test]
+fn native_frames_above_their_java_caller() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = java_home();
+    let (app, _) = compile_shapes(&home, dir.path());
+    let jvm = Jvm::start(
+        &home,
+        dir.path(),
+        "native",
+        &[],
+        &app,
+        &["Shapes", "native"],
+    );
+    wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
+    let pid = jvm.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let samples: Vec<JSample> = jvm_samples(&profile, jvm.pid())
+        .into_iter()
+        .filter(|sample| sample.has("Shapes.compress"))
+        .collect();
+    let in_order = |sample: &JSample| {
+        let jni = sample.position("Java_java_util_zip_Deflater_deflateBytesBytes");
+        let native = sample.position("java.util.zip.Deflater.deflateBytesBytes");
+        let deflate = sample.position("java.util.zip.Deflater.deflate");
+        let caller = sample.position("Shapes.compress");
+        let (Some(jni), Some(native), Some(deflate), Some(caller)) = (jni, native, deflate, caller)
+        else {
+            return false;
+        };
+        native == jni + 1
+            && sample.frames[native].kind() == Some("native")
+            && native < deflate
+            && deflate < caller
+            && sample.frames[caller].file == "Shapes.java"
+            && sample.frames[..jni]
+                .iter()
+                .any(|frame| frame.mapping.contains("libz.so") && frame.named)
+    };
+    let all = total(&samples);
+    let held = total(samples.iter().filter(|sample| in_order(sample)));
+    let share = held as f64 / all.max(1) as f64;
+    println!("native: {held} of {all} samples of Shapes.compress ({share:.3})");
+    assert!(
+        all >= 20 && share >= 0.8,
+        "{held} of {all} samples of Shapes.compress hold libz <- libzip <- Deflater:\n{}",
+        describe_samples(&samples)
+    );
+}
+
+/// Three threads, each busy in its own method: each thread's samples
+/// name its method, and never another thread's.
+#[test]
+fn threads_name_their_own_methods() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = java_home();
+    let (app, _) = compile_shapes(&home, dir.path());
+    let jvm = Jvm::start(
+        &home,
+        dir.path(),
+        "threads",
+        &[],
+        &app,
+        &["Shapes", "threads"],
+    );
+    wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
+    let pid = jvm.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let samples = jvm_samples(&profile, jvm.pid());
+    let methods = [
+        ("alpha", "Shapes.spinAlpha"),
+        ("beta", "Shapes.spinBeta"),
+        ("gamma", "Shapes.spinGamma"),
+    ];
+    let mut report = Vec::new();
+    for (name, method) in &methods {
+        let thread = format!("firn-worker-{name}-thread");
+        let own: Vec<&JSample> = samples
+            .iter()
+            .filter(|sample| sample.thread_name.as_deref() == Some(thread_label(&thread).as_str()))
+            .collect();
+        let all = total(own.iter().copied());
+        let named = total(own.iter().copied().filter(|sample| sample.has(method)));
+        let others = total(own.iter().copied().filter(|sample| {
+            methods
+                .iter()
+                .any(|(_, other)| other != method && sample.has(other))
+        }));
+        let threads: std::collections::HashSet<_> = own
+            .iter()
+            .filter_map(|sample| sample.thread_id.clone())
+            .collect();
+        report.push(format!(
+            "{thread}: {named} of {all} name {method}, {others} another's, {} thread ids",
+            threads.len()
+        ));
+        assert!(
+            all >= 20 && named as f64 >= MOST * all as f64 && others == 0 && threads.len() == 1,
+            "{}\n{}",
+            report.join("\n"),
+            describe_samples(own.iter().copied())
+        );
+    }
+    println!("{}", report.join("\n"));
+}
+
+/// A lambda and an inner class, each on a thread of its own, and on the
+/// main thread `Plugin`, loaded by a class loader of its own, run, then
+/// unloaded (the JVM says so) and `Other` loaded in its place: every
+/// frame of theirs is named right, and after the unloading no frame
+/// carries Plugin's name, nor Plugin's frames Other's (a frame that could
+/// not be named is `<unknown>`).
+#[test]
+fn lambda_inner_class_and_unloaded_class_are_named_right() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = java_home();
+    let (app, plugin) = compile_shapes(&home, dir.path());
+    let (jvm, profile) = record_loader(&home, dir.path(), &app, &plugin);
+    let samples = jvm_samples(&profile, jvm.pid());
+    // The lambda's body is a method of Shapes, `lambda$loader$N`.
+    let near = |name: &str| {
+        let line = marked("Shapes.java", name);
+        move |frame: &JFrame| {
+            frame.file == "Shapes.java" && (line - 2..=line + 2).contains(&frame.line)
+        }
+    };
+    let at_lambda = near("lambda");
+    let lambda = held_in_thread(&samples, &thread_label("lambda-thread"), |frame| {
+        frame.name.starts_with("Shapes.lambda$loader$") && at_lambda(frame)
+    });
+    let at_inner = near("inner");
+    let inner = held_in_thread(&samples, &thread_label("inner-thread"), |frame| {
+        frame.name == "Shapes$Inner.work" && at_inner(frame)
+    });
+    // Above each runner, only its own class's method (or <unknown>).
+    let plugin = called_from(
+        &samples,
+        "Shapes.runPlugin",
+        "Plugin.applyAsLong",
+        "Plugin.java",
+    );
+    let other = called_from(
+        &samples,
+        "Shapes.runOther",
+        "Other.applyAsLong",
+        "Other.java",
+    );
+    let report = format!(
+        "lambda: {} of {}\ninner class: {} of {}\n\
+         Plugin: {} named, {} <unknown>, wrong: {:?}\n\
+         Other: {} named, {} <unknown>, wrong: {:?}",
+        lambda.0,
+        lambda.1,
+        inner.0,
+        inner.1,
+        plugin.0,
+        plugin.2,
+        plugin.1,
+        other.0,
+        other.2,
+        other.1
+    );
+    println!("{report}");
+    let most = |(held, all): (i64, i64)| all >= 20 && held as f64 >= MOST * all as f64;
+    assert!(
+        most(lambda)
+            && most(inner)
+            && plugin.0 >= 20
+            && other.0 >= 20
+            && plugin.1.is_empty()
+            && other.1.is_empty(),
+        "{report}\n{}",
+        describe_samples(&samples)
+    );
+}
+
+/// The JVM's own threads (the compilers compiling classes loaded again and
+/// again, the GC collecting them) are native stacks of libjvm, named, with
+/// no Java frame.
+#[test]
+fn compiler_and_gc_threads_are_native_stacks() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let home = java_home();
+    let (app, plugin) = compile_shapes(&home, dir.path());
+    let jvm = Jvm::start(
+        &home,
+        dir.path(),
+        "churn",
+        &["-Xmx64m"],
+        &app,
+        &["Shapes", "churn", plugin.to_str().expect("utf-8")],
+    );
+    wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
+    let pid = jvm.pid().to_string();
+    let (_, profile) = record(dir.path(), &["--duration", "5s", "--pid", &pid]);
+    let samples = jvm_samples(&profile, jvm.pid());
+    let mut report = Vec::new();
+    for (what, prefixes) in [
+        ("compiler", &["C1 CompilerThre", "C2 CompilerThre"][..]),
+        ("GC", &["GC Thread#", "G1 "][..]),
+    ] {
+        let threads: Vec<&JSample> = samples
+            .iter()
+            .filter(|sample| {
+                sample
+                    .thread_name
+                    .as_deref()
+                    .is_some_and(|name| prefixes.iter().any(|prefix| name.starts_with(prefix)))
+            })
+            .collect();
+        // Named from the thread's start in libjvm, every user frame named.
+        let native = |sample: &JSample| {
+            sample.has("thread_native_entry")
+                && sample
+                    .frames
+                    .iter()
+                    .all(|frame| !frame.java() && (frame.named || frame.mapping.is_empty()))
+        };
+        let all = total(threads.iter().copied());
+        let held = total(threads.iter().copied().filter(|sample| native(sample)));
+        report.push(format!(
+            "{what} threads: {held} of {all} native stacks named"
+        ));
+        assert!(
+            all >= 5 && held as f64 >= MOST * all as f64,
+            "{}\n{}",
+            report.join("\n"),
+            describe_samples(threads.iter().copied())
+        );
+    }
+    println!("{}", report.join("\n"));
+}
+
+/// A JVM warmed up (the chain compiled by C2) before the agent starts,
+/// watching the whole host: its chain is named, and /metrics counts it by
+/// version, its frames by kind and the method cache's lookups.
+#[test]
+fn jvm_started_before_firn_is_named_and_counted() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    compile_chain(dir.path());
+    let process = start_chain(dir.path(), &[], Some(4));
+    let store = dir.path().join("store");
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
+            "--profiling-duration",
+            "5s",
+            "--local-store-directory",
+            store.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    let address = agent.http_address();
+    // The second profile: the first may start late in its period.
+    agent.wait_until("two profiles written", Duration::from_secs(120), || {
+        agent.log().matches("profile written").count() >= 2
+    });
+    let profile = newest_profile(&store).expect("a profile");
+    let version = java_major_version(&java_home());
+    let wanted = [
+        format!("firn_java_processes_total{{version=\"{version}\"}}"),
+        "firn_java_frames_total{kind=\"c2\"}".to_owned(),
+        "firn_java_frames_total{kind=\"inlined\"}".to_owned(),
+        "firn_java_method_cache_total{result=\"hit\"}".to_owned(),
+    ];
+    let values: Vec<(String, Option<f64>)> = wanted
+        .iter()
+        .map(|name| (name.clone(), metric(address, name)))
+        .collect();
+    // Present, at whatever value: how many frames were stale.
+    let stale = metric(address, "firn_java_read_failures_total{stage=\"stale\"}");
+    let stopped = agent.stop();
+    let samples = main_thread(&profile, process.pid());
+    let all: i64 = samples.iter().map(|(_, count)| count).sum();
+    let named: i64 = samples
+        .iter()
+        .filter(|(frames, _)| holds_chain(frames))
+        .map(|(_, count)| count)
+        .sum();
+    let share = named as f64 / all.max(1) as f64;
+    println!(
+        "before firn: {named} of {all} samples hold the chain ({share:.3}); {values:?}; stale {stale:?}"
+    );
+    assert!(
+        values
+            .iter()
+            .all(|(_, value)| value.is_some_and(|value| value >= 1.0))
+            && stale.is_some(),
+        "metrics: {values:?}, stale {stale:?}:\n{}",
+        stopped.log
+    );
+    assert!(
+        all >= 20 && share >= MOST,
+        "{named} of {all} samples hold the chain:\n{}",
+        describe_frames(&samples)
     );
 }

@@ -18,7 +18,8 @@ use crate::relabel::{Rule, RuleError, RuleSpec};
 /// The one key that is not a flag, spelled as Prometheus spells it.
 pub const RELABEL_CONFIGS: &str = "relabel_configs";
 /// Servers profiles are pushed to, each a map of the Parca
-/// (`remote-store-*`) or Pyroscope (`pyroscope-*`) flags, and a `name`.
+/// (`remote-store-*`), Pyroscope (`pyroscope-*`) or OTLP (`otlp-*`) flags,
+/// and a `name`.
 pub const DESTINATIONS: &str = "destinations";
 
 /// The file as written.

@@ -1,13 +1,15 @@
 //! Entry points of the fuzz targets (`fuzz/`, `cargo xtask fuzz`) for the
 //! symbolizer's inputs: DWARF, the kernel's notes and symbols, JIT perf
-//! maps, mangled names. None may panic, hang or allocate without bound on
+//! maps and jitdump files, mangled names. None may panic, hang or allocate without bound on
 //! any input.
 
 use agent_elf::fuzzing::{probe_addresses, shared};
 
+use std::{cell::Cell, io};
+
 use crate::{
-    DemangleMode, DwarfInfo, Kallsyms, PerfMapTable, demangle, parse_build_id_note,
-    parse_perf_map_line,
+    DemangleMode, DwarfInfo, JitTable, Kallsyms, PerfMapSource, PerfMapStat, PerfMapTable,
+    demangle, parse_build_id_note, parse_perf_map_line,
 };
 
 /// The DWARF budget of the default `--debuginfo-cache-size`.
@@ -49,6 +51,61 @@ pub fn perf_map(data: &[u8]) {
     let _ = table.lookup(u64::MAX);
 }
 
+/// A file that grows: `len` of `data` is written so far.
+struct Growing<'a> {
+    data: &'a [u8],
+    len: Cell<usize>,
+}
+
+impl PerfMapSource for Growing<'_> {
+    fn stat(&self) -> io::Result<PerfMapStat> {
+        Ok(PerfMapStat {
+            identity: (1, 1),
+            len: self.len.get() as u64,
+        })
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let written = &self.data[..self.len.get()];
+        let start = usize::try_from(offset)
+            .unwrap_or(usize::MAX)
+            .min(written.len());
+        let read = buf.len().min(written.len() - start);
+        buf[..read].copy_from_slice(&written[start..start + read]);
+        Ok(read)
+    }
+}
+
+/// The bound of the default `--perf-map-max-bytes` is larger; a small one
+/// here also checks reads that stop at the bound.
+const JITDUMP_LIMIT: u64 = 1 << 20;
+
+/// A jitdump file (`/tmp/jit-PID.dump`), as a JIT appends it: read when
+/// half of it is written, then whole, then looked up at the addresses
+/// its words could be.
+pub fn jitdump(data: &[u8]) {
+    let file = Growing {
+        data,
+        len: Cell::new(data.len() / 2),
+    };
+    let Some(mut table) = JitTable::for_file(&file).or_else(|| {
+        file.len.set(data.len());
+        JitTable::for_file(&file)
+    }) else {
+        return;
+    };
+    let _ = table.refresh(&file, JITDUMP_LIMIT);
+    file.len.set(data.len());
+    let _ = table.refresh(&file, JITDUMP_LIMIT);
+    let _ = table.refresh(&file, JITDUMP_LIMIT);
+    for word in data.chunks_exact(8).take(512) {
+        let address = u64::from_le_bytes(word.try_into().unwrap_or_default());
+        let _ = table.lookup(address);
+    }
+    let _ = table.lookup(0);
+    let _ = table.lookup(u64::MAX);
+}
+
 /// `/proc/kallsyms`.
 pub fn kallsyms(data: &[u8]) {
     let Ok(table) = Kallsyms::parse_bytes(data) else {
@@ -81,6 +138,7 @@ agent_fixtures::replays! {
     "build_id_note" => build_id_note,
     "dwarf_lines" => dwarf_lines,
     "perf_map" => perf_map,
+    "jitdump" => jitdump,
     "kallsyms" => kallsyms,
     "demangle" => demangle_name,
 }

@@ -6,10 +6,11 @@
 //!
 //! reads the post-mortem constants of `/proc/PID/exe`, stops the process
 //! (ptrace) for the moment it takes to read its registers and walk its main
-//! thread's frame pointers, and names the function slot of every frame,
-//! reading the process only through a recorder. With OUTPUT it writes
-//! `OUTPUT.mem.gz` (every byte range read, in `agent_fixtures::memory`
-//! format) and `OUTPUT.txt` (the registers the walk started from); it
+//! thread's frame pointers, and names the function slot of every frame
+//! (name, file, line, tier), reading the process only through a recorder.
+//! With OUTPUT it writes `OUTPUT.mem.gz` (every byte range read, in
+//! `agent_fixtures::memory` format) and `OUTPUT.txt` (the registers the
+//! walk started from, and where the process has V8's builtins); it
 //! prints what it named, which the tests then expect of the same reads.
 //!
 //! ```text
@@ -26,7 +27,7 @@ use std::{fmt::Write as _, io::Write as _};
 use agent_fixtures::memory::Regions;
 use agent_runtimes::{
     Memory, MemoryError,
-    v8::{Layout, V8Namer, inspect_object},
+    v8::{ChainFrame, FileMapping, Layout, V8Namer, V8Object, inspect_object},
 };
 use anyhow::{Context, Result, bail};
 use firn::runtimes::ProcessMemory;
@@ -98,7 +99,7 @@ fn main() -> Result<()> {
     let pid: u32 = pid.parse().context("PID")?;
     let exe = std::fs::read(format!("/proc/{pid}/exe")).context("reading the executable")?;
     let object = inspect_object(&exe)?.context("no v8dbg_ constants")?;
-    let constants = object.constants;
+    let constants = object.constants.clone();
     println!(
         "{} constants ({} skipped), builtins {:x?}",
         constants.len(),
@@ -106,6 +107,7 @@ fn main() -> Result<()> {
         object.builtins
     );
     let layout = Layout::new(&constants)?;
+    let builtins = builtins_in_process(pid, &object)?;
     let mut recorder = Recorder {
         process: ProcessMemory::new(pid),
         regions: Regions::default(),
@@ -118,25 +120,16 @@ fn main() -> Result<()> {
             "registers {:#x} {:#x} {:#x}",
             regs.rip, regs.rbp, regs.rsp
         )?;
+        for range in &builtins {
+            writeln!(meta, "builtins {:#x} {:#x}", range.start, range.end)?;
+        }
         let mut pc = regs.rip;
         let mut fp = regs.rbp;
         for index in 0..MAX_FRAMES {
             if fp == 0 {
                 break;
             }
-            let slot = fp.wrapping_add_signed(layout.frame.function);
-            let mut word = [0; 8];
-            let function = recorder
-                .read(slot, &mut word)
-                .map(|()| u64::from_le_bytes(word));
-            match function.map(|function| namer.name(&mut recorder, function)) {
-                Ok(Ok(named)) => println!(
-                    "{index:3} pc {pc:#x} fp {fp:#x} {} {}",
-                    named.name, named.file
-                ),
-                Ok(Err(error)) => println!("{index:3} pc {pc:#x} fp {fp:#x} ({})", error.reason()),
-                Err(error) => println!("{index:3} pc {pc:#x} fp {fp:#x} slot unreadable: {error}"),
-            }
+            print_frame(&mut recorder, &mut namer, &builtins, index, pc, fp);
             let mut next = [0; 16];
             if recorder.read(fp, &mut next).is_err() {
                 break;
@@ -167,6 +160,85 @@ fn main() -> Result<()> {
     Ok(())
 }
 
+/// Where the process runs the embedded builtins: the executable's
+/// mappings read from `/proc/PID/maps`.
+fn builtins_in_process(pid: u32, object: &V8Object) -> Result<Vec<std::ops::Range<u64>>> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))?;
+    let exe = exe.to_string_lossy();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+    let mappings: Vec<FileMapping> = maps
+        .lines()
+        .filter(|line| line.ends_with(&*exe))
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let (start, end) = fields.next()?.split_once('-')?;
+            let offset = fields.nth(1)?;
+            let hex = |text: &str| u64::from_str_radix(text, 16).ok();
+            Some(FileMapping {
+                addresses: hex(start)?..hex(end)?,
+                offset: hex(offset)?,
+            })
+        })
+        .collect();
+    Ok(object.builtins_in_process(&mappings))
+}
+
+/// Names one frame and prints it.
+fn print_frame(
+    recorder: &mut Recorder,
+    namer: &mut V8Namer,
+    builtins: &[std::ops::Range<u64>],
+    index: usize,
+    pc: u64,
+    fp: u64,
+) {
+    let layout = *namer.layout();
+    let frame = read_frame(recorder, &layout, pc, fp);
+    let named = frame
+        .function
+        .map(|function| namer.name(recorder, function));
+    match named {
+        Some(Ok(named)) => {
+            let tier = namer
+                .tier(recorder, &frame, builtins)
+                .map_or("?", |tier| tier.as_str());
+            println!(
+                "{index:3} pc {pc:#x} fp {fp:#x} {} {}{} [{tier}]",
+                named.name,
+                named.file,
+                named
+                    .position
+                    .map(|at| format!(":{}:{}", at.line, at.column))
+                    .unwrap_or_default()
+            );
+        }
+        Some(Err(error)) => {
+            println!("{index:3} pc {pc:#x} fp {fp:#x} ({})", error.reason())
+        }
+        None => println!("{index:3} pc {pc:#x} fp {fp:#x} slot unreadable"),
+    }
+}
+
+/// A frame's slots, read through `memory` (so a capture holds them).
+fn read_frame(memory: &mut dyn Memory, layout: &Layout, pc: u64, fp: u64) -> ChainFrame {
+    let mut slot = |offset: i64| {
+        let mut word = [0; 8];
+        memory
+            .read(fp.wrapping_add_signed(offset), &mut word)
+            .ok()
+            .map(|()| u64::from_le_bytes(word))
+    };
+    ChainFrame {
+        pc,
+        fp,
+        function: slot(layout.frame.function),
+        bytecode: [
+            slot(layout.frame.bytecode_array),
+            slot(layout.frame.bytecode_offset),
+        ],
+    }
+}
+
 /// The JavaScript frames of one stop, innermost first, and how many
 /// frames the chain had.
 fn named_stack(
@@ -180,15 +252,21 @@ fn named_stack(
     let mut frames = 0;
     while fp != 0 && frames < MAX_FRAMES {
         frames += 1;
-        let mut word = [0; 8];
-        if memory
-            .read(fp.wrapping_add_signed(layout.frame.function), &mut word)
-            .is_ok()
-            && let Ok(named) = namer.name(memory, u64::from_le_bytes(word))
+        let frame = read_frame(memory, &layout, 0, fp);
+        if let Some(function) = frame.function
+            && let Ok(named) = namer.name(memory, function)
         {
             let file = named.file.rsplit('/').next().unwrap_or_default().to_owned();
-            names.push(format!("{}@{file}", named.name));
+            let line = named
+                .position
+                .map(|at| format!(":{}", at.line))
+                .unwrap_or_default();
+            let tier = namer
+                .tier(memory, &frame, &[])
+                .map_or("?", |tier| tier.as_str());
+            names.push(format!("{}@{file}{line}/{tier}", named.name));
         }
+        let mut word = [0; 8];
         if memory.read(fp, &mut word).is_err() {
             break;
         }

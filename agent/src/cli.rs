@@ -10,6 +10,7 @@ mod destinations;
 mod file;
 mod inspect;
 mod labels;
+mod otlp;
 mod pyroscope;
 mod record;
 mod remote;
@@ -18,6 +19,7 @@ use bounds::{parse_log_level, parse_period, parse_store_bytes};
 pub use file::{ArgsError, parse_args};
 pub use inspect::{ReportArgs, ReportFormatArg, TopArgs};
 pub use labels::KubernetesArgs;
+pub use otlp::OtlpArgs;
 pub use pyroscope::PyroscopeArgs;
 pub use record::RecordArgs;
 pub use remote::{ConfigError, DebuginfoArgs, KeyValues, MetadataArgs, RemoteStoreArgs};
@@ -249,6 +251,9 @@ pub struct AgentArgs {
     pub pyroscope: PyroscopeArgs,
 
     #[command(flatten)]
+    pub otlp: OtlpArgs,
+
+    #[command(flatten)]
     pub metadata: MetadataArgs,
 
     #[command(flatten)]
@@ -385,7 +390,8 @@ impl TryFrom<&AgentArgs> for AgentConfig {
     }
 }
 
-/// The servers the flags name: a Parca server, a Pyroscope server, or both.
+/// The servers the flags name: a Parca server, a Pyroscope server, an OTLP
+/// receiver, any of them together.
 fn destinations(args: &AgentArgs) -> Result<Vec<DestinationConfig>, ConfigError> {
     let mut destinations = Vec::new();
     if let Some(store) = args.remote_store.config()? {
@@ -396,6 +402,9 @@ fn destinations(args: &AgentArgs) -> Result<Vec<DestinationConfig>, ConfigError>
     }
     if let Some(pyroscope) = args.pyroscope.config("pyroscope")? {
         destinations.push(DestinationConfig::Pyroscope(pyroscope));
+    }
+    if let Some(otlp) = args.otlp.config("otlp")? {
+        destinations.push(DestinationConfig::Otlp(otlp));
     }
     for (index, entry) in args.destinations.iter().enumerate() {
         destinations.push(entry.config(index)?);

@@ -11,6 +11,7 @@ use crate::{
     labels::MetadataConfig,
     output::{
         LocalStoreConfig,
+        otlp::OtlpConfig,
         parca::{DebuginfoConfig, RemoteStoreConfig},
         pyroscope::PyroscopeConfig,
     },
@@ -77,6 +78,7 @@ pub enum DestinationConfig {
         name: String,
     },
     Pyroscope(PyroscopeConfig),
+    Otlp(OtlpConfig),
 }
 
 impl AgentConfig {
@@ -84,7 +86,7 @@ impl AgentConfig {
     pub fn remote_store(&self) -> Option<&RemoteStoreConfig> {
         self.destinations.iter().find_map(|d| match d {
             DestinationConfig::Parca { store, .. } => Some(store),
-            DestinationConfig::Pyroscope(_) => None,
+            DestinationConfig::Pyroscope(_) | DestinationConfig::Otlp(_) => None,
         })
     }
 }

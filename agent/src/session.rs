@@ -18,8 +18,8 @@ use crate::{
     labels::{MetadataLimits, MetadataReader},
     process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats},
     runtimes::{
-        JavaConfig, JavaFrames, JavaRuntime, PythonConfig, PythonRuntime, ThreadPointerLookup,
-        UserFrame, splice,
+        JavaConfig, JavaRuntime, JavaSupport, PythonConfig, PythonRuntime, PythonSupport,
+        RuntimeSupport, Spliced, ThreadPointerLookup, UserFrame,
     },
     sampler::{self, RawSample, Record, RingReader, SamplingConfig, UnwindMode},
     stats::Stats,
@@ -86,10 +86,9 @@ pub struct Pipeline {
     unwinder: Unwinder,
     policy: UnwindPolicy,
     aggregator: Aggregator,
-    /// CPython processes' frames; `None` when off.
-    python: Option<PythonRuntime>,
-    /// JVMs' frames; `None` when off.
-    java: Option<JavaRuntime>,
+    /// The runtimes whose frames are named, those turned on; the first to
+    /// claim a sample's process names its frames.
+    runtimes: Vec<Box<dyn RuntimeSupport>>,
     stats: Arc<Stats>,
     last_expire: Instant,
     last_sweep: Instant,
@@ -126,8 +125,15 @@ impl Pipeline {
                 stats.clone(),
             ),
             aggregator: Aggregator::new(&config.aggregate, stats.clone()),
-            python: None,
-            java: config.java.enabled.then(|| JavaRuntime::new(stats.clone())),
+            runtimes: config
+                .java
+                .enabled
+                .then(|| {
+                    Box::new(JavaSupport::new(JavaRuntime::new(stats.clone())))
+                        as Box<dyn RuntimeSupport>
+                })
+                .into_iter()
+                .collect(),
             stats,
             last_expire: Instant::now(),
             last_sweep: Instant::now(),
@@ -141,8 +147,9 @@ impl Pipeline {
         self
     }
 
-    pub fn with_python(mut self, python: PythonRuntime) -> Self {
-        self.python = Some(python);
+    /// Names the frames of one more runtime (after those already there).
+    pub fn with_runtime(mut self, runtime: Box<dyn RuntimeSupport>) -> Self {
+        self.runtimes.push(runtime);
         self
     }
 
@@ -158,12 +165,7 @@ impl Pipeline {
                 self.processes.on_exec(event.tgid, &event.comm.to_string());
                 self.metadata.forget(event.tgid);
                 self.policy.on_exec(event.tgid);
-                if let Some(python) = &mut self.python {
-                    python.forget(event.tgid);
-                }
-                if let Some(java) = &mut self.java {
-                    java.forget(event.tgid);
-                }
+                self.forget(event.tgid);
                 // Decide now, while the new image is fresh: until then the
                 // BPF program copies its whole stack.
                 if let Some(image) = self.processes.lookup(event.tgid) {
@@ -177,12 +179,7 @@ impl Pipeline {
                 // metadata; a process reusing the pid must not inherit it.
                 self.metadata.forget(event.tgid);
                 self.policy.on_exit(event.tgid);
-                if let Some(python) = &mut self.python {
-                    python.forget(event.tgid);
-                }
-                if let Some(java) = &mut self.java {
-                    java.forget(event.tgid);
-                }
+                self.forget(event.tgid);
             }
             Err(error) => {
                 Stats::inc(&self.stats.records_malformed);
@@ -204,11 +201,20 @@ impl Pipeline {
     fn prepare_image(&mut self, image: &Arc<ProcessImage>) {
         self.policy
             .decide(image, &mut self.processes, &mut self.unwinder);
-        if let Some(python) = &mut self.python {
-            python.observe(image, &mut self.processes);
+        self.observe(image);
+    }
+
+    /// Every runtime looks at `image`.
+    fn observe(&mut self, image: &Arc<ProcessImage>) {
+        for runtime in &mut self.runtimes {
+            runtime.observe(image, &mut self.processes);
         }
-        if let Some(java) = &mut self.java {
-            java.observe(image, &mut self.processes);
+    }
+
+    /// The process executed a new image or exited.
+    fn forget(&mut self, tgid: u32) {
+        for runtime in &mut self.runtimes {
+            runtime.forget(tgid);
         }
     }
 
@@ -231,8 +237,7 @@ impl Pipeline {
                 self.processes.object(&image, index);
             }
         }
-        let mut java_frames = JavaFrames::default();
-        let (native, image) = self.unwind(&sample, image, &mut java_frames);
+        let (native, image) = self.unwind(&sample, image);
         // Open every object (and debug file, and JIT perf map) now, while
         // the process is surely alive; the profile is symbolized later,
         // possibly after it exited.
@@ -241,12 +246,7 @@ impl Pipeline {
                 self.processes.object(&image, index);
             }
         }
-        let user = match &mut self.java {
-            Some(java) if java.is_java(sample.tgid) => {
-                java.splice(sample.tgid, native, &java_frames)
-            }
-            _ => self.with_interpreted(&sample, &image, native),
-        };
+        let user = self.with_runtime_frames(&sample, native);
         self.aggregator.add(UnwoundSample {
             image,
             metadata,
@@ -257,26 +257,17 @@ impl Pipeline {
         });
     }
 
-    /// The user stack with the interpreter frames the sample recorded named
-    /// (now, while their code objects are alive) and spliced in.
-    fn with_interpreted(
-        &mut self,
-        sample: &RawSample,
-        image: &Arc<ProcessImage>,
-        native: Vec<u64>,
-    ) -> Vec<UserFrame> {
-        let Some(python) = &mut self.python else {
-            return native.into_iter().map(UserFrame::Native).collect();
-        };
-        // A new image (first sample, or maps re-read) may be a new
-        // interpreter: its later samples get their frames walked.
-        python.observe(image, &mut self.processes);
-        if sample.interpreter.is_empty() {
-            return native.into_iter().map(UserFrame::Native).collect();
+    /// The user stack with the runtime frames the sample recorded or its
+    /// unwind found named (now, while the process is alive) and spliced
+    /// in: by the first runtime that claims the process.
+    fn with_runtime_frames(&mut self, sample: &RawSample, mut native: Vec<u64>) -> Vec<UserFrame> {
+        for runtime in &mut self.runtimes {
+            match runtime.splice(sample, native) {
+                Spliced::Named(frames) => return frames,
+                Spliced::NotMine(frames) => native = frames,
+            }
         }
-        let named = python.name(sample.tgid, &sample.interpreter);
-        let eval_loop = python.eval_loop(sample.tgid);
-        splice(&native, &named, eval_loop.as_slice())
+        native.into_iter().map(UserFrame::Native).collect()
     }
 
     /// Stacks that filled the BPF stack walk's buffer were most likely cut
@@ -297,21 +288,25 @@ impl Pipeline {
         &mut self,
         sample: &RawSample,
         mut image: Arc<ProcessImage>,
-        java_frames: &mut JavaFrames,
     ) -> (Vec<u64>, Arc<ProcessImage>) {
         let unwinding = self
             .policy
             .decide(&image, &mut self.processes, &mut self.unwinder);
-        if let Some(java) = &mut self.java {
-            java.observe(&image, &mut self.processes);
-        }
+        // A new image (first sample, or maps re-read) may be a new
+        // runtime's process: this sample on gets its frames named.
+        self.observe(&image);
+        let mut reread = false;
         let mut jit = self
-            .java
-            .as_ref()
-            .and_then(|java| java.unwinder(sample.tgid, java_frames));
-        let mut attempt =
-            self.unwinder
-                .attempt(sample, &image, &mut self.processes, unwinding, jit.as_mut());
+            .runtimes
+            .iter_mut()
+            .find_map(|runtime| runtime.unwinder(sample.tgid));
+        let mut attempt = self.unwinder.attempt(
+            sample,
+            &image,
+            &mut self.processes,
+            unwinding,
+            jit.as_deref_mut(),
+        );
         // The maps may predate a library being mapped (read right after
         // exec, or before a dlopen): re-read them, once per unwind and at
         // most once a second per process, and unwind again over them.
@@ -321,14 +316,19 @@ impl Pipeline {
                     .image_covering(image.tgid, &sample.comm.to_string(), address);
             if !Arc::ptr_eq(&fresh, &image) {
                 image = fresh;
+                reread = true;
                 attempt = self.unwinder.attempt(
                     sample,
                     &image,
                     &mut self.processes,
                     unwinding,
-                    jit.as_mut(),
+                    jit.as_deref_mut(),
                 );
             }
+        }
+        drop(jit);
+        if reread {
+            self.observe(&image);
         }
         let UserFrames {
             frames,
@@ -414,7 +414,7 @@ impl Session {
         };
         let mut pipeline = Pipeline::new(pipeline, stats).with_unwind(policy);
         if let Some(python) = python {
-            pipeline = pipeline.with_python(python);
+            pipeline = pipeline.with_runtime(Box::new(PythonSupport::new(python)));
         }
         for &pid in ready {
             pipeline.prepare(pid);

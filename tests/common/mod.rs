@@ -90,8 +90,13 @@ pub struct TestProcess {
 
 impl TestProcess {
     pub fn spawn(command: &mut Command) -> Self {
+        Self::spawn_with_stdout(command, Stdio::null())
+    }
+
+    /// As [`Self::spawn`], its standard output into `stdout`.
+    pub fn spawn_with_stdout(command: &mut Command, stdout: Stdio) -> Self {
         let child = command
-            .stdout(Stdio::null())
+            .stdout(stdout)
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|error| panic!("could not start {command:?}: {error}"));

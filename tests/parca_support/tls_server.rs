@@ -89,6 +89,22 @@ impl Authority {
         config
     }
 
+    /// A certificate for 127.0.0.1 this CA signed and its key, written as
+    /// PEM to `dir/server.pem` and `dir/server.key` (for a server that
+    /// reads files).
+    pub fn server_files(&self, dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+        let key = KeyPair::generate().expect("server key");
+        let params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .expect("server params");
+        let leaf = params
+            .signed_by(&key, &self.ca)
+            .expect("server certificate");
+        let (cert_path, key_path) = (dir.join("server.pem"), dir.join("server.key"));
+        std::fs::write(&cert_path, format!("{}{}", leaf.pem(), self.ca.pem())).expect("cert");
+        std::fs::write(&key_path, key.serialize_pem()).expect("key");
+        (cert_path, key_path)
+    }
+
     fn server_config(&self) -> rustls::ServerConfig {
         let key = KeyPair::generate().expect("server key");
         let params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])

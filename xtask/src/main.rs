@@ -30,7 +30,8 @@ struct Cli {
 enum Command {
     /// Install what building the BPF object and running the tests need:
     /// the pinned nightly with rust-src, bpf-linker, cargo-fuzz, Debian
-    /// packages, the Parca server, the container test's base images.
+    /// packages, the Parca server, the container test's base images, the
+    /// Node.js releases.
     /// Idempotent.
     Setup {
         /// Only the Debian packages the tests and benchmarks use.
@@ -87,8 +88,10 @@ fn main() -> Result<()> {
                 setup::fuzz_toolchain(&setup::pinned_nightly()?)?;
                 setup::parca_server()?;
                 setup::pyroscope_server(&root)?;
+                setup::otelcol(&root)?;
                 setup::python_tools()?;
                 setup::container_bases(&root)?;
+                setup::node_releases()?;
                 setup::jdk25_home()?;
             }
             Ok(())
@@ -99,8 +102,10 @@ fn main() -> Result<()> {
             setup::debian_packages()?;
             setup::parca_server()?;
             setup::pyroscope_server(&root)?;
+            setup::otelcol(&root)?;
             setup::python_tools()?;
             setup::container_bases(&root)?;
+            setup::node_releases()?;
             util::run_tests(&root, &args)
         }
         Command::Install(args) => install::run(&root, &args),

@@ -1,5 +1,7 @@
 //! `cargo xtask setup`: the pinned nightly, bpf-linker, cargo-fuzz, Debian
-//! packages and the Parca server the end-to-end tests push to. Every step checks first
+//! packages, the Parca, Pyroscope and OpenTelemetry Collector servers the
+//! end-to-end tests push to and the Node.js releases the V8 tests run.
+//! Every step checks first
 //! and does nothing when already done.
 
 use std::{
@@ -15,9 +17,13 @@ use crate::util::{describe, is_root, run};
 mod apt;
 mod images;
 mod java;
+mod node;
+mod otelcol;
 
 pub use images::{bases_dir as image_bases_dir, container_bases};
 pub use java::{ASYNC_PROFILER_VERSION, async_profiler, jdk25_home};
+pub use node::{NODE_RELEASES, node_path, node_releases};
+pub use otelcol::{otelcol, otelcol_path};
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The cargo-fuzz `cargo xtask fuzz` drives (builds in about 2 minutes).

@@ -81,11 +81,15 @@ pub fn run_tests(root: &Path, args: &[String]) -> Result<()> {
         );
     }
     crate::libraries::check(root)?;
-    let jdk25 = crate::setup::jdk25_home()?;
-    run(cargo(root)
-        .env("FIRN_JDK25_HOME", jdk25)
+    let mut command = cargo(root);
+    for (variable, version) in crate::setup::NODE_RELEASES {
+        command.env(variable, crate::setup::node_path(version));
+    }
+    command.env("FIRN_JDK25_HOME", crate::setup::jdk25_home()?);
+    run(command
         .env("FIRN_PARCA_BIN", crate::setup::parca_path())
         .env("FIRN_PYROSCOPE_BIN", crate::setup::pyroscope_path())
+        .env("FIRN_OTELCOL_BIN", crate::setup::otelcol_path())
         .env("FIRN_TOOLS_VENV", crate::setup::tools_venv())
         .env("FIRN_IMAGE_BASES", crate::setup::image_bases_dir())
         .args(["test", "--workspace", "--all-targets"])

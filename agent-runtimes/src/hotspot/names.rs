@@ -83,6 +83,15 @@ impl JavaNamer {
         match *frame {
             JavaFrame::Interpreted { method, bcp } => {
                 let (named, code) = self.methods.method(memory, layout, method)?;
+                // A native method called from interpreted code runs in
+                // the interpreter's native entry: no bytecode, no line.
+                if named.native {
+                    return Ok(vec![NamedJavaFrame {
+                        method: named,
+                        line: 0,
+                        kind: FrameKind::Native,
+                    }]);
+                }
                 let bci = named
                     .bci(code, bcp)
                     .ok_or_else(|| invalid("a bytecode pointer", bcp, "outside its method"))?;

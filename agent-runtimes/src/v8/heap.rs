@@ -96,18 +96,133 @@ pub(crate) fn read_string(
     layout: &Layout,
     tagged: u64,
 ) -> Result<Arc<str>, NameError> {
-    let mut text = String::new();
-    append_string(memory, layout, tagged, 0, MAX_STRING_CHARS, &mut text)?;
-    Ok(Arc::from(text))
+    let units = read_units(memory, layout, tagged, MAX_STRING_CHARS)?;
+    Ok(Arc::from(String::from_utf16_lossy(&units)))
 }
 
-fn append_string(
+/// The first `limit` UTF-16 code units of a string (V8's source positions
+/// count these).
+pub(crate) fn read_units(
+    memory: &mut dyn Memory,
+    layout: &Layout,
+    tagged: u64,
+    limit: u64,
+) -> Result<Vec<u16>, NameError> {
+    let mut units = Vec::new();
+    append_units(memory, layout, tagged, 0, limit, &mut units)?;
+    Ok(units)
+}
+
+/// A string's length in code units, whatever its representation (the
+/// field is common to all strings).
+pub(crate) fn string_length(
+    memory: &mut dyn Memory,
+    layout: &Layout,
+    tagged: u64,
+) -> Result<u64, NameError> {
+    let kind = instance_type(memory, layout, tagged)?;
+    if !is_string(layout, kind) {
+        return Err(NameError::WrongType {
+            object: tagged,
+            expected: "String",
+            found: kind,
+        });
+    }
+    raw_length(memory, layout, layout.tagging.untag(tagged))
+}
+
+fn raw_length(memory: &mut dyn Memory, layout: &Layout, object: u64) -> Result<u64, NameError> {
+    let mut length = [0; 4];
+    memory
+        .read(
+            object.wrapping_add(layout.fields.string_length),
+            &mut length,
+        )
+        .map_err(|source| NameError::Read { source })?;
+    Ok(u64::from(u32::from_le_bytes(length)))
+}
+
+/// The code unit at `index` of a string, found by descending its cons,
+/// thin and sliced parts to the sequential string that holds it: a few
+/// small reads, however long the string.
+pub(crate) fn unit_at(
+    memory: &mut dyn Memory,
+    layout: &Layout,
+    tagged: u64,
+    index: u64,
+) -> Result<u16, NameError> {
+    let fields = &layout.fields;
+    let strings = &layout.strings;
+    let mut tagged = tagged;
+    let mut index = index;
+    for _ in 0..=MAX_STRING_DEPTH * 4 {
+        let kind = instance_type(memory, layout, tagged)?;
+        if !is_string(layout, kind) {
+            return Err(NameError::WrongType {
+                object: tagged,
+                expected: "String",
+                found: kind,
+            });
+        }
+        let object = layout.tagging.untag(tagged);
+        let length = raw_length(memory, layout, object)?;
+        if index >= length {
+            return Err(NameError::BadString { object: tagged });
+        }
+        let representation = kind & strings.representation_mask;
+        if representation == strings.seq {
+            if kind & strings.encoding_mask == strings.one_byte {
+                let mut byte = [0; 1];
+                memory
+                    .read(
+                        object.wrapping_add(fields.seq_one_byte_chars + index),
+                        &mut byte,
+                    )
+                    .map_err(|source| NameError::Read { source })?;
+                return Ok(u16::from(byte[0]));
+            }
+            let mut unit = [0; 2];
+            memory
+                .read(
+                    object.wrapping_add(fields.seq_two_byte_chars + 2 * index),
+                    &mut unit,
+                )
+                .map_err(|source| NameError::Read { source })?;
+            return Ok(u16::from_le_bytes(unit));
+        } else if representation == strings.cons {
+            let first = tagged_field(memory, layout, object, fields.cons_first)?;
+            let first_length = string_length(memory, layout, first)?;
+            if index < first_length {
+                tagged = first;
+            } else {
+                index -= first_length;
+                tagged = tagged_field(memory, layout, object, fields.cons_second)?;
+            }
+        } else if representation == strings.thin {
+            tagged = tagged_field(memory, layout, object, fields.thin_actual)?;
+        } else if representation == strings.sliced {
+            let offset = tagged_field(memory, layout, object, fields.sliced_offset)?;
+            let offset = layout
+                .tagging
+                .smi(offset)
+                .and_then(|offset| u64::try_from(offset).ok())
+                .ok_or(NameError::BadString { object: tagged })?;
+            index += offset;
+            tagged = tagged_field(memory, layout, object, fields.sliced_parent)?;
+        } else {
+            return Err(NameError::ExternalString { object: tagged });
+        }
+    }
+    Err(NameError::TooDeep { object: tagged })
+}
+
+fn append_units(
     memory: &mut dyn Memory,
     layout: &Layout,
     tagged: u64,
     depth: u32,
     limit: u64,
-    out: &mut String,
+    out: &mut Vec<u16>,
 ) -> Result<(), NameError> {
     if depth > MAX_STRING_DEPTH {
         return Err(NameError::TooDeep { object: tagged });
@@ -125,11 +240,7 @@ fn append_string(
     let strings = &layout.strings;
     let representation = kind & strings.representation_mask;
     if representation == strings.seq {
-        let mut length = [0; 4];
-        memory
-            .read(object.wrapping_add(fields.string_length), &mut length)
-            .map_err(|source| NameError::Read { source })?;
-        let length = u64::from(u32::from_le_bytes(length)).min(limit);
+        let length = raw_length(memory, layout, object)?.min(limit);
         let one_byte = kind & strings.encoding_mask == strings.one_byte;
         let (chars, width) = if one_byte {
             (fields.seq_one_byte_chars, 1)
@@ -141,40 +252,38 @@ fn append_string(
             .read(object.wrapping_add(chars), &mut bytes)
             .map_err(|source| NameError::Read { source })?;
         if one_byte {
-            out.extend(bytes.iter().map(|&byte| char::from(byte)));
+            out.extend(bytes.iter().map(|&byte| u16::from(byte)));
         } else {
-            let units = bytes
-                .chunks_exact(2)
-                .map(|unit| u16::from_le_bytes([unit[0], unit[1]]));
-            out.extend(char::decode_utf16(units).map(|c| c.unwrap_or(char::REPLACEMENT_CHARACTER)));
+            out.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|unit| u16::from_le_bytes([unit[0], unit[1]])),
+            );
         }
         Ok(())
     } else if representation == strings.cons {
         let first = tagged_field(memory, layout, object, fields.cons_first)?;
         let second = tagged_field(memory, layout, object, fields.cons_second)?;
-        append_string(memory, layout, first, depth + 1, limit, out)?;
-        let left = limit.saturating_sub(out.chars().count() as u64);
+        let before = out.len() as u64;
+        append_units(memory, layout, first, depth + 1, limit, out)?;
+        let left = limit.saturating_sub(out.len() as u64 - before);
         if left > 0 {
-            append_string(memory, layout, second, depth + 1, left, out)?;
+            append_units(memory, layout, second, depth + 1, left, out)?;
         }
         Ok(())
     } else if representation == strings.thin {
         let actual = tagged_field(memory, layout, object, fields.thin_actual)?;
-        append_string(memory, layout, actual, depth + 1, limit, out)
+        append_units(memory, layout, actual, depth + 1, limit, out)
     } else if representation == strings.sliced {
         let parent = tagged_field(memory, layout, object, fields.sliced_parent)?;
         let offset = tagged_field(memory, layout, object, fields.sliced_offset)?;
         let offset = layout.tagging.smi(offset).unwrap_or(-1);
-        let mut length = [0; 4];
-        memory
-            .read(object.wrapping_add(fields.string_length), &mut length)
-            .map_err(|source| NameError::Read { source })?;
-        let length = u64::from(u32::from_le_bytes(length));
+        let length = raw_length(memory, layout, object)?;
         let Ok(offset) = u64::try_from(offset) else {
             return Err(NameError::BadString { object: tagged });
         };
-        let mut whole = String::new();
-        append_string(
+        let mut whole = Vec::new();
+        append_units(
             memory,
             layout,
             parent,
@@ -182,7 +291,7 @@ fn append_string(
             offset.saturating_add(length.min(limit)),
             &mut whole,
         )?;
-        out.extend(whole.chars().skip(offset as usize));
+        out.extend(whole.iter().skip(offset as usize));
         Ok(())
     } else {
         Err(NameError::ExternalString { object: tagged })

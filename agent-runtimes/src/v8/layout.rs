@@ -79,6 +79,7 @@ pub struct Types {
     pub script: u16,
     pub scope_info: u16,
     pub bytecode_array: u16,
+    pub fixed_array: u16,
     /// Types below this are strings.
     pub first_nonstring: u16,
 }
@@ -287,6 +288,7 @@ impl Lookup<'_> {
             script: self.type_tag("type_Script__SCRIPT_TYPE"),
             scope_info: self.type_tag("type_ScopeInfo__SCOPE_INFO_TYPE"),
             bytecode_array: self.type_tag("type_BytecodeArray__BYTECODE_ARRAY_TYPE"),
+            fixed_array: self.type_tag("type_FixedArray__FIXED_ARRAY_TYPE"),
             first_nonstring: self.type_tag("FirstNonstringType"),
         }
     }

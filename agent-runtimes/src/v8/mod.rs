@@ -9,8 +9,10 @@
 //!   is an error naming it, never a guess.
 //! - [`walk_chain`]: a sample's frame-pointer chain over its stack copy,
 //!   with each frame's function slot as of the sample.
-//! - [`V8Namer`]: a function slot's JSFunction as name and file, checked
-//!   object by object against the live heap and cached.
+//! - [`V8Namer`]: a function slot's JSFunction as name, file and line
+//!   (where the function starts, as V8's profiler places it), checked
+//!   object by object against the live heap and cached; a frame's tier
+//!   ([`Tier`]) from its slots.
 //!
 //! V8's generated code keeps frame pointers, so the native frame-pointer
 //! walk already passes through JavaScript frames; each one holds its
@@ -21,7 +23,9 @@ pub(crate) mod heap;
 mod layout;
 mod namer;
 mod object;
+mod position;
 mod scope;
+mod tier;
 mod walk;
 
 #[cfg(test)]
@@ -31,5 +35,7 @@ pub use layout::{
     Fields, FrameSlots, Layout, LayoutError, ScopeInfoSlots, StringTags, Tagging, Types,
 };
 pub use namer::{JsFunction, NameError, NamerCounts, V8Namer};
-pub use object::{Constants, ObjectError, V8Object, inspect_object};
+pub use object::{Constants, FileMapping, ObjectError, V8Object, inspect_object};
+pub use position::Position;
+pub use tier::Tier;
 pub use walk::{ChainFrame, MAX_FRAMES, StackCopy, walk_chain};

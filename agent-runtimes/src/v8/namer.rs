@@ -13,9 +13,11 @@ use std::sync::Arc;
 use agent_cache::ByteBoundedCache;
 
 use super::{
-    Layout,
+    ChainFrame, Layout,
     heap::{instance_type, is_string, read_string, tagged_field},
+    position::{LINE_CACHE_BYTES, LineCache, Position, line_and_column, start_position},
     scope::scope_info_name,
+    tier::{Tier, frame_tier},
 };
 use crate::{Memory, MemoryError};
 
@@ -30,6 +32,9 @@ pub struct JsFunction {
     /// The script's name (a file path or URL); empty when the script has
     /// none (code from `eval`, `new Function`).
     pub file: Arc<str>,
+    /// Where the function starts in the script, as V8's profiler reports
+    /// it; `None` when firn cannot tell (see [`super::position`]).
+    pub position: Option<Position>,
 }
 
 impl JsFunction {
@@ -85,6 +90,9 @@ impl NameError {
 pub struct NamerCounts {
     pub hits: u64,
     pub misses: u64,
+    /// Functions named without a line (their source unreadable, or no
+    /// position confirmed by it).
+    pub without_line: u64,
 }
 
 /// Names JavaScript functions of one process, caching by
@@ -92,6 +100,7 @@ pub struct NamerCounts {
 pub struct V8Namer {
     layout: Layout,
     cache: ByteBoundedCache<(u64, u64, u64), JsFunction>,
+    lines: LineCache,
     counts: NamerCounts,
 }
 
@@ -100,6 +109,7 @@ impl V8Namer {
         Self {
             layout,
             cache: ByteBoundedCache::new(CACHE_BYTES),
+            lines: LineCache::new(LINE_CACHE_BYTES),
             counts: NamerCounts::default(),
         }
     }
@@ -155,10 +165,59 @@ impl V8Namer {
         self.counts.misses += 1;
         let name = function_name(memory, &layout, name_or_scope)?;
         let file = script_name(memory, &layout, script)?;
-        let named = JsFunction { name, file };
+        // A line firn cannot find leaves the function named all the same.
+        let position = self.position(memory, name_or_scope, script).ok().flatten();
+        self.counts.without_line += u64::from(position.is_none());
+        let named = JsFunction {
+            name,
+            file,
+            position,
+        };
         let weight = named.weight();
         self.cache.insert(key, named.clone(), weight);
         Ok(named)
+    }
+}
+
+impl V8Namer {
+    /// Which tier ran a JavaScript frame (one [`V8Namer::name`] named),
+    /// checked against the live heap like a name. `builtins`: where the
+    /// process has V8's builtins
+    /// ([`V8Object::builtins_in_process`](super::V8Object::builtins_in_process);
+    /// empty when unknown), which tells code entered by on-stack
+    /// replacement from the interpreter.
+    pub fn tier(
+        &self,
+        memory: &mut dyn Memory,
+        frame: &ChainFrame,
+        builtins: &[std::ops::Range<u64>],
+    ) -> Result<Tier, NameError> {
+        frame_tier(memory, &self.layout, frame, builtins)
+    }
+
+    /// Where the function starts, for a Script `script` already checked.
+    fn position(
+        &mut self,
+        memory: &mut dyn Memory,
+        name_or_scope: u64,
+        script: u64,
+    ) -> Result<Option<Position>, NameError> {
+        let layout = self.layout;
+        let source = tagged_field(
+            memory,
+            &layout,
+            layout.tagging.untag(script),
+            layout.fields.script_source,
+        )?;
+        if !layout.tagging.is_heap_object(source)
+            || !is_string(&layout, instance_type(memory, &layout, source)?)
+        {
+            return Ok(None);
+        }
+        let Some(start) = start_position(memory, &layout, name_or_scope, source)? else {
+            return Ok(None);
+        };
+        line_and_column(memory, &layout, &mut self.lines, script, source, start)
     }
 }
 

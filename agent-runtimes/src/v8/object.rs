@@ -35,7 +35,54 @@ pub struct V8Object {
     /// to it when short builtin calls are on, as in Node 24). `None` when
     /// the symbol table (stripped) does not name them.
     pub builtins: Option<Range<u64>>,
+    /// Where in the file the builtins start: V8 may map that part of the
+    /// file a second time, next to its generated code, and run the copy
+    /// ([`V8Object::builtins_in_process`]).
+    pub builtins_file_offset: Option<u64>,
 }
+
+/// One mapping of the embedder's file in a process (`/proc/PID/maps`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileMapping {
+    pub addresses: Range<u64>,
+    /// The file offset the mapping starts at.
+    pub offset: u64,
+}
+
+impl V8Object {
+    /// Where a process that maps this embedder as `mappings` has its
+    /// builtins: in its text segment, and, with short builtin calls (Node
+    /// 20 to 24 on x86-64), in a second mapping of that part of the file
+    /// next to V8's generated code. V8 runs both (calls from generated code
+    /// go to the near copy), so a pc in any of them is a builtin's.
+    pub fn builtins_in_process(&self, mappings: &[FileMapping]) -> Vec<Range<u64>> {
+        let (Some(builtins), Some(file_offset)) =
+            (self.builtins.as_ref(), self.builtins_file_offset)
+        else {
+            return Vec::new();
+        };
+        let length = builtins.end.saturating_sub(builtins.start);
+        mappings
+            .iter()
+            .filter_map(|mapping| {
+                let size = mapping
+                    .addresses
+                    .end
+                    .saturating_sub(mapping.addresses.start);
+                let skip = file_offset.checked_sub(mapping.offset)?;
+                if skip.saturating_add(length) > size {
+                    return None;
+                }
+                let start = mapping.addresses.start + skip;
+                Some(start..start + length)
+            })
+            .take(MAX_BUILTIN_MAPPINGS)
+            .collect()
+    }
+}
+
+/// More mappings of the builtins than V8 makes (two) are not all kept.
+const MAX_BUILTIN_MAPPINGS: usize = 4;
 
 /// A V8 embedder's post-mortem constants, by name without the `v8dbg_`
 /// prefix (`off_fp_function`, `type_JSFunction__JS_FUNCTION_TYPE`, ...).
@@ -168,9 +215,17 @@ pub fn inspect_object(elf: &[u8]) -> Result<Option<V8Object>, ObjectError> {
             }
         }
     }
+    let builtins_file_offset = builtins.as_ref().and_then(|builtins| {
+        file.sections().find_map(|section| {
+            let (offset, _) = section.file_range()?;
+            let within = builtins.start.checked_sub(section.address())?;
+            (within < section.size()).then_some(offset + within)
+        })
+    });
     Ok((!constants.is_empty()).then_some(V8Object {
         constants,
         builtins,
+        builtins_file_offset,
     }))
 }
 

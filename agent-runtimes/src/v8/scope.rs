@@ -24,10 +24,10 @@ use crate::Memory;
 /// Up to this many context locals, their names are stored inline, one
 /// slot each; beyond, in one hash table (V8's
 /// `kScopeInfoMaxInlinedLocalNamesSize`, 75 since V8 9.4).
-const MAX_INLINED_LOCAL_NAMES: u64 = 75;
+pub(crate) const MAX_INLINED_LOCAL_NAMES: u64 = 75;
 /// More context locals than any function has; a larger count is not a
 /// ScopeInfo firn reads.
-const MAX_CONTEXT_LOCALS: u64 = 1 << 16;
+pub(crate) const MAX_CONTEXT_LOCALS: u64 = 1 << 16;
 
 /// The function's name, `None` when the scope holds none (anonymous
 /// functions, scripts).

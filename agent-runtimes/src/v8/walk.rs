@@ -27,6 +27,9 @@ pub struct ChainFrame {
     pub fp: u64,
     /// The word in the function slot, if the copy holds it.
     pub function: Option<u64>,
+    /// The words in the bytecode array and bytecode offset slots, which
+    /// tell unoptimized frames ([`V8Namer::tier`](super::V8Namer::tier)).
+    pub bytecode: [Option<u64>; 2],
 }
 
 /// The stack copy of one sample: `bytes` from address `sp` on.
@@ -54,15 +57,30 @@ pub fn walk_chain(stack: StackCopy<'_>, layout: &Layout, ip: u64, bp: u64) -> Ve
     let mut pc = ip;
     let mut fp = bp;
     while frames.len() < MAX_FRAMES {
-        let function = stack.word(fp.wrapping_add_signed(layout.frame.function));
+        let slot = |offset: i64| stack.word(fp.wrapping_add_signed(offset));
+        let function = slot(layout.frame.function);
+        let bytecode = [
+            slot(layout.frame.bytecode_array),
+            slot(layout.frame.bytecode_offset),
+        ];
         let (Some(caller), Some(return_address)) = (stack.word(fp), stack.word(fp.wrapping_add(8)))
         else {
             if fp >= stack.sp {
-                frames.push(ChainFrame { pc, fp, function });
+                frames.push(ChainFrame {
+                    pc,
+                    fp,
+                    function,
+                    bytecode,
+                });
             }
             break;
         };
-        frames.push(ChainFrame { pc, fp, function });
+        frames.push(ChainFrame {
+            pc,
+            fp,
+            function,
+            bytecode,
+        });
         if caller <= fp {
             break;
         }

@@ -1,6 +1,6 @@
 //! The config file's `destinations`: several servers at once, each entry
-//! the Parca (`remote-store-*`) or Pyroscope (`pyroscope-*`) flags without
-//! their dashes, and a `name` for its metrics and log lines. Each entry is
+//! the Parca (`remote-store-*`), Pyroscope (`pyroscope-*`) or OTLP
+//! (`otlp-*`) flags without their dashes, and a `name` for its metrics and log lines. Each entry is
 //! read by the flags' own parsers, environment variables left out (they
 //! would apply to every entry alike).
 
@@ -8,7 +8,7 @@ use std::path::Path;
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 
-use super::{PyroscopeArgs, RemoteStoreArgs, remote::ConfigError};
+use super::{OtlpArgs, PyroscopeArgs, RemoteStoreArgs, remote::ConfigError};
 use crate::{
     config::DestinationConfig,
     config_file::{ConfigFileError, SettingValue},
@@ -18,8 +18,8 @@ use crate::{
 #[derive(Parser, Debug, Clone)]
 #[command(name = "destinations", no_binary_name = true, disable_help_flag = true)]
 pub struct DestinationArgs {
-    /// The `destination` label of its metrics (default `parca` or
-    /// `pyroscope`).
+    /// The `destination` label of its metrics (default `parca`,
+    /// `pyroscope` or `otlp`).
     #[arg(long)]
     pub name: Option<String>,
 
@@ -28,6 +28,9 @@ pub struct DestinationArgs {
 
     #[command(flatten)]
     pub pyroscope: PyroscopeArgs,
+
+    #[command(flatten)]
+    pub otlp: OtlpArgs,
 }
 
 impl DestinationArgs {
@@ -67,18 +70,20 @@ impl DestinationArgs {
         Self::from_arg_matches(&matches).map_err(|e| error(first_line(&e.to_string())))
     }
 
-    /// The server this entry names: exactly one of a Parca address and a
-    /// Pyroscope URL.
+    /// The server this entry names: exactly one of a Parca address, a
+    /// Pyroscope URL and an OTLP endpoint.
     pub fn config(&self, index: usize) -> Result<DestinationConfig, ConfigError> {
         let parca = self.remote_store.config()?;
         let name = |default: &str| self.name.clone().unwrap_or_else(|| default.to_owned());
         let pyroscope = self.pyroscope.config(&name("pyroscope"))?;
-        match (parca, pyroscope) {
-            (Some(store), None) => Ok(DestinationConfig::Parca {
+        let otlp = self.otlp.config(&name("otlp"))?;
+        match (parca, pyroscope, otlp) {
+            (Some(store), None, None) => Ok(DestinationConfig::Parca {
                 store,
                 name: name("parca"),
             }),
-            (None, Some(pyroscope)) => Ok(DestinationConfig::Pyroscope(pyroscope)),
+            (None, Some(pyroscope), None) => Ok(DestinationConfig::Pyroscope(pyroscope)),
+            (None, None, Some(otlp)) => Ok(DestinationConfig::Otlp(otlp)),
             _ => Err(ConfigError::DestinationKind { index }),
         }
     }
@@ -141,5 +146,42 @@ mod tests {
         assert!(error.to_string().contains("destinations[2]"), "{error}");
         let neither = DestinationArgs::from_entry(&[one("name", "x")], path, 3).expect("parses");
         assert!(neither.config(3).is_err());
+    }
+
+    #[test]
+    fn otlp_entries_name_their_receiver_protocol_and_release() {
+        let path = Path::new("firn.yaml");
+        let entry = DestinationArgs::from_entry(
+            &[
+                one("otlp-endpoint", "http://localhost:4040"),
+                one("otlp-protocol", "http"),
+                one("otlp-profiles-version", "1.9"),
+                one("otlp-headers", "X-Scope-OrgID=team-a"),
+            ],
+            path,
+            0,
+        )
+        .expect("valid");
+        let DestinationConfig::Otlp(config) = entry.config(0).expect("config") else {
+            panic!("an OTLP destination");
+        };
+        assert_eq!(config.name, "otlp");
+        assert_eq!(config.protocol, crate::output::otlp::Protocol::Http);
+        assert_eq!(config.version, crate::output::otlp::ProfilesVersion::V1_9);
+        assert!(config.tls.is_none(), "http:// is plaintext");
+        assert_eq!(config.headers.len(), 1);
+        let version = DestinationArgs::from_entry(&[one("otlp-profiles-version", "2")], path, 1)
+            .expect_err("an unknown release");
+        assert!(version.to_string().contains("destinations[1]"), "{version}");
+        let both = DestinationArgs::from_entry(
+            &[
+                one("otlp-endpoint", "collector:4317"),
+                one("pyroscope-url", "http://localhost:4040"),
+            ],
+            path,
+            2,
+        )
+        .expect("parses");
+        assert!(both.config(2).is_err(), "one server per entry");
     }
 }

@@ -113,13 +113,15 @@ pub enum ConfigError {
     NeedsRemoteStore { flag: &'static str },
     #[error("--{flag} only applies with --pyroscope-url")]
     NeedsPyroscope { flag: &'static str },
+    #[error("--{flag} only applies with --otlp-endpoint")]
+    NeedsOtlp { flag: &'static str },
     #[error(
         "--collect-kernel-profile=false and --collect-user-profile=false leave nothing to sample"
     )]
     NoStacks,
     #[error(
-        "destinations[{index}] must name one server: remote-store-address (Parca) or \
-         pyroscope-url (Pyroscope)"
+        "destinations[{index}] must name one server: remote-store-address (Parca), \
+         pyroscope-url (Pyroscope) or otlp-endpoint (OTLP)"
     )]
     DestinationKind { index: usize },
     #[error("{given} needs {missing}")]

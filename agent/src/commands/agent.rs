@@ -16,8 +16,8 @@ use firn::{
     metrics::Metrics,
     output::{
         Exporter, FRAME_CACHE_BYTES, FanOut, FrameCache, LocalStore, build_batch,
-        destination::Tally, label_interval, parca::ParcaExporter, pyroscope::PyroscopeExporter,
-        symbolize_interval,
+        destination::Tally, label_interval, otlp::OtlpExporter, parca::ParcaExporter,
+        pyroscope::PyroscopeExporter, symbolize_interval,
     },
     process::ProcessTableStats,
     session::{Session, ShutdownSignal},
@@ -207,6 +207,20 @@ fn remote_exporter(
             let exporter = PyroscopeExporter::start(pyroscope, tally, metrics.push_duration())
                 .context("could not set up the Pyroscope exporter")?;
             Ok((Box::new(exporter), pyroscope.url.clone()))
+        }
+        DestinationConfig::Otlp(otlp) => {
+            let tally = Tally::new(stats.clone(), metrics.destination(&otlp.name));
+            let exporter = OtlpExporter::start(otlp, tally, metrics.push_duration())
+                .context("could not set up the OTLP exporter")?;
+            Ok((
+                Box::new(exporter),
+                format!(
+                    "{} (OTLP over {}, profiles messages {})",
+                    otlp.endpoint,
+                    otlp.protocol.as_str(),
+                    otlp.version.as_str()
+                ),
+            ))
         }
     }
 }

@@ -12,6 +12,7 @@ mod fanout;
 mod flamegraph;
 mod labelled;
 mod local;
+pub mod otlp;
 pub mod parca;
 pub mod pyroscope;
 mod symbolized;
@@ -60,6 +61,8 @@ pub enum OutputError {
     Parca(#[from] parca::ParcaError),
     #[error(transparent)]
     Pyroscope(#[from] pyroscope::PyroscopeError),
+    #[error(transparent)]
+    Otlp(#[from] otlp::OtlpError),
 }
 
 /// Checks that `path` can be written, without changing what is there:

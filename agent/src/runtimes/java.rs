@@ -11,16 +11,24 @@
 //! userspace, where it is bounded by firn's CPU budget, not the
 //! verifier's.
 
-use std::{collections::HashMap, path::Path, sync::Arc};
+use std::{
+    collections::HashMap,
+    path::Path,
+    sync::{Arc, atomic::AtomicU64},
+};
 
 use agent_elf::ContentKey;
-use agent_runtimes::hotspot::{
-    CodeCache, FrameRegs, JavaFrame, JavaNamer, JvmObject, Layout, VmTables, inspect_object, step,
+use agent_runtimes::{
+    Memory,
+    hotspot::{
+        CodeCache, FrameKind, FrameRegs, HotSpotError, JavaFrame, JavaNamer, JvmObject, Layout,
+        VmTables, inspect_object, step,
+    },
 };
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
 use tracing::{debug, info};
 
-use super::{InterpretedFrame, ProcessMemory, Runtime, UserFrame};
+use super::{InterpretedFrame, JavaKind, ProcessMemory, Runtime, UserFrame};
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
     stats::Stats,
@@ -71,10 +79,18 @@ struct Entry {
     state: State,
 }
 
+/// Why a `libjvm.so` is not read: a `firn_java_processes_skipped_total`
+/// reason.
+#[derive(Clone, Copy, Debug)]
+enum Unusable {
+    NoTables,
+    Unreadable,
+}
+
 /// The JVMs firn has seen.
 pub struct JavaRuntime {
     processes: HashMap<u32, Entry>,
-    objects: HashMap<ContentKey, Option<JvmObject>>,
+    objects: HashMap<ContentKey, Result<JvmObject, Unusable>>,
     stats: Arc<Stats>,
 }
 
@@ -194,9 +210,16 @@ impl JavaRuntime {
         let Some((index, object)) = self.find_jvm(image, processes) else {
             return State::NotJava;
         };
-        let Some(object) = object else {
-            Stats::inc(&self.stats.java_skipped_unreadable);
-            return State::Skipped;
+        let object = match object {
+            Ok(object) => object,
+            Err(Unusable::NoTables) => {
+                Stats::inc(&self.stats.java_skipped_no_tables);
+                return State::Skipped;
+            }
+            Err(Unusable::Unreadable) => {
+                Stats::inc(&self.stats.java_skipped_unreadable);
+                return State::Skipped;
+            }
         };
         let Some(bias) = load_bias(image, index) else {
             Stats::inc(&self.stats.java_skipped_unreadable);
@@ -233,10 +256,12 @@ impl JavaRuntime {
                 };
             }
         };
-        Stats::inc(&self.stats.java_processes);
+        let version = major_version(&mut memory, &layout);
+        Stats::inc(self.version_counter(version));
         debug!(
             tgid = image.tgid,
             comm = image.comm,
+            version,
             "unwinding the Java frames of a JVM"
         );
         State::Java(Box::new(Jvm {
@@ -246,30 +271,46 @@ impl JavaRuntime {
         }))
     }
 
+    /// `firn_java_processes_total`'s counter for a JVM of major `version`.
+    fn version_counter(&self, version: Option<u32>) -> &AtomicU64 {
+        match version {
+            Some(8) => &self.stats.java_processes_8,
+            Some(11) => &self.stats.java_processes_11,
+            Some(17) => &self.stats.java_processes_17,
+            Some(21) => &self.stats.java_processes_21,
+            Some(25) => &self.stats.java_processes_25,
+            _ => &self.stats.java_processes_other,
+        }
+    }
+
     /// The mapping of the image's `libjvm.so` and its table symbols.
     fn find_jvm(
         &mut self,
         image: &ProcessImage,
         processes: &mut ProcessTable,
-    ) -> Option<(usize, Option<JvmObject>)> {
+    ) -> Option<(usize, Result<JvmObject, Unusable>)> {
         let index = image.mappings.iter().position(|mapping| {
             mapping.spec.kind == MappingKind::File && file_name(&mapping.spec.path) == "libjvm.so"
         })?;
         let Some(object) = processes.object(image, index) else {
-            return Some((index, None));
+            return Some((index, Err(Unusable::Unreadable)));
         };
         let key = object.content_key();
         if let Some(found) = self.objects.get(&key) {
             return Some((index, found.clone()));
         }
         let found = match object.data() {
-            Ok(data) => inspect_object(&object.path, &data)
-                .map_err(|error| debug!(path = object.path, %error, "not a HotSpot firn can read"))
-                .ok()
-                .flatten(),
+            Ok(data) => match inspect_object(&object.path, &data) {
+                Ok(Some(found)) => Ok(found),
+                Ok(None) => Err(Unusable::NoTables),
+                Err(error) => {
+                    debug!(path = object.path, %error, "not a HotSpot firn can read");
+                    Err(Unusable::NoTables)
+                }
+            },
             Err(error) => {
                 debug!(path = object.path, %error, "could not read libjvm.so");
-                None
+                Err(Unusable::Unreadable)
             }
         };
         if self.objects.len() >= MAX_REMEMBERED_OBJECTS {
@@ -334,7 +375,7 @@ impl JavaRuntime {
                 // Generated code of the JVM: named by its blob, a frame of
                 // the JVM rather than of Java.
                 out.push(UserFrame::Interpreted(Arc::new(InterpretedFrame {
-                    runtime: Runtime::Java,
+                    runtime: Runtime::Java(JavaKind::Generated),
                     function: format!("[{name}]").into(),
                     file: "".into(),
                     line: 0,
@@ -344,10 +385,12 @@ impl JavaRuntime {
             match jvm.namer.name(&mut memory, &jvm.layout, &jvm.cache, frame) {
                 Ok(named) if named.is_empty() => out.push(UserFrame::Native(address)),
                 Ok(named) => {
-                    Stats::add(&self.stats.java_frames, named.len() as u64);
+                    for frame in &named {
+                        Stats::inc(frame_counter(&self.stats, frame.kind));
+                    }
                     out.extend(named.into_iter().map(|named| {
                         UserFrame::Interpreted(Arc::new(InterpretedFrame {
-                            runtime: Runtime::Java,
+                            runtime: Runtime::Java(kind_of(named.kind)),
                             function: named.method.function().into(),
                             file: named.method.file.clone(),
                             line: named.line,
@@ -355,10 +398,13 @@ impl JavaRuntime {
                     }));
                 }
                 Err(error) => {
-                    debug!(tgid, %error, "Java frame not named");
-                    Stats::inc(&self.stats.java_name_failures);
+                    debug!(tgid, %error, ?frame, "Java frame not named");
+                    Stats::inc(match is_stale(&error) {
+                        true => &self.stats.java_name_stale,
+                        false => &self.stats.java_name_failures,
+                    });
                     out.push(UserFrame::Interpreted(Arc::new(InterpretedFrame {
-                        runtime: Runtime::Java,
+                        runtime: Runtime::Java(JavaKind::Generated),
                         function: "<unknown>".into(),
                         file: "".into(),
                         line: 0,
@@ -366,12 +412,57 @@ impl JavaRuntime {
                 }
             }
         }
+        let counts = jvm.namer.take_counts();
+        Stats::add(&self.stats.java_method_cache_hits, counts.hits);
+        Stats::add(&self.stats.java_method_cache_misses, counts.misses);
         out
     }
 
     /// The process executed a new image or exited.
     pub fn forget(&mut self, tgid: u32) {
         self.processes.remove(&tgid);
+    }
+}
+
+/// The JVM's major version (`Abstract_VM_Version::_vm_major_version`),
+/// if readable and sane.
+fn major_version(memory: &mut dyn Memory, layout: &Layout) -> Option<u32> {
+    let mut bytes = [0; 4];
+    memory.read(layout.vm_major_version, &mut bytes).ok()?;
+    let version = u32::from_ne_bytes(bytes);
+    (1..1000).contains(&version).then_some(version)
+}
+
+/// `firn_java_frames_total`'s counter for frames of `kind`.
+fn frame_counter(stats: &Stats, kind: FrameKind) -> &AtomicU64 {
+    match kind {
+        FrameKind::Interpreted => &stats.java_frames_interpreted,
+        FrameKind::C1 => &stats.java_frames_c1,
+        FrameKind::C2 => &stats.java_frames_c2,
+        FrameKind::Inlined => &stats.java_frames_inlined,
+        FrameKind::Native => &stats.java_frames_native,
+    }
+}
+
+/// Whether naming failed because the frame's compiled method was gone or
+/// replaced since the sample (rather than unreadable).
+fn is_stale(error: &HotSpotError) -> bool {
+    matches!(
+        error,
+        HotSpotError::Invalid {
+            why: "gone since the sample",
+            ..
+        }
+    )
+}
+
+fn kind_of(kind: FrameKind) -> JavaKind {
+    match kind {
+        FrameKind::Interpreted => JavaKind::Interpreted,
+        FrameKind::C1 => JavaKind::C1,
+        FrameKind::C2 => JavaKind::C2,
+        FrameKind::Inlined => JavaKind::Inlined,
+        FrameKind::Native => JavaKind::Native,
     }
 }
 

@@ -3,12 +3,14 @@
 //! detector that recognizes the runtime in a process image and hands the
 //! BPF walker that process's layout, and a namer that turns what the walker
 //! recorded into function, file and line while the process is alive. Only
-//! CPython (`python`) and HotSpot (`java`) exist so far; the pipeline sees only this module.
+//! CPython (`python`) and HotSpot (`java`) exist so far; the pipeline drives
+//! each through one trait, [`RuntimeSupport`] (`support`).
 
 mod java;
 mod memory;
 mod python;
 mod splice;
+mod support;
 
 use std::sync::Arc;
 
@@ -18,12 +20,32 @@ pub use python::{
     PythonConfig, PythonMapError, PythonProcessMap, PythonRuntime, ThreadPointerLookup,
 };
 pub use splice::{NamedFrame, splice};
+pub use support::{ForeignUnwind, JavaSupport, PythonSupport, RuntimeSupport, Spliced};
 
 /// Which interpreter a frame belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Runtime {
     Python,
-    Java,
+    Java(JavaKind),
+}
+
+/// How a Java frame ran, as async-profiler's `_[0]`, `_[1]`, `_[j]`,
+/// `_[i]` markers tell it; shown as the frame's mapping, so a method keeps
+/// one function name whatever tier ran it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JavaKind {
+    /// The JVM's generated code (stubs, the call stub), or a frame that
+    /// could not be named.
+    Generated,
+    Interpreted,
+    /// Compiled by C1 (tiers 1 to 3).
+    C1,
+    /// Compiled by C2 (tier 4).
+    C2,
+    /// Inlined by the compiler into the frame below it.
+    Inlined,
+    /// A `native` method's wrapper.
+    Native,
 }
 
 impl Runtime {
@@ -31,7 +53,12 @@ impl Runtime {
     pub fn mapping_name(self) -> &'static str {
         match self {
             Self::Python => "[python]",
-            Self::Java => "[java]",
+            Self::Java(JavaKind::Generated) => "[java]",
+            Self::Java(JavaKind::Interpreted) => "[java:interpreted]",
+            Self::Java(JavaKind::C1) => "[java:c1]",
+            Self::Java(JavaKind::C2) => "[java:c2]",
+            Self::Java(JavaKind::Inlined) => "[java:inlined]",
+            Self::Java(JavaKind::Native) => "[java:native]",
         }
     }
 }

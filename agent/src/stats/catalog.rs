@@ -716,44 +716,81 @@ declare_metrics! {
         ],
     }
     java_processes: Counter,
-        "HotSpot JVMs found whose Java frames firn unwinds and names."
+        "HotSpot JVMs found whose Java frames firn unwinds and names, by the JVM's major \
+        version (other: one outside 8, 11, 17, 21, 25, or unreadable)."
     {
         stats: [
-            /// JVMs whose tables and code cache were read.
-            java_processes {},
+            /// JVMs whose tables and code cache were read, JDK 8.
+            java_processes_8 { version = "8" },
+            /// JDK 11.
+            java_processes_11 { version = "11" },
+            /// JDK 17.
+            java_processes_17 { version = "17" },
+            /// JDK 21.
+            java_processes_21 { version = "21" },
+            /// JDK 25.
+            java_processes_25 { version = "25" },
+            /// Another version.
+            java_processes_other { version = "other" },
         ],
     }
     java_processes_skipped: Counter,
         "JVMs whose Java frames firn does not unwind (their native frames are still \
         profiled), by reason: layout (the JVM's structure tables lack a field firn needs), \
-        unreadable (libjvm.so or the tables could not be read)."
+        no_tables (a libjvm.so without the structure tables: not HotSpot, or built without \
+        them), unreadable (libjvm.so or the tables could not be read)."
     {
         stats: [
             /// JVMs skipped: a field firn needs is missing from their tables.
             java_skipped_layout { reason = "layout" },
+            /// JVMs skipped: libjvm.so has no structure tables.
+            java_skipped_no_tables { reason = "no_tables" },
             /// JVMs skipped: libjvm.so or the tables could not be read.
             java_skipped_unreadable { reason = "unreadable" },
         ],
     }
     java_frames: Counter,
-        "Java frames named (an inlined method counts as a frame of its own)."
+        "Java frames named, by how they ran: interpreted, c1, c2, inlined (a method inlined \
+        by the compiler, a frame of its own), native (a native method's frame)."
     {
         stats: [
-            /// Java frames named.
-            java_frames {},
+            /// Interpreted Java frames named.
+            java_frames_interpreted { kind = "interpreted" },
+            /// C1-compiled Java frames named.
+            java_frames_c1 { kind = "c1" },
+            /// C2-compiled Java frames named.
+            java_frames_c2 { kind = "c2" },
+            /// Inlined Java frames named.
+            java_frames_inlined { kind = "inlined" },
+            /// Native methods' frames named.
+            java_frames_native { kind = "native" },
         ],
     }
     java_read_failures: Counter,
         "Java frames that could not be made sense of, by stage: unwind (no code blob at \
         the frame's pc, or its frame did not lead back into Java code; the stack ends \
-        there), name (its method or debug information could not be read, or had changed \
-        since the sample: the frame is named <unknown> rather than misnamed)."
+        there), name (its method or debug information could not be read or did not check \
+        out), stale (its compiled method was gone or replaced by the time firn named it); \
+        a frame not named is shown as <unknown>, never misnamed."
     {
         stats: [
             /// Java frames not unwound.
             java_unwind_failures { stage = "unwind" },
             /// Java frames not named.
             java_name_failures { stage = "name" },
+            /// Java frames whose nmethod changed after the sample.
+            java_name_stale { stage = "stale" },
+        ],
+    }
+    java_method_cache: Counter,
+        "Lookups in firn's cache of named Java methods, by result: hit, miss (the method \
+        read from the process)."
+    {
+        stats: [
+            /// Java method cache hits.
+            java_method_cache_hits { result = "hit" },
+            /// Java method cache misses.
+            java_method_cache_misses { result = "miss" },
         ],
     }
 }

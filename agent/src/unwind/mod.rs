@@ -20,7 +20,7 @@ pub use mode::{CopyMapError, CopySizeMap, ProcessUnwinding, UnwindPolicy, is_sys
 
 use crate::{
     process::{ContentKey, ObjectFile, ProcessImage, ProcessTable},
-    runtimes::JvmUnwinder,
+    runtimes::ForeignUnwind,
     sampler::RawSample,
     stats::Stats,
 };
@@ -30,7 +30,7 @@ use crate::{
 struct ImageObjects<'a, 'j> {
     image: &'a ProcessImage,
     processes: &'a mut ProcessTable,
-    jit: Option<&'a mut JvmUnwinder<'j>>,
+    jit: Option<&'a mut (dyn ForeignUnwind + 'j)>,
 }
 
 impl ObjectLookup for ImageObjects<'_, '_> {
@@ -164,7 +164,7 @@ impl Unwinder {
         image: &ProcessImage,
         processes: &mut ProcessTable,
         unwinding: ProcessUnwinding,
-        jit: Option<&mut JvmUnwinder<'_>>,
+        jit: Option<&mut (dyn ForeignUnwind + '_)>,
     ) -> Attempt {
         let Some(regs) = sample.user_regs else {
             return Attempt::WithoutRegisters {

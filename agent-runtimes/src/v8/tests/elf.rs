@@ -1,7 +1,7 @@
 //! `inspect_object` over a small ELF file written here: constants in
 //! `.data` and in `.bss`, of the wrong size, and other symbols.
 
-use crate::v8::inspect_object;
+use crate::v8::{Constants, FileMapping, V8Object, inspect_object};
 
 const SHT_PROGBITS: u32 = 1;
 const SHT_SYMTAB: u32 = 2;
@@ -195,13 +195,54 @@ fn the_builtins_range_spans_their_symbols() {
             function: false,
         },
     ];
-    let object = inspect_object(&elf(&[0; 0x40], &symbols))
+    let bytes = elf(&[0; 0x40], &symbols);
+    let object = inspect_object(&bytes)
         .expect("parses")
         .expect("has constants");
     assert_eq!(
         object.builtins,
         Some(DATA_ADDRESS + 0x8..DATA_ADDRESS + 0x30)
     );
+    let file = object::File::parse(&*bytes).expect("parses");
+    let data_offset = object::Object::sections(&file)
+        .find(|section| object::ObjectSection::address(section) == DATA_ADDRESS)
+        .and_then(|section| object::ObjectSection::file_range(&section))
+        .expect("the data section")
+        .0;
+    assert_eq!(object.builtins_file_offset, Some(data_offset + 0x8));
+}
+
+/// Node 24's mappings of its executable: the text segment, and the
+/// builtins' pages mapped again next to the generated code.
+#[test]
+fn the_builtins_are_found_in_every_mapping_of_them() {
+    let object = V8Object {
+        constants: Constants::default(),
+        builtins: Some(0x1a2_7000..0x1c2_bd78),
+        builtins_file_offset: Some(0x162_7000),
+    };
+    let text = FileMapping {
+        addresses: 0x74_a000..0x304_4000,
+        offset: 0x34_a000,
+    };
+    let copy = FileMapping {
+        addresses: 0x7f47_a1d8_0000..0x7f47_a1f8_5000,
+        offset: 0x162_7000,
+    };
+    let data = FileMapping {
+        addresses: 0x320_1000..0x6b5_1000,
+        offset: 0x2e0_1000,
+    };
+    assert_eq!(
+        object.builtins_in_process(&[data.clone(), text.clone(), copy.clone()]),
+        [0x1a2_7000..0x1c2_bd78, 0x7f47_a1d8_0000..0x7f47_a1f8_4d78]
+    );
+    assert_eq!(object.builtins_in_process(&[data]), []);
+    let unknown = V8Object {
+        builtins_file_offset: None,
+        ..object
+    };
+    assert_eq!(unknown.builtins_in_process(&[text, copy]), []);
 }
 
 #[test]

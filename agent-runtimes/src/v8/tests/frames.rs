@@ -13,7 +13,7 @@ use crate::{
     v8::{ChainFrame, Constants, JsFunction, Layout, NameError, StackCopy, V8Namer, walk_chain},
 };
 
-struct Replay(Regions);
+pub(super) struct Replay(pub(super) Regions);
 
 impl Memory for Replay {
     fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
@@ -22,13 +22,13 @@ impl Memory for Replay {
 }
 
 impl Replay {
-    fn word(&mut self, address: u64) -> Option<u64> {
+    pub(super) fn word(&mut self, address: u64) -> Option<u64> {
         let mut bytes = [0; 8];
         self.read(address, &mut bytes).ok()?;
         Some(u64::from_le_bytes(bytes))
     }
 
-    fn write(&mut self, address: u64, value: u64) {
+    pub(super) fn write(&mut self, address: u64, value: u64) {
         assert!(
             self.0.get(address, 8).is_some(),
             "{address:#x} was not captured"
@@ -37,14 +37,20 @@ impl Replay {
     }
 }
 
-struct Loaded {
-    memory: Replay,
-    layout: Layout,
+pub(super) struct Loaded {
+    pub(super) memory: Replay,
+    pub(super) layout: Layout,
     /// The frame pointer of each frame, innermost first.
-    frame_pointers: Vec<u64>,
+    pub(super) frame_pointers: Vec<u64>,
+    /// Where the builtins were.
+    pub(super) builtins: Vec<std::ops::Range<u64>>,
 }
 
-fn load(capture: &V8Capture) -> Loaded {
+fn hex(word: &str) -> u64 {
+    u64::from_str_radix(word.trim_start_matches("0x"), 16).expect("hex")
+}
+
+pub(super) fn load(capture: &V8Capture) -> Loaded {
     let constants = NODE_CONSTANTS
         .iter()
         .find(|(major, _)| *major == capture.node)
@@ -52,11 +58,25 @@ fn load(capture: &V8Capture) -> Loaded {
         .expect("the capture's Node version");
     let layout = Layout::new(&constants).expect("every constant");
     let mut memory = Replay(Regions::parse(capture.memory).expect("the regions parse"));
-    let fields: Vec<&str> = capture.meta.split_whitespace().collect();
+    let mut lines = capture.meta.lines();
+    let fields: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
     let ["registers", _rip, rbp, _rsp] = fields.as_slice() else {
         panic!("{}: unexpected meta {:?}", capture.name, capture.meta);
     };
-    let mut fp = u64::from_str_radix(rbp.trim_start_matches("0x"), 16).expect("hex");
+    let builtins = lines
+        .map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let ["builtins", start, end] = fields.as_slice() else {
+                panic!("{}: unexpected meta {line:?}", capture.name);
+            };
+            hex(start)..hex(end)
+        })
+        .collect();
+    let mut fp = hex(rbp);
     let mut frame_pointers = Vec::new();
     while let Some(caller) = memory.word(fp) {
         frame_pointers.push(fp);
@@ -69,6 +89,7 @@ fn load(capture: &V8Capture) -> Loaded {
         memory,
         layout,
         frame_pointers,
+        builtins,
     }
 }
 
@@ -92,7 +113,7 @@ fn name_all(loaded: &mut Loaded, namer: &mut V8Namer) -> Vec<Result<JsFunction, 
         .collect()
 }
 
-const SCRIPT: &str = "tests/workloads/node_chain.js";
+pub(super) const SCRIPT: &str = "tests/workloads/node_chain.js";
 
 #[test]
 fn the_chain_is_named_in_order() {
@@ -197,12 +218,15 @@ fn an_object_that_changed_is_not_named_from_the_cache() {
 /// The capture's stack as the BPF program would have copied it: from the
 /// stack pointer to past the outermost frame, the bytes the namer read in
 /// place and zeros between.
-fn stack_copy(capture: &V8Capture, loaded: &Loaded) -> (u64, u64, u64, Vec<u8>) {
+pub(super) fn stack_copy(capture: &V8Capture, loaded: &Loaded) -> (u64, u64, u64, Vec<u8>) {
     let words: Vec<u64> = capture
         .meta
+        .lines()
+        .next()
+        .unwrap_or_default()
         .split_whitespace()
         .skip(1)
-        .map(|word| u64::from_str_radix(word.trim_start_matches("0x"), 16).expect("hex"))
+        .map(hex)
         .collect();
     let [ip, bp, sp] = words.as_slice() else {
         panic!("registers");
@@ -281,12 +305,14 @@ fn the_walk_stops_where_the_copy_or_the_chain_does() {
             ChainFrame {
                 pc: 0x42,
                 fp: sp + 0x40,
-                function: Some(0xf00d)
+                function: Some(0xf00d),
+                bytecode: [Some(0), Some(0)],
             },
             ChainFrame {
                 pc: 0x1111,
                 fp: sp + 0x80,
-                function: Some(0)
+                function: Some(0),
+                bytecode: [Some(0), Some(0)],
             },
         ]
     );
@@ -297,7 +323,8 @@ fn the_walk_stops_where_the_copy_or_the_chain_does() {
         [ChainFrame {
             pc: 0x42,
             fp: sp + 0x1000,
-            function: None
+            function: None,
+            bytecode: [None, None],
         }]
     );
     // Below the stack pointer: nothing.

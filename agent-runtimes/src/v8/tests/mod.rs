@@ -4,4 +4,5 @@
 mod elf;
 mod frames;
 mod layout;
+mod lines;
 mod strings;

@@ -6,7 +6,10 @@ use agent_fixtures::{memory::Regions, v8::NODE20_CONSTANTS};
 
 use crate::{
     Memory, MemoryError,
-    v8::{Constants, Layout, heap::read_string},
+    v8::{
+        Constants, Layout,
+        heap::{read_string, read_units, unit_at},
+    },
 };
 
 struct Heap {
@@ -171,4 +174,44 @@ fn what_is_not_a_string_is_refused() {
     assert_eq!(heap.string(cons), Err("bad_string"));
     // Unmapped memory.
     assert_eq!(heap.string(0x5000_0001), Err("read"));
+}
+
+/// Source positions count UTF-16 code units: each unit of a string of
+/// every representation, one at a time, matches the string read whole.
+#[test]
+fn code_units_are_found_one_by_one() {
+    let mut heap = Heap::new();
+    let strings = heap.layout.strings;
+    let fields = heap.layout.fields;
+    let layout = heap.layout;
+    let head = heap.one_byte("function f(");
+    let tail = heap.two_byte("x\u{1f600}) {}");
+    let cons = heap.object(strings.cons, 64);
+    heap.field(cons, fields.cons_first, head);
+    heap.field(cons, fields.cons_second, tail);
+    heap.length(cons, 11 + 8);
+    let thin = heap.object(strings.thin, 64);
+    heap.field(thin, fields.thin_actual, cons);
+    heap.length(thin, 19);
+    let sliced = heap.object(strings.sliced, 64);
+    heap.field(sliced, fields.sliced_parent, thin);
+    heap.field(sliced, fields.sliced_offset, 9 << 32);
+    heap.length(sliced, 6);
+    for (string, expected) in [
+        (cons, "function f(x\u{1f600}) {}"),
+        (sliced, "f(x\u{1f600})"),
+    ] {
+        let whole = read_units(&mut heap, &layout, string, 1 << 20).expect("reads");
+        assert_eq!(String::from_utf16_lossy(&whole), expected);
+        let one_by_one: Vec<u16> = (0..whole.len() as u64)
+            .map(|index| unit_at(&mut heap, &layout, string, index).expect("a unit"))
+            .collect();
+        assert_eq!(one_by_one, whole);
+        let past = unit_at(&mut heap, &layout, string, whole.len() as u64);
+        assert_eq!(past.map_err(|error| error.reason()), Err("bad_string"));
+    }
+    let external = heap.object(strings.external | strings.one_byte, 64);
+    heap.length(external, 4);
+    let error = unit_at(&mut heap, &layout, external, 1).expect_err("external");
+    assert_eq!(error.reason(), "external_string");
 }

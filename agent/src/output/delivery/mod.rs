@@ -85,6 +85,16 @@ pub trait Pusher: Send + 'static {
     fn classify(&self, code: Code) -> Failure {
         classify(code)
     }
+
+    /// What to check after a refusal, appended to its log line.
+    fn hint(&self, code: Code) -> String {
+        match code {
+            Code::Unauthenticated | Code::PermissionDenied => {
+                format!(" (check {})", self.credentials_hint())
+            }
+            _ => String::new(),
+        }
+    }
 }
 
 /// Where a [`Remote`] pushes and how much it holds meanwhile.
@@ -182,6 +192,7 @@ fn deliver<W: Wire>(
             address: endpoint.address.clone(),
             tally,
             push_duration,
+            refused: None,
         }
         .run()
         .await;

@@ -12,7 +12,7 @@ use std::{
 use prometheus_client::metrics::histogram::Histogram;
 use tokio::sync::watch;
 use tonic::{Code, Status};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::{
     Pusher,
@@ -76,13 +76,6 @@ pub fn causes(
     parts.join(": ")
 }
 
-fn hint(code: Code, credentials: &str) -> String {
-    match code {
-        Code::Unauthenticated | Code::PermissionDenied => format!(" (check {credentials})"),
-        _ => String::new(),
-    }
-}
-
 pub struct Delivery<P: Pusher> {
     pub client: P,
     pub queue: Arc<SharedQueue<P::Request>>,
@@ -91,6 +84,9 @@ pub struct Delivery<P: Pusher> {
     pub address: String,
     pub tally: Tally,
     pub push_duration: Histogram,
+    /// The refusal last logged at error level, until a push succeeds: a
+    /// server that refuses every push says so once, not every interval.
+    pub refused: Option<Code>,
 }
 
 impl<P: Pusher> Delivery<P> {
@@ -182,7 +178,7 @@ impl<P: Pusher> Delivery<P> {
                         "profiles delivered after retrying"
                     );
                 } else {
-                    tracing::debug!(
+                    debug!(
                         server = self.address,
                         profiles = item.profiles,
                         bytes = item.bytes,
@@ -190,6 +186,7 @@ impl<P: Pusher> Delivery<P> {
                     );
                 }
                 backoff.reset(FIRST_BACKOFF);
+                self.refused = None;
                 return None;
             }
             Ok(Err(status)) => status,
@@ -198,16 +195,7 @@ impl<P: Pusher> Delivery<P> {
         self.tally.failure();
         let reason = describe(&status);
         if self.client.classify(status.code()) == Failure::Reject {
-            self.tally.rejected(item.profiles as u64);
-            self.queue.settled(item.profiles);
-            error!(
-                destination = self.tally.name(),
-                server = self.address,
-                profiles = item.profiles,
-                error = %reason,
-                "the server rejected the profiles{}",
-                hint(status.code(), self.client.credentials_hint())
-            );
+            self.refuse(&item, status.code(), &reason);
             return None;
         }
         item.attempts += 1;
@@ -231,6 +219,33 @@ impl<P: Pusher> Delivery<P> {
             );
         }
         Some(wait)
+    }
+
+    /// A refusal: the profiles are counted as rejected, not retried, and
+    /// logged at error level unless the last refusal was of the same kind.
+    fn refuse(&mut self, item: &Pending<P::Request>, code: Code, reason: &str) {
+        self.tally.rejected(item.profiles as u64);
+        self.queue.settled(item.profiles);
+        let hint = self.client.hint(code);
+        if self.refused == Some(code) {
+            debug!(
+                destination = self.tally.name(),
+                server = self.address,
+                profiles = item.profiles,
+                error = %reason,
+                "the server rejected the profiles again{hint}"
+            );
+        } else {
+            self.refused = Some(code);
+            error!(
+                destination = self.tally.name(),
+                server = self.address,
+                profiles = item.profiles,
+                error = %reason,
+                "the server rejected the profiles{hint}; \
+                 later refusals of the same kind are counted (rejected) without a log line"
+            );
+        }
     }
 
     fn drop_leftovers(&self) {

@@ -59,20 +59,30 @@ impl Target {
 }
 
 pub fn target(config: &RemoteStoreConfig) -> Result<Target, ParcaError> {
-    let tls = config.tls.as_ref().map(client_config).transpose()?;
+    grpc_target(&config.address, config.tls.as_ref(), config.request_timeout)
+}
+
+/// A gRPC server at `address` (`host:port`), over TLS when `tls` is given:
+/// what every gRPC exporter connects with.
+pub fn grpc_target(
+    address: &str,
+    tls: Option<&TlsConfig>,
+    request_timeout: Duration,
+) -> Result<Target, ParcaError> {
+    let tls = tls.map(client_config).transpose()?;
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let endpoint = Endpoint::from_shared(format!("{scheme}://{}", config.address))
+    let endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
         .map_err(|source| ParcaError::Address {
-            address: config.address.clone(),
+            address: address.to_owned(),
             source,
         })?
         .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(config.request_timeout)
+        .timeout(request_timeout)
         .http2_keep_alive_interval(KEEP_ALIVE)
         .tcp_nodelay(true)
         .user_agent(concat!("firn/", env!("CARGO_PKG_VERSION")))
         .map_err(|source| ParcaError::Address {
-            address: config.address.clone(),
+            address: address.to_owned(),
             source,
         })?;
     Ok(Target {
