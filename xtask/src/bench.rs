@@ -3,7 +3,8 @@
 //! `--unwind dwarf`: the workload is built without frame pointers and perf
 //! unwinds with `--call-graph dwarf`; the share of complete stacks of each
 //! and firn's unwinding rate are reported too (`bench_unwind`). `--python`:
-//! a Python workload, firn against py-spy (`bench_python`).
+//! a Python workload, firn against py-spy (`bench_python`). `--java`: a
+//! Java workload, firn against async-profiler (`bench_java`).
 
 use std::{
     fs::{self, File},
@@ -16,7 +17,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    bench_python, bench_unwind,
+    bench_java, bench_python, bench_unwind,
     util::{self, cargo, is_root},
 };
 
@@ -41,19 +42,23 @@ pub struct BenchArgs {
     /// walker) against py-spy.
     #[arg(long, conflicts_with = "unwind")]
     pub python: bool,
+    /// The Java case instead: a Java workload (the chain, C2 with
+    /// inlining) under JDK 17 and Java 25, firn against async-profiler.
+    #[arg(long, conflicts_with_all = ["unwind", "python"])]
+    pub java: bool,
     /// firn as an agent pushing to a real Parca server, debug information
     /// upload on: CPU per sample by stage, ready time, RSS, losses and
     /// truncated stacks (`bench_agent`). Without `--workload`, every
     /// workload at 100 and 1000 Hz (or `--frequency`) for 90 s (or
     /// `--seconds`), then the deep-stack case.
-    #[arg(long, conflicts_with_all = ["python", "unwind", "rounds"])]
+    #[arg(long, conflicts_with_all = ["python", "java", "unwind", "rounds"])]
     pub agent: bool,
     /// With `--agent`: only this workload (repeatable).
     #[arg(long = "workload", value_enum, requires = "agent")]
     pub workloads: Vec<crate::bench_agent::AgentWorkload>,
     /// The deep-stack case: complete and truncated stacks of a recursive
     /// program without frame pointers at several depths (implies `--agent`).
-    #[arg(long, conflicts_with_all = ["python", "unwind", "rounds"])]
+    #[arg(long, conflicts_with_all = ["python", "java", "unwind", "rounds"])]
     pub deep: bool,
     /// With `--agent` or `--deep`: also bench this firn binary
     /// (repeatable), e.g. one built from an older commit, beside the one
@@ -95,6 +100,9 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     fs::create_dir_all(&work)?;
     if args.python {
         return bench_python::run(root, &firn_path, &work, args);
+    }
+    if args.java {
+        return bench_java::run(root, &firn_path, &work, args);
     }
     let workload = prepare_workload(root, &work, args.unwind)?;
     Command::new("perf")

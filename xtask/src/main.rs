@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_agent;
+mod bench_java;
 mod bench_python;
 mod bench_unwind;
 mod capture;
@@ -91,6 +92,7 @@ fn main() -> Result<()> {
                 setup::python_tools()?;
                 setup::container_bases(&root)?;
                 setup::node_releases()?;
+                setup::jdk25_home()?;
             }
             Ok(())
         }

@@ -16,10 +16,12 @@ use crate::util::{describe, is_root, run};
 
 mod apt;
 mod images;
+mod java;
 mod node;
 mod otelcol;
 
 pub use images::{bases_dir as image_bases_dir, container_bases};
+pub use java::{ASYNC_PROFILER_VERSION, async_profiler, jdk25_home};
 pub use node::{NODE_RELEASES, node_path, node_releases};
 pub use otelcol::{otelcol, otelcol_path};
 
@@ -40,7 +42,8 @@ pub const PYROSCOPE_VERSION: &str = "v1.19.3";
 /// virtualenv, tmux to drive `firn top` in a terminal, Docker (the daemon
 /// the container metadata test runs a real container with, on a socket of
 /// its own), debootstrap for the root file systems of the container image
-/// test's base images, JDK 17 for the Java tests (javac and a HotSpot JVM).
+/// test's base images, JDK 17 for the Java tests (javac and a HotSpot JVM),
+/// unzip to take async-profiler's library out of its jar.
 const DEBIAN_PACKAGES: &[&str] = &[
     "gcc",
     "libc6-dev",
@@ -55,6 +58,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "docker.io",
     "debootstrap",
     "openjdk-17-jdk-headless",
+    "unzip",
 ];
 
 /// Python tools the tests and benchmarks use, pinned: the Prometheus

@@ -85,6 +85,7 @@ pub fn run_tests(root: &Path, args: &[String]) -> Result<()> {
     for (variable, version) in crate::setup::NODE_RELEASES {
         command.env(variable, crate::setup::node_path(version));
     }
+    command.env("FIRN_JDK25_HOME", crate::setup::jdk25_home()?);
     run(command
         .env("FIRN_PARCA_BIN", crate::setup::parca_path())
         .env("FIRN_PYROSCOPE_BIN", crate::setup::pyroscope_path())

@@ -11,7 +11,7 @@ use std::{cell::RefCell, collections::HashMap, ops::Range};
 
 use super::{
     HotSpotError, invalid,
-    layout::{CodeBounds, Layout},
+    layout::{CodeBounds, DebugPlacement, Layout},
     read::{c_string, field, field_i32, field_u64, i32_at, read, u64_at},
 };
 use crate::Memory;
@@ -78,10 +78,12 @@ pub struct CodeBlob {
     /// The compilation's id (nmethods): an nmethod freed and another
     /// compiled at the same place has another.
     pub compile_id: i32,
-    /// Where the `PcDesc`s, scopes data and metadata are (nmethods).
+    /// Where the `PcDesc`s, scopes data and metadata are (nmethods): in
+    /// the blob up to JDK 22, on the C heap from JDK 25 (the scopes data
+    /// may run past its end there, to the end of the immutable data).
     pub pcs: Range<u64>,
-    pub scopes_data: u64,
-    pub metadata: u64,
+    pub scopes_data: Range<u64>,
+    pub metadata: Range<u64>,
 }
 
 /// The code heaps of one JVM.
@@ -134,15 +136,13 @@ impl CodeCache {
             layout.code_blob_size,
             layout.code_blob_frame_size,
             layout.code_blob_frame_complete.0,
+            layout.code_blob_kind.map_or(0, |(at, _)| at),
             nmethod.method,
-            nmethod.comp_level,
+            nmethod.comp_level.0,
             nmethod.compile_id,
-            nmethod.scopes_data_begin,
-            nmethod.scopes_pcs_offset,
-            nmethod.dependencies_offset,
-            nmethod.metadata_offset,
         ]
         .into_iter()
+        .chain(nmethod.debug.offsets())
         .max()
         .unwrap_or(0);
         match layout.code_bounds {
@@ -285,12 +285,16 @@ impl CodeCache {
             method: 0,
             compile_id: 0,
             pcs: 0..0,
-            scopes_data: 0,
-            metadata: 0,
+            scopes_data: 0..0,
+            metadata: 0..0,
+        };
+        let is_nmethod = match layout.code_blob_kind {
+            Some((at, nmethod)) => field(header, at, 1) == nmethod,
+            None => blob.name.contains("nmethod"),
         };
         if self.is_interpreter(pc) {
             blob.kind = BlobKind::Interpreter;
-        } else if blob.name.contains("nmethod") {
+        } else if is_nmethod {
             nmethod_fields(&mut blob, header, layout)?;
         }
         Ok(Some(blob))
@@ -323,13 +327,44 @@ fn read_heap(memory: &mut dyn Memory, layout: &Layout, heap: u64) -> Result<Heap
 fn nmethod_fields(blob: &mut CodeBlob, header: &[u8], layout: &Layout) -> Result<(), HotSpotError> {
     let nmethod = &layout.nmethod;
     let start = blob.start;
-    let offset = |at: u64| start.wrapping_add(field_i32(header, at) as u64);
+    let offset = |base: u64, at: u64| base.wrapping_add(field_i32(header, at) as u64);
     blob.method = field_u64(header, nmethod.method);
     blob.compile_id = field_i32(header, nmethod.compile_id);
-    blob.pcs = offset(nmethod.scopes_pcs_offset)..offset(nmethod.dependencies_offset);
-    blob.scopes_data = field_u64(header, nmethod.scopes_data_begin);
-    blob.metadata = offset(nmethod.metadata_offset);
-    let tier = field_i32(header, nmethod.comp_level);
+    match nmethod.debug {
+        DebugPlacement::InBlob {
+            scopes_data_begin,
+            scopes_pcs_offset,
+            dependencies_offset,
+            metadata_offset,
+        } => {
+            blob.pcs = offset(start, scopes_pcs_offset)..offset(start, dependencies_offset);
+            blob.scopes_data = field_u64(header, scopes_data_begin)..blob.pcs.start;
+            blob.metadata = offset(start, metadata_offset)..blob.scopes_data.start;
+            if blob.pcs.end > blob.end || blob.metadata.start < start {
+                return Err(invalid("an nmethod", start, "debug information outside it"));
+            }
+        }
+        DebugPlacement::Separate {
+            immutable_data,
+            immutable_data_size,
+            scopes_pcs_offset,
+            scopes_data_offset,
+            mutable_data,
+            mutable_data_size,
+            relocation_size,
+        } => {
+            let immutable = field_u64(header, immutable_data);
+            blob.pcs = offset(immutable, scopes_pcs_offset)..offset(immutable, scopes_data_offset);
+            blob.scopes_data = blob.pcs.end..offset(immutable, immutable_data_size);
+            let mutable = field_u64(header, mutable_data);
+            blob.metadata = offset(mutable, relocation_size)..offset(mutable, mutable_data_size);
+        }
+    }
+    let (tier_at, tier_width) = nmethod.comp_level;
+    let tier = match tier_width {
+        1 => i64::from(field(header, tier_at, 1) as u8 as i8),
+        _ => i64::from(field_i32(header, tier_at)),
+    };
     blob.kind = if blob.name.starts_with("native") || tier == 0 {
         BlobKind::Native
     } else {
@@ -337,7 +372,10 @@ fn nmethod_fields(blob: &mut CodeBlob, header: &[u8], layout: &Layout) -> Result
             tier: tier.clamp(0, 4) as u8,
         }
     };
-    if blob.method == 0 || blob.pcs.start > blob.pcs.end || blob.pcs.end > blob.end {
+    let ordered = |range: &Range<u64>| range.start <= range.end;
+    if blob.method == 0
+        || !(ordered(&blob.pcs) && ordered(&blob.scopes_data) && ordered(&blob.metadata))
+    {
         return Err(invalid(
             "an nmethod",
             start,

@@ -2,7 +2,7 @@
 //! which types, and where the statics are. A field the tables lack is an
 //! error naming it.
 
-use super::tables::VmTables;
+use super::{stream::Coding, tables::VmTables};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
@@ -24,19 +24,86 @@ pub enum CodeBounds {
 pub struct NmethodLayout {
     /// `Method*` of the compiled method.
     pub method: u64,
-    /// `_comp_level`: 1 to 3 C1, 4 C2 (an int).
-    pub comp_level: u64,
+    /// `_comp_level`: 1 to 3 C1, 4 C2; and its width (an int to JDK 22,
+    /// a byte from JDK 23).
+    pub comp_level: (u64, usize),
     /// `_compile_id`: unique per compilation (an int).
     pub compile_id: u64,
-    /// `_scopes_data_begin`: the address of the scopes data (JDK 17).
-    pub scopes_data_begin: u64,
-    /// `_scopes_pcs_offset`, `_dependencies_offset`: the `PcDesc` array,
-    /// from the blob's start.
-    pub scopes_pcs_offset: u64,
-    pub dependencies_offset: u64,
-    /// `_metadata_offset`: the metadata array (the `Method*`s of inlined
-    /// scopes), from the blob's start.
-    pub metadata_offset: u64,
+    pub debug: DebugPlacement,
+}
+
+/// Where an nmethod's pc descs, scopes data and metadata are: which of
+/// the two the tables describe decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DebugPlacement {
+    /// Up to JDK 22: all in the blob, in the order metadata, scopes data,
+    /// pc descs, dependencies.
+    InBlob {
+        /// `_scopes_data_begin`: the address of the scopes data.
+        scopes_data_begin: u64,
+        /// `_scopes_pcs_offset`, `_dependencies_offset`: the `PcDesc`
+        /// array, from the blob's start.
+        scopes_pcs_offset: u64,
+        dependencies_offset: u64,
+        /// `_metadata_offset`: the metadata array (the `Method*`s of
+        /// inlined scopes), from the blob's start.
+        metadata_offset: u64,
+    },
+    /// JDK 25: pc descs and scopes data in the nmethod's immutable data
+    /// (`nmethod::_immutable_data`, on the C heap), the metadata in the
+    /// blob's mutable data (`CodeBlob::_mutable_data`) after its
+    /// relocations.
+    Separate {
+        immutable_data: u64,
+        immutable_data_size: u64,
+        /// `_scopes_pcs_offset`, `_scopes_data_offset`: from the
+        /// immutable data's start; the scopes data runs to its end at
+        /// most.
+        scopes_pcs_offset: u64,
+        scopes_data_offset: u64,
+        mutable_data: u64,
+        mutable_data_size: u64,
+        relocation_size: u64,
+    },
+}
+
+impl DebugPlacement {
+    /// The header offsets read (for how much of a header to read).
+    pub(crate) fn offsets(&self) -> [u64; 7] {
+        match *self {
+            Self::InBlob {
+                scopes_data_begin,
+                scopes_pcs_offset,
+                dependencies_offset,
+                metadata_offset,
+            } => [
+                scopes_data_begin,
+                scopes_pcs_offset,
+                dependencies_offset,
+                metadata_offset,
+                0,
+                0,
+                0,
+            ],
+            Self::Separate {
+                immutable_data,
+                immutable_data_size,
+                scopes_pcs_offset,
+                scopes_data_offset,
+                mutable_data,
+                mutable_data_size,
+                relocation_size,
+            } => [
+                immutable_data,
+                immutable_data_size,
+                scopes_pcs_offset,
+                scopes_data_offset,
+                mutable_data,
+                mutable_data_size,
+                relocation_size,
+            ],
+        }
+    }
 }
 
 /// Offsets of the fields firn reads, by type, and the statics it starts
@@ -83,12 +150,17 @@ pub struct Layout {
     /// `_frame_complete_offset` and its width (an int, 16 bits from JDK 23).
     pub code_blob_frame_complete: (u64, usize),
     pub code_bounds: CodeBounds,
+    /// `CodeBlob::_kind` (JDK 23 on) and the value of an nmethod there;
+    /// without it, nmethods are told by their names.
+    pub code_blob_kind: Option<(u64, u64)>,
     /// `sizeof(CodeBlob)`: a blob is at least this long.
     pub code_blob_header: u64,
     pub nmethod: NmethodLayout,
 
     pub method_const_method: u64,
-    pub method_access_flags: u64,
+    /// `Method::_access_flags` and its width (4 bytes to JDK 21, 2 from
+    /// JDK 22).
+    pub method_access_flags: (u64, usize),
     /// `sizeof(Method)`.
     pub method_size: u64,
     pub const_method_constants: u64,
@@ -116,6 +188,8 @@ pub struct Layout {
 
     /// Word offsets from rbp of an interpreted frame's slots.
     pub interpreter_frame: InterpreterFrame,
+    /// How line number tables and debug information are coded.
+    pub coding: Coding,
 }
 
 /// An interpreted frame's slots, in words from its rbp (x86-64).
@@ -239,15 +313,39 @@ impl Layout {
                 data: l.offset("CodeBlob", "_data_offset"),
             },
         };
+        let debug = if tables.offset("nmethod", "_immutable_data").is_some() {
+            DebugPlacement::Separate {
+                immutable_data: l.offset("nmethod", "_immutable_data"),
+                immutable_data_size: l.offset("nmethod", "_immutable_data_size"),
+                scopes_pcs_offset: l.offset("nmethod", "_scopes_pcs_offset"),
+                scopes_data_offset: l.offset("nmethod", "_scopes_data_offset"),
+                mutable_data: l.offset("CodeBlob", "_mutable_data"),
+                mutable_data_size: l.offset("CodeBlob", "_mutable_data_size"),
+                relocation_size: l.offset("CodeBlob", "_relocation_size"),
+            }
+        } else {
+            DebugPlacement::InBlob {
+                scopes_data_begin: l.offset("CompiledMethod", "_scopes_data_begin"),
+                scopes_pcs_offset: l.offset("nmethod", "_scopes_pcs_offset"),
+                dependencies_offset: l.offset("nmethod", "_dependencies_offset"),
+                metadata_offset: l.offset("nmethod", "_metadata_offset"),
+            }
+        };
         let nmethod = NmethodLayout {
             method: l.offset_of(&[("CompiledMethod", "_method"), ("nmethod", "_method")]),
-            comp_level: l.offset("nmethod", "_comp_level"),
+            comp_level: (
+                l.offset("nmethod", "_comp_level"),
+                l.width("nmethod", "_comp_level"),
+            ),
             compile_id: l.offset("nmethod", "_compile_id"),
-            scopes_data_begin: l.offset("CompiledMethod", "_scopes_data_begin"),
-            scopes_pcs_offset: l.offset("nmethod", "_scopes_pcs_offset"),
-            dependencies_offset: l.offset("nmethod", "_dependencies_offset"),
-            metadata_offset: l.offset("nmethod", "_metadata_offset"),
+            debug,
         };
+        let code_blob_kind = tables.offset("CodeBlob", "_kind").map(|kind| {
+            (
+                l.bounded(kind, || "CodeBlob::_kind".into()),
+                l.constant_of(&["CodeBlobKind::Nmethod"]) as u64,
+            )
+        });
         let frame_complete = l.offset("CodeBlob", "_frame_complete_offset");
         let flags = l.offset_of(&[("ConstMethod", "_flags"), ("ConstMethod", "_flags._flags")]);
         let flags_width = if tables.offset("ConstMethod", "_flags").is_some() {
@@ -288,10 +386,14 @@ impl Layout {
                 l.width("CodeBlob", "_frame_complete_offset"),
             ),
             code_bounds,
+            code_blob_kind,
             code_blob_header: l.size("CodeBlob"),
             nmethod,
             method_const_method: l.offset("Method", "_constMethod"),
-            method_access_flags: l.offset("Method", "_access_flags"),
+            method_access_flags: (
+                l.offset("Method", "_access_flags"),
+                l.width("Method", "_access_flags"),
+            ),
             method_size: l.size("Method"),
             const_method_constants: l.offset("ConstMethod", "_constants"),
             const_method_flags: (flags, flags_width),
@@ -312,6 +414,13 @@ impl Layout {
             instance_klass_constants: l.offset("InstanceKlass", "_constants"),
             symbol_length: l.offset("Symbol", "_length"),
             symbol_body: l.offset("Symbol", "_body"),
+            coding: match tables.major_version() {
+                Some(major) => Coding::of_version(major),
+                None => {
+                    l.missing.push("the JVM's major version".to_owned());
+                    Coding::Pack200
+                }
+            },
             interpreter_frame: InterpreterFrame {
                 sender_sp: tables
                     .constant("frame::interpreter_frame_sender_sp_offset")

@@ -16,7 +16,7 @@ use super::{
     HotSpotError, invalid,
     layout::Layout,
     read::{field, field_i32, field_u16, field_u64, read, u64_at},
-    stream::Stream,
+    stream::{Coding, Stream},
 };
 use crate::Memory;
 
@@ -180,7 +180,8 @@ fn read_method(
     }
     let mut header = vec![0; layout.method_size as usize];
     read(memory, method, &mut header)?;
-    let access = field(&header, layout.method_access_flags, 4);
+    let (access_at, access_width) = layout.method_access_flags;
+    let access = field(&header, access_at, access_width);
 
     let mut cm = vec![0; layout.const_method_size as usize];
     read(memory, const_method, &mut cm)?;
@@ -236,7 +237,7 @@ fn read_method(
     };
     let lines = if flags & layout.has_line_number_table != 0 {
         let start = code.wrapping_add(code_size);
-        read_line_table(memory, start, const_method.wrapping_add(total))?
+        read_line_table(memory, layout, start, const_method.wrapping_add(total))?
     } else {
         Vec::new()
     };
@@ -267,13 +268,15 @@ fn source_path(class: &str, source: String) -> String {
 /// `ConstMethod`).
 fn read_line_table(
     memory: &mut dyn Memory,
+    layout: &Layout,
     start: u64,
     end: u64,
 ) -> Result<Vec<(u32, u32)>, HotSpotError> {
     let length = end.saturating_sub(start).min(MAX_LINE_TABLE);
     let mut table = vec![0; length as usize];
     read(memory, start, &mut table)?;
-    line_table(&table).ok_or_else(|| invalid("a line number table", start, "not terminated"))
+    line_table(&table, layout.coding)
+        .ok_or_else(|| invalid("a line number table", start, "not terminated"))
 }
 
 /// A `Symbol`: its length, then its bytes (modified UTF-8).
@@ -305,8 +308,8 @@ fn symbol(memory: &mut dyn Memory, layout: &Layout, address: u64) -> Result<Stri
 /// The compressed line number table (`CompressedLineNumberReadStream`):
 /// each entry a byte `bci_delta << 3 | line_delta` when both fit, else
 /// 0xFF then both as signed ints; 0 ends the table.
-pub(crate) fn line_table(bytes: &[u8]) -> Option<Vec<(u32, u32)>> {
-    let mut stream = Stream::new(bytes, 0);
+pub(crate) fn line_table(bytes: &[u8], coding: Coding) -> Option<Vec<(u32, u32)>> {
+    let mut stream = Stream::new(bytes, 0, coding);
     let mut lines = Vec::new();
     let (mut bci, mut line) = (0i64, 0i64);
     loop {
@@ -335,9 +338,16 @@ mod tests {
         // (0, 10): 0xff, zigzag 0, zigzag 20; (5, 12): 5 << 3 | 2;
         // (5 + 40, 12 - 3): 0xff, zigzag 80, zigzag 5.
         let table = [0xff, 0, 20, 5 << 3 | 2, 0xff, 80, 5, 0];
-        let lines = line_table(&table).expect("terminated");
+        let lines = line_table(&table, Coding::Pack200).expect("terminated");
         assert_eq!(lines, [(0, 10), (5, 12), (45, 9)]);
-        assert_eq!(line_table(&table[..7]), None, "no terminator");
+        assert_eq!(
+            line_table(&table[..7], Coding::Pack200),
+            None,
+            "no terminator"
+        );
+        // JDK 20 on: each coded byte one more.
+        let table = [0xff, 1, 21, 5 << 3 | 2, 0xff, 81, 6, 0];
+        assert_eq!(line_table(&table, Coding::NoZeroBytes), Some(lines.clone()));
         let method = JavaMethod {
             class: "C".into(),
             name: "m".into(),

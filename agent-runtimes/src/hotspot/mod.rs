@@ -41,6 +41,7 @@ pub use method::{JavaMethod, MethodNamer, NamerCounts};
 pub use names::{FrameKind, JavaNamer, NamedJavaFrame};
 pub use object::{JvmObject, inspect_object};
 pub use scopes::{NmethodDebug, Scope, scopes_at};
+pub use stream::Coding;
 pub use tables::{TableError, VmTables};
 pub use unwind::{FrameRegs, JavaFrame, Step, step};
 

@@ -151,7 +151,7 @@ impl JavaNamer {
                             && matches!(blob.kind, BlobKind::Compiled { .. })
                     })
                     .ok_or_else(|| invalid("an nmethod", code, "gone since the sample"))?;
-                let debug = Arc::new(NmethodDebug::read(memory, &blob)?);
+                let debug = Arc::new(NmethodDebug::read(memory, layout, &blob)?);
                 self.nmethods.put((code, compile_id), debug.clone());
                 debug
             }

@@ -7,8 +7,9 @@ use super::{
     HotSpotError,
     codecache::CodeBlob,
     invalid,
+    layout::Layout,
     read::{field_i32, field_u64, read},
-    stream::Stream,
+    stream::{Coding, Stream},
 };
 use crate::Memory;
 
@@ -33,35 +34,40 @@ pub struct Scope {
 }
 
 /// An nmethod's debug information, read once.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NmethodDebug {
     /// `(pc offset from the code's start, scope decode offset)`, ordered.
     pcs: Vec<(i32, i32)>,
     scopes: Vec<u8>,
     metadata: Vec<u64>,
+    coding: Coding,
 }
 
 impl NmethodDebug {
-    /// Reads the debug information of the nmethod `blob` (JDK 17 order:
-    /// metadata, scopes data, then the pc descs).
-    pub fn read(memory: &mut dyn Memory, blob: &CodeBlob) -> Result<Self, HotSpotError> {
-        let section = |start: u64, end: u64, what: &'static str| {
-            if start > end || end - start > MAX_SECTION || start < blob.start || end > blob.end {
-                Err(invalid(what, start, "outside its nmethod"))
+    /// Reads the debug information of the nmethod `blob`.
+    pub fn read(
+        memory: &mut dyn Memory,
+        layout: &Layout,
+        blob: &CodeBlob,
+    ) -> Result<Self, HotSpotError> {
+        let section = |range: &std::ops::Range<u64>, what: &'static str| {
+            if range.start > range.end || range.end - range.start > MAX_SECTION {
+                Err(invalid(what, range.start, "implausible bounds"))
             } else {
-                Ok((end - start) as usize)
+                Ok((range.end - range.start) as usize)
             }
         };
-        let pcs_length = section(blob.pcs.start, blob.pcs.end, "the pc descs")?;
-        let scopes_length = section(blob.scopes_data, blob.pcs.start, "the scopes data")?;
-        let metadata_length = section(blob.metadata, blob.scopes_data, "the metadata")?;
+        let pcs_length = section(&blob.pcs, "the pc descs")?;
+        let scopes_length = section(&blob.scopes_data, "the scopes data")?;
+        let metadata_length = section(&blob.metadata, "the metadata")?;
         let mut pcs = vec![0; pcs_length];
         read(memory, blob.pcs.start, &mut pcs)?;
         let mut scopes = vec![0; scopes_length];
-        read(memory, blob.scopes_data, &mut scopes)?;
+        read(memory, blob.scopes_data.start, &mut scopes)?;
         let mut metadata = vec![0; metadata_length];
-        read(memory, blob.metadata, &mut metadata)?;
+        read(memory, blob.metadata.start, &mut metadata)?;
         Ok(Self {
+            coding: layout.coding,
             pcs: pcs
                 .chunks_exact(PC_DESC_SIZE)
                 .map(|desc| (field_i32(desc, 0), field_i32(desc, 4)))
@@ -120,7 +126,11 @@ impl NmethodDebug {
                 return Err(invalid("a scope", decode as u64, "too deep"));
             }
             let bad = || invalid("a scope", decode as u64, "undecodable");
-            let mut stream = Stream::new(&self.scopes, usize::try_from(decode).map_err(|_| bad())?);
+            let mut stream = Stream::new(
+                &self.scopes,
+                usize::try_from(decode).map_err(|_| bad())?,
+                self.coding,
+            );
             let sender = stream.unsigned().ok_or_else(bad)?;
             let index = stream.unsigned().ok_or_else(bad)? as usize;
             let bci = stream.unsigned().ok_or_else(bad)? as i32 - 1;
@@ -145,11 +155,12 @@ impl NmethodDebug {
 /// cache; see [`NmethodDebug`] to keep them).
 pub fn scopes_at(
     memory: &mut dyn Memory,
+    layout: &Layout,
     blob: &CodeBlob,
     pc: u64,
     exact: bool,
 ) -> Result<Vec<Scope>, HotSpotError> {
-    let debug = NmethodDebug::read(memory, blob)?;
+    let debug = NmethodDebug::read(memory, layout, blob)?;
     debug.scopes_at(pc.wrapping_sub(blob.code.start) as i64, exact)
 }
 
@@ -165,6 +176,7 @@ mod tests {
             pcs: vec![(-1, 0), (0x20, 4), (0x50, 1), (0x131, 0)],
             scopes: vec![0, 0, 2, 8, 1, 1, 5],
             metadata: vec![0x1000, 0x2000],
+            coding: Coding::Pack200,
         }
     }
 

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use super::{
     HotSpotError,
     object::JvmObject,
-    read::{c_string, field, field_u64, read, u64_at},
+    read::{c_string, field, field_u64, i32_at, read, u64_at},
 };
 use crate::Memory;
 
@@ -64,6 +64,9 @@ pub struct VmTables {
     pub(crate) types: HashMap<String, u64>,
     pub(crate) int_constants: HashMap<String, i64>,
     pub(crate) long_constants: HashMap<String, i64>,
+    /// `Abstract_VM_Version::_vm_major_version`, read with the tables:
+    /// what they do not describe (how streams are coded) goes by it.
+    pub(crate) major_version: Option<i64>,
 }
 
 /// How the entries of one table are laid out.
@@ -136,6 +139,14 @@ impl VmTables {
         let symbols = Symbols(symbols);
         let mut tables = VmTables::default();
         tables.read_fields(memory, &symbols)?;
+        if let Some(address) = tables.static_address("Abstract_VM_Version", "_vm_major_version") {
+            tables.major_version = Some(i64::from(i32_at(memory, address).map_err(|source| {
+                TableError::Read {
+                    table: "the major version",
+                    source,
+                }
+            })?));
+        }
         tables.read_types(memory, &symbols)?;
         for (table, stride, name_offset, value_offset, width) in [
             (
@@ -283,6 +294,11 @@ impl VmTables {
             .get(name)
             .or_else(|| self.long_constants.get(name))
             .copied()
+    }
+
+    /// The JVM's major version (17 for JDK 17).
+    pub fn major_version(&self) -> Option<i64> {
+        self.major_version
     }
 
     /// How many fields, types and constants were read.

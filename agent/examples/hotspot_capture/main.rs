@@ -53,7 +53,14 @@ fn main() -> Result<()> {
         regions: Regions::default(),
     };
     let tables = VmTables::read(&mut recorder, &symbols)?;
-    let layout = Layout::new(&tables)?;
+    let layout = match Layout::new(&tables) {
+        Ok(layout) => layout,
+        Err(error) => {
+            // What the tables hold, to see what a new JDK changed.
+            std::fs::write(format!("{output}.tables.txt"), format!("{tables:#?}"))?;
+            return Err(error).context(format!("the tables are in {output}.tables.txt"));
+        }
+    };
     let cache = CodeCache::read(&mut recorder, &layout)?;
     let mut major = [0u8; 4];
     recorder.read(layout.vm_major_version, &mut major)?;
@@ -84,7 +91,7 @@ fn main() -> Result<()> {
             blob.code.start,
             blob.code.end
         );
-        let debug = NmethodDebug::read(&mut recorder, &blob)?;
+        let debug = NmethodDebug::read(&mut recorder, &layout, &blob)?;
         for offset in debug.pc_offsets().collect::<Vec<_>>() {
             let Ok(scopes) = debug.scopes_at(i64::from(offset), true) else {
                 continue;

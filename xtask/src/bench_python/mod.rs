@@ -5,7 +5,7 @@
 //! and what firn's BPF program spends per sample with its Python walker and
 //! without (`--python=false`). Prints figures; asserts nothing.
 
-mod probes;
+pub(crate) mod probes;
 
 use std::{
     fs::{self, File},

@@ -51,7 +51,7 @@ impl Snapshot {
 /// counts in clock ticks, too coarse for what a profiler spends in a few
 /// seconds. Threads that have exited are not counted; the profilers keep
 /// theirs while they sample.
-fn cpu_seconds(pid: u32) -> Result<f64> {
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
     let mut nanoseconds = 0u64;
     let tasks = format!("/proc/{pid}/task");
     for task in fs::read_dir(&tasks).with_context(|| format!("could not list {tasks}"))? {

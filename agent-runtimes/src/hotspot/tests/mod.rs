@@ -96,55 +96,118 @@ fn marked_line(name: &str) -> u32 {
         .unwrap_or_else(|| panic!("no marker {marker}"))
 }
 
+/// The captures whose name ends with `suffix` (`c1`, `c2`), one per JDK.
+fn captures(suffix: &str) -> impl Iterator<Item = &'static JvmCapture> + '_ {
+    CAPTURES
+        .iter()
+        .filter(move |capture| capture.name.ends_with(suffix))
+}
+
 #[test]
+#[expect(clippy::too_many_lines, reason = "one assertion per field, by JDK")]
 fn tables_give_the_layout_the_jvm_had() {
+    use layout::{CodeBounds, DebugPlacement};
     for capture in CAPTURES {
         let mut loaded = load(capture);
         let (tables, layout) = layout_of(&mut loaded);
-        let (fields, types, constants) = tables.counts();
-        // What a dump of the same JVM's tables (read with its own reader,
-        // not firn's) listed.
-        assert_eq!(
-            (fields, types, constants),
-            (788, 768, 484),
-            "{}",
-            capture.name
-        );
-        assert_eq!(layout.method_const_method, 0x8);
-        assert_eq!(layout.const_method_constants, 0x8);
-        assert_eq!(layout.const_method_flags, (0x1c, 2));
-        assert_eq!(layout.const_method_name_index, 0x22);
-        assert_eq!(layout.const_method_size, 48);
-        assert_eq!(layout.constant_pool_size, 72);
-        assert_eq!(layout.constant_pool_holder, 0x18);
-        assert_eq!(layout.klass_name, 0x18);
-        assert_eq!((layout.symbol_length, layout.symbol_body), (4, 6));
-        assert_eq!(layout.code_heap_segmap, 0x78);
-        assert_eq!(layout.code_heap_log2_segment_size, 0x100);
-        assert_eq!(layout.heap_block_size, 16);
-        assert_eq!(layout.heap_block_length, (0, 8));
-        assert_eq!(layout.nmethod.method, 0x70);
-        assert_eq!(layout.nmethod.scopes_pcs_offset, 0x10c);
-        assert_eq!(
-            layout.code_bounds,
-            layout::CodeBounds::Addresses {
-                begin: 0x20,
-                end: 0x28
-            }
-        );
-        assert_eq!(layout.has_line_number_table, 1);
         let mut major = [0; 4];
         loaded
             .memory
             .read(layout.vm_major_version, &mut major)
             .expect("captured");
-        assert_eq!(i32::from_le_bytes(major), 17);
+        let major = i32::from_le_bytes(major);
+        assert_eq!(tables.major_version(), Some(i64::from(major)));
+        // What a dump of the same JVM's tables (read with its own reader,
+        // not firn's) listed.
+        let counts = tables.counts();
+        // The same in both JDKs.
+        assert_eq!(layout.method_const_method, 0x8);
+        assert_eq!(layout.const_method_constants, 0x8);
+        assert_eq!(layout.constant_pool_size, 72);
+        assert_eq!(layout.constant_pool_holder, 0x18);
+        assert_eq!(layout.klass_name, 0x18);
+        assert_eq!((layout.symbol_length, layout.symbol_body), (4, 6));
+        assert_eq!(layout.has_line_number_table, 1);
+        match major {
+            17 => {
+                assert_eq!(counts, (788, 768, 484), "{}", capture.name);
+                assert_eq!(layout.const_method_flags, (0x1c, 2));
+                assert_eq!(layout.const_method_name_index, 0x22);
+                assert_eq!(layout.const_method_size, 48);
+                assert_eq!(layout.method_access_flags, (0x28, 4));
+                assert_eq!(layout.code_heap_segmap, 0x78);
+                assert_eq!(layout.code_heap_log2_segment_size, 0x100);
+                assert_eq!(layout.heap_block_size, 16);
+                assert_eq!(layout.heap_block_length, (0, 8));
+                assert_eq!(layout.nmethod.method, 0x70);
+                assert_eq!(layout.nmethod.comp_level, (0x134, 4));
+                assert_eq!(
+                    layout.nmethod.debug,
+                    DebugPlacement::InBlob {
+                        scopes_data_begin: 0x78,
+                        scopes_pcs_offset: 0x10c,
+                        dependencies_offset: 0x110,
+                        metadata_offset: 0x104,
+                    }
+                );
+                assert_eq!(
+                    layout.code_bounds,
+                    CodeBounds::Addresses {
+                        begin: 0x20,
+                        end: 0x28
+                    }
+                );
+                assert_eq!(layout.code_blob_kind, None);
+                assert_eq!(layout.coding, Coding::Pack200);
+            }
+            25 => {
+                assert_eq!(counts, (585, 335, 443), "{}", capture.name);
+                assert_eq!(layout.const_method_flags, (0x1c, 4));
+                assert_eq!(layout.const_method_name_index, 0x24);
+                assert_eq!(layout.const_method_size, 56);
+                assert_eq!(layout.method_access_flags, (0x2c, 2));
+                assert_eq!(layout.code_heap_segmap, 0x70);
+                assert_eq!(layout.code_heap_log2_segment_size, 0xf8);
+                assert_eq!(layout.heap_block_size, 8);
+                assert_eq!(layout.heap_block_length, (0, 4));
+                assert_eq!(layout.nmethod.method, 0x50);
+                assert_eq!(layout.nmethod.comp_level, (0xd8, 1));
+                assert_eq!(
+                    layout.nmethod.debug,
+                    DebugPlacement::Separate {
+                        immutable_data: 0x60,
+                        immutable_data_size: 0xa0,
+                        scopes_pcs_offset: 0xc4,
+                        scopes_data_offset: 0xc8,
+                        mutable_data: 0x10,
+                        mutable_data_size: 0x30,
+                        relocation_size: 0x1c,
+                    }
+                );
+                assert_eq!(
+                    layout.code_bounds,
+                    CodeBounds::Offsets {
+                        code: 0x24,
+                        data: 0x28
+                    }
+                );
+                assert_eq!(layout.code_blob_kind, Some((0x38, 1)));
+                assert_eq!(layout.coding, Coding::NoZeroBytes);
+            }
+            other => panic!("{}: JDK {other}", capture.name),
+        }
     }
 }
 
 #[test]
 fn a_missing_field_is_named() {
-    let mut loaded = load(&CAPTURES[0]);
+    for capture in CAPTURES {
+        a_missing_field_is_named_in(capture);
+    }
+}
+
+fn a_missing_field_is_named_in(capture: &JvmCapture) {
+    let mut loaded = load(capture);
     let (mut tables, _) = layout_of(&mut loaded);
     tables
         .fields
@@ -154,6 +217,10 @@ fn a_missing_field_is_named() {
     let text = error.to_string();
     assert!(text.contains("ConstMethod::_name_index"), "{text}");
     assert!(text.contains("the size of ConstantPool"), "{text}");
+    // Without the major version, the streams' coding is unknown.
+    tables.major_version = None;
+    let text = Layout::new(&tables).expect_err("no version").to_string();
+    assert!(text.contains("major version"), "{text}");
 }
 
 #[test]
@@ -184,7 +251,8 @@ fn scope_names(
         .find(&mut loaded.memory, layout, nmethod)
         .expect("readable")
         .expect("a blob");
-    let debug = NmethodDebug::read(&mut loaded.memory, &blob).expect("its debug information");
+    let debug =
+        NmethodDebug::read(&mut loaded.memory, layout, &blob).expect("its debug information");
     let mut all = Vec::new();
     for offset in debug.pc_offsets().collect::<Vec<_>>() {
         let Ok(scopes) = debug.scopes_at(i64::from(offset), true) else {
@@ -257,7 +325,13 @@ fn compiled_methods_are_found_and_their_scopes_named() {
 
 #[test]
 fn a_method_whose_pool_is_not_its_class_is_refused() {
-    let mut loaded = load(&CAPTURES[0]);
+    for capture in captures("c1") {
+        a_method_whose_pool_is_not_its_class_is_refused_in(capture);
+    }
+}
+
+fn a_method_whose_pool_is_not_its_class_is_refused_in(capture: &JvmCapture) {
+    let mut loaded = load(capture);
     let (_, layout) = layout_of(&mut loaded);
     let cache = CodeCache::read(&mut loaded.memory, &layout).expect("the code heaps");
     let nmethod = loaded.nmethods[0];
@@ -301,7 +375,7 @@ fn a_method_whose_pool_is_not_its_class_is_refused() {
 
 #[test]
 fn pcs_outside_the_code_cache_find_nothing() {
-    let mut loaded = load(&CAPTURES[1]);
+    let mut loaded = load(&CAPTURES[3]);
     let (_, layout) = layout_of(&mut loaded);
     let cache = CodeCache::read(&mut loaded.memory, &layout).expect("the code heaps");
     assert!(!cache.contains(0x1000));
@@ -316,7 +390,13 @@ mod unwind;
 
 #[test]
 fn hostile_pointers_and_tables_are_errors_not_panics() {
-    let mut loaded = load(&CAPTURES[0]);
+    for capture in CAPTURES {
+        hostile_pointers_and_tables_are_errors_not_panics_in(capture);
+    }
+}
+
+fn hostile_pointers_and_tables_are_errors_not_panics_in(capture: &JvmCapture) {
+    let mut loaded = load(capture);
     let (mut tables, layout) = layout_of(&mut loaded);
     let cache = CodeCache::read(&mut loaded.memory, &layout).expect("the code heaps");
     let mut namer = JavaNamer::new();

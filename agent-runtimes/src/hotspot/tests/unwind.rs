@@ -67,7 +67,8 @@ impl Jvm {
 /// The pc in `blob` whose pc desc has exactly the scopes `wanted`
 /// (`Class.method:line`, innermost first).
 fn call_site(jvm: &mut Jvm, blob: &CodeBlob, wanted: &[String]) -> u64 {
-    let debug = NmethodDebug::read(&mut jvm.loaded.memory, blob).expect("debug information");
+    let debug =
+        NmethodDebug::read(&mut jvm.loaded.memory, &jvm.layout, blob).expect("debug information");
     let mut namer = MethodNamer::new();
     for offset in debug.pc_offsets().collect::<Vec<_>>() {
         let Ok(scopes) = debug.scopes_at(i64::from(offset), true) else {
@@ -95,7 +96,13 @@ fn reader(words: &HashMap<u64, u64>) -> impl Fn(u64) -> Option<u64> + '_ {
 
 #[test]
 fn compiled_frames_unwind_by_their_size_and_name_their_scopes() {
-    let mut jvm = jvm(&CAPTURES[0]);
+    for capture in captures("c1") {
+        compiled_frames_unwind_in(capture);
+    }
+}
+
+fn compiled_frames_unwind_in(capture: &JvmCapture) {
+    let mut jvm = jvm(capture);
     let reconcile = jvm.nmethod("Chain.reconcile");
     let settle = jvm.nmethod("Chain.settle");
     // reconcile's own nmethod interrupted just before its call of
@@ -168,7 +175,13 @@ fn step_of(jvm: &Jvm, blob: &CodeBlob, regs: FrameRegs, words: &HashMap<u64, u64
 
 #[test]
 fn an_interrupted_prologue_finds_the_return_address_at_sp() {
-    let mut jvm = jvm(&CAPTURES[1]);
+    for capture in captures("c2") {
+        an_interrupted_prologue_in(capture);
+    }
+}
+
+fn an_interrupted_prologue_in(capture: &JvmCapture) {
+    let mut jvm = jvm(capture);
     let settle = jvm.nmethod("Chain.settle");
     let reconcile = jvm.nmethod("Chain.reconcile");
     let entry = reconcile.code.start;
@@ -219,7 +232,13 @@ fn step_result(
 
 #[test]
 fn interpreted_frames_take_method_and_bytecode_from_their_slots() {
-    let mut jvm = jvm(&CAPTURES[0]);
+    for capture in captures("c1") {
+        interpreted_frames_in(capture);
+    }
+}
+
+fn interpreted_frames_in(capture: &JvmCapture) {
+    let mut jvm = jvm(capture);
     let reconcile = jvm.nmethod("Chain.reconcile");
     let mut namer = MethodNamer::new();
     let (method, code) = namer
@@ -322,23 +341,27 @@ fn stopped_threads_unwind_through_the_chain_to_the_call_stub() {
             capture.name,
             stacks.len()
         );
-        // C1: accumulate and reconcile compiled on their own, settle with
-        // reconcile inlined, main interpreted; C2: the whole chain inlined
-        // into settle. Either way the same frames by name.
-        let c2 = capture.name.ends_with("c2");
+        // How each JVM had compiled the chain when stopped (the kinds of
+        // accumulate, reconcile, settle, main). JDK 17's C1: accumulate
+        // and reconcile compiled on their own, settle with reconcile
+        // inlined, main interpreted; JDK 25's C1, minutes later, main too
+        // (on stack replacement) with settle and reconcile inlined. C2:
+        // the whole chain inlined into settle. Either way the same frames
+        // by name.
+        let kinds = match capture.name {
+            "jdk17-c1" => ["C1", "Inlined", "C1", "Interpreted"],
+            "jdk25-c1" => ["C1", "Inlined", "Inlined", "C1"],
+            _ => ["Inlined", "Inlined", "C2", "Interpreted"],
+        };
         let expected = [
             format!(
                 "Chain.accumulate:{} {}",
                 marked_line("accumulate") - 1,
-                if c2 { "Inlined" } else { "C1" }
+                kinds[0]
             ),
-            format!("Chain.reconcile:{} Inlined", marked_line("reconcile")),
-            format!(
-                "Chain.settle:{} {}",
-                marked_line("settle"),
-                if c2 { "C2" } else { "C1" }
-            ),
-            format!("Chain.main:{} Interpreted", marked_line("main")),
+            format!("Chain.reconcile:{} {}", marked_line("reconcile"), kinds[1]),
+            format!("Chain.settle:{} {}", marked_line("settle"), kinds[2]),
+            format!("Chain.main:{} {}", marked_line("main"), kinds[3]),
             "[call_stub]".to_owned(),
         ];
         for stopped in &stacks {
