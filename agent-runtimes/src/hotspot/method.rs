@@ -277,7 +277,11 @@ fn read_line_table(
 }
 
 /// A `Symbol`: its length, then its bytes (modified UTF-8).
-fn symbol(memory: &mut dyn Memory, layout: &Layout, address: u64) -> Result<String, HotSpotError> {
+pub(crate) fn symbol(
+    memory: &mut dyn Memory,
+    layout: &Layout,
+    address: u64,
+) -> Result<String, HotSpotError> {
     if address == 0 || !address.is_multiple_of(8) {
         return Err(invalid("a Symbol*", address, "null or misaligned"));
     }
