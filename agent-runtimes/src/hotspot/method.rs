@@ -277,11 +277,7 @@ fn read_line_table(
 }
 
 /// A `Symbol`: its length, then its bytes (modified UTF-8).
-pub(crate) fn symbol(
-    memory: &mut dyn Memory,
-    layout: &Layout,
-    address: u64,
-) -> Result<String, HotSpotError> {
+fn symbol(memory: &mut dyn Memory, layout: &Layout, address: u64) -> Result<String, HotSpotError> {
     if address == 0 || !address.is_multiple_of(8) {
         return Err(invalid("a Symbol*", address, "null or misaligned"));
     }
