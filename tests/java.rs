@@ -418,7 +418,8 @@ fn native_frames_above_their_java_caller() {
 }
 
 /// Three threads, each busy in its own method: each thread's samples
-/// name its method, and never another thread's.
+/// name its method, and never another thread's; each labelled with its
+/// whole Java name, never the 15 bytes of it the OS thread is named.
 #[test]
 fn threads_name_their_own_methods() {
     require_root();
@@ -461,12 +462,23 @@ fn threads_name_their_own_methods() {
             .iter()
             .filter_map(|sample| sample.thread_id.clone())
             .collect();
+        let cut: String = thread.chars().take(15).collect();
+        let by_comm = total(
+            samples
+                .iter()
+                .filter(|sample| sample.thread_name.as_deref() == Some(cut.as_str())),
+        );
         report.push(format!(
-            "{thread}: {named} of {all} name {method}, {others} another's, {} thread ids",
+            "{thread}: {named} of {all} name {method}, {others} another's, {} thread ids, \
+             {by_comm} labelled {cut}",
             threads.len()
         ));
         assert!(
-            all >= 20 && named as f64 >= MOST * all as f64 && others == 0 && threads.len() == 1,
+            all >= 20
+                && named as f64 >= MOST * all as f64
+                && others == 0
+                && threads.len() == 1
+                && by_comm == 0,
             "{}\n{}",
             report.join("\n"),
             describe_samples(own.iter().copied())

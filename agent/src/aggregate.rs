@@ -25,7 +25,7 @@ pub struct UnwoundSample {
     pub tid: u32,
     /// The thread's name, when samples are labelled per thread (else
     /// `None`, so a renamed thread does not split its stacks).
-    pub thread_name: Option<Comm>,
+    pub thread_name: Option<ThreadName>,
     /// Kernel frames, innermost first.
     pub kernel: Vec<u64>,
     /// User frames, innermost first; the first is the interrupted
@@ -83,7 +83,7 @@ pub struct StackKey {
     pub image: ImageRef,
     pub metadata: MetadataRef,
     pub tid: u32,
-    pub thread_name: Option<Comm>,
+    pub thread_name: Option<ThreadName>,
     pub kernel: Box<[u64]>,
     pub user: Box<[UserFrame]>,
     pub reason: Option<&'static str>,
@@ -251,5 +251,22 @@ mod tests {
         let profile = aggregator.take();
         assert_eq!((profile.samples, profile.dropped), (3, 3));
         assert_eq!(stats.snapshot().samples_dropped_stack_limit, 3);
+    }
+}
+
+/// A thread's name as labelled: the OS thread's (comm), or the longer one
+/// its runtime gave it (a Java thread's).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ThreadName {
+    Comm(Comm),
+    Runtime(Arc<str>),
+}
+
+impl std::fmt::Display for ThreadName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ThreadName::Comm(comm) => comm.fmt(f),
+            ThreadName::Runtime(name) => f.write_str(name),
+        }
     }
 }

@@ -12,7 +12,7 @@ use agent_common::MAX_STACK_DEPTH;
 use tracing::{debug, warn};
 
 use crate::{
-    aggregate::{AggregateConfig, AggregatedProfile, Aggregator, UnwoundSample},
+    aggregate::{AggregateConfig, AggregatedProfile, Aggregator, ThreadName, UnwoundSample},
     bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
     host::Host,
     labels::{MetadataLimits, MetadataReader},
@@ -279,11 +279,12 @@ impl Pipeline {
             }
         }
         let user = self.with_runtime_frames(&sample, native);
+        let thread_name = self.thread_labels.then(|| self.thread_name(&sample));
         let unwound = UnwoundSample {
             image,
             metadata,
             tid: sample.tid,
-            thread_name: self.thread_labels.then_some(sample.comm),
+            thread_name,
             kernel: sample.kernel_stack,
             user,
             weight: sample.off_cpu.map_or(1, |wait| wait.periods),
@@ -296,6 +297,15 @@ impl Pipeline {
             }
             None => self.aggregator.add(unwound),
         }
+    }
+
+    /// A thread's name for its labels: its runtime's (a Java thread's
+    /// whole name) where one has it, else the OS thread's.
+    fn thread_name(&mut self, sample: &RawSample) -> ThreadName {
+        self.runtimes
+            .iter_mut()
+            .find_map(|runtime| runtime.thread_name(sample.tgid, sample.tid))
+            .map_or(ThreadName::Comm(sample.comm), ThreadName::Runtime)
     }
 
     /// The user stack with the runtime frames the sample recorded or its

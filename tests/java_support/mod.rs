@@ -286,11 +286,11 @@ pub fn java_major_version(home: &Path) -> String {
         .expect("JAVA_VERSION in the release file")
 }
 
-/// The `thread_name` label of a Java thread named `name`.
+/// The `thread_name` label of a Java thread named `name`: the whole Java
+/// name (firn reads it from the thread's `java.lang.Thread`), not the
+/// OS thread's name the JVM sets from it, cut at 15 bytes.
 pub fn thread_label(name: &str) -> String {
-    // The thread's comm: the JVM sets it from the Java name, cut at 15
-    // bytes.
-    name.chars().take(15).collect()
+    name.to_owned()
 }
 
 /// `Shapes loader` run under `firn record`: started, recorded from before

@@ -30,6 +30,7 @@ mod read;
 mod scopes;
 mod stream;
 mod tables;
+mod threads;
 mod unwind;
 
 #[cfg(test)]
@@ -42,7 +43,8 @@ pub use names::{FrameKind, JavaNamer, NamedJavaFrame};
 pub use object::{JvmObject, inspect_object};
 pub use scopes::{NmethodDebug, Scope, scopes_at};
 pub use stream::Coding;
-pub use tables::{TableError, VmTables};
+pub use tables::{Field, TableError, VmTables};
+pub use threads::{ObjectLayout, ThreadLayout, java_threads};
 pub use unwind::{FrameRegs, JavaFrame, Step, step};
 
 /// Why something of the JVM could not be read or made sense of.

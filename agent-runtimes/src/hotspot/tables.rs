@@ -301,6 +301,31 @@ impl VmTables {
         self.major_version
     }
 
+    /// Every field as `(type, field, offset or static address, its C++
+    /// type)`, for tools that list the tables.
+    pub fn each_field(&self) -> impl Iterator<Item = (&str, &str, Field, Option<&str>)> {
+        self.fields.iter().map(|((type_name, field), entry)| {
+            (
+                type_name.as_str(),
+                field.as_str(),
+                entry.field,
+                entry.type_string.as_deref(),
+            )
+        })
+    }
+
+    /// Every type and its size, then every constant.
+    pub fn each_type(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.types.iter().map(|(name, size)| (name.as_str(), *size))
+    }
+
+    pub fn each_constant(&self) -> impl Iterator<Item = (&str, i64)> {
+        self.int_constants
+            .iter()
+            .chain(&self.long_constants)
+            .map(|(name, value)| (name.as_str(), *value))
+    }
+
     /// How many fields, types and constants were read.
     pub fn counts(&self) -> (usize, usize, usize) {
         (

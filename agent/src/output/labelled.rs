@@ -18,7 +18,6 @@ use super::{
 use crate::{
     labels::{LabelSet, Labeler, ProcessMetadata},
     process::ProcessImage,
-    sampler::Comm,
     stats::Stats,
 };
 
@@ -50,10 +49,10 @@ fn process_key(stack: &SymbolizedStack) -> ProcessKey {
 /// A sample's thread labels: `thread_id` alone for threads other than the
 /// main one; with per-thread labels on, `thread_id` and `thread_name` for
 /// every thread.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct Thread {
     tid: u32,
-    name: Option<Comm>,
+    name: Option<crate::aggregate::ThreadName>,
     /// An off-CPU sample's `off_cpu_reason`.
     reason: Option<&'static str>,
 }
@@ -62,7 +61,7 @@ fn thread(stack: &SymbolizedStack) -> Option<Thread> {
     (stack.thread_name.is_some() || stack.tid != stack.image.tgid || stack.reason.is_some())
         .then_some(Thread {
             tid: stack.tid,
-            name: stack.thread_name,
+            name: stack.thread_name.clone(),
             reason: stack.reason,
         })
 }

@@ -16,11 +16,10 @@ use agent_pprof::{Frame, Frames, Mapping, Origin};
 pub use frame_cache::{FRAME_CACHE_BYTES, FrameCache};
 
 use crate::{
-    aggregate::{AggregatedProfile, StackKey},
+    aggregate::{AggregatedProfile, StackKey, ThreadName},
     labels::ProcessMetadata,
     process::{MappingKind, ObjectFile, ProcessImage},
     runtimes::{InterpretedFrame, Runtime, UserFrame},
-    sampler::Comm,
     symbolize::{FrameSymbolizer, Line},
 };
 
@@ -31,7 +30,7 @@ pub struct SymbolizedStack {
     pub metadata: Arc<ProcessMetadata>,
     pub tid: u32,
     /// Set when samples are labelled per thread.
-    pub thread_name: Option<Comm>,
+    pub thread_name: Option<ThreadName>,
     /// Why an off-CPU sample's thread waited.
     pub reason: Option<&'static str>,
     pub count: u64,

@@ -15,6 +15,7 @@ use std::{
     collections::HashMap,
     path::Path,
     sync::{Arc, atomic::AtomicU64},
+    time::{Duration, Instant},
 };
 
 use agent_elf::ContentKey;
@@ -22,7 +23,7 @@ use agent_runtimes::{
     Memory,
     hotspot::{
         CodeCache, FrameKind, FrameRegs, HotSpotError, JavaFrame, JavaNamer, JvmObject, Layout,
-        VmTables, inspect_object, step,
+        ObjectLayout, ThreadLayout, VmTables, inspect_object, java_threads, step,
     },
 };
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
@@ -62,6 +63,70 @@ struct Jvm {
     layout: Layout,
     cache: CodeCache,
     namer: JavaNamer,
+    threads: Option<JvmThreads>,
+}
+
+/// Most thread names remembered of one JVM.
+const MAX_THREAD_NAMES: usize = 4096;
+
+/// How long a JVM's thread names are believed (a thread may rename
+/// itself), and how soon after a read an unknown thread reads them again.
+const THREAD_NAMES_FRESH: Duration = Duration::from_secs(10);
+const THREAD_NAMES_RETRY: Duration = Duration::from_secs(1);
+
+/// The Java names of one JVM's threads, as last read.
+struct JvmThreads {
+    layout: ThreadLayout,
+    /// Read once the JVM has loaded `Thread` and `String`.
+    objects: Option<ObjectLayout>,
+    names: HashMap<u32, Arc<str>>,
+    read_at: Option<Instant>,
+}
+
+impl JvmThreads {
+    fn name(&mut self, tgid: u32, tid: u32) -> Option<Arc<str>> {
+        let age = self.read_at.map(|at| at.elapsed());
+        let stale = match age {
+            None => true,
+            Some(age) => {
+                age > THREAD_NAMES_FRESH
+                    || (!self.names.contains_key(&tid) && age > THREAD_NAMES_RETRY)
+            }
+        };
+        if stale {
+            self.read_at = Some(Instant::now());
+            self.names.clear();
+            if let Err(error) = self.read(tgid) {
+                debug!(tgid, %error, "Java thread names not read");
+            }
+        }
+        self.names.get(&tid).cloned()
+    }
+
+    fn read(&mut self, tgid: u32) -> Result<(), HotSpotError> {
+        let mut memory = ProcessMemory::new(tgid);
+        let objects = match &self.objects {
+            Some(objects) => objects,
+            None => self
+                .objects
+                .insert(ObjectLayout::read(&mut memory, &self.layout)?),
+        };
+        for (tid, thread) in java_threads(&mut memory, &self.layout)? {
+            if self.names.len() >= MAX_THREAD_NAMES {
+                break;
+            }
+            if thread == 0 {
+                continue;
+            }
+            match objects.thread_name(&mut memory, &self.layout, thread) {
+                Ok(name) => {
+                    self.names.insert(tid, name.into());
+                }
+                Err(error) => debug!(tgid, tid, %error, "Java thread name not read"),
+            }
+        }
+        Ok(())
+    }
 }
 
 enum State {
@@ -264,10 +329,23 @@ impl JavaRuntime {
             version,
             "unwinding the Java frames of a JVM"
         );
+        let threads = match ThreadLayout::new(&tables) {
+            Ok(layout) => Some(JvmThreads {
+                layout,
+                objects: None,
+                names: HashMap::new(),
+                read_at: None,
+            }),
+            Err(error) => {
+                debug!(tgid = image.tgid, %error, "Java thread names are not read");
+                None
+            }
+        };
         State::Java(Box::new(Jvm {
             layout,
             cache,
             namer: JavaNamer::new(),
+            threads,
         }))
     }
 
@@ -416,6 +494,27 @@ impl JavaRuntime {
         Stats::add(&self.stats.java_method_cache_hits, counts.hits);
         Stats::add(&self.stats.java_method_cache_misses, counts.misses);
         out
+    }
+
+    /// The Java name of thread `tid` of `tgid`, if it is a JVM's thread
+    /// whose name could be read; counted either way for a JVM.
+    pub fn thread_name(&mut self, tgid: u32, tid: u32) -> Option<Arc<str>> {
+        let Some(Entry {
+            state: State::Java(jvm),
+            ..
+        }) = self.processes.get_mut(&tgid)
+        else {
+            return None;
+        };
+        let name = jvm
+            .threads
+            .as_mut()
+            .and_then(|threads| threads.name(tgid, tid));
+        Stats::inc(match name {
+            Some(_) => &self.stats.java_thread_names_java,
+            None => &self.stats.java_thread_names_comm,
+        });
+        name
     }
 
     /// The process executed a new image or exited.

@@ -62,6 +62,12 @@ pub trait RuntimeSupport {
     /// runtime recorded or found named in place; named now, while the
     /// process is alive.
     fn splice(&mut self, sample: &RawSample, native: Vec<u64>) -> Spliced;
+
+    /// The runtime's own name of thread `tid` of `tgid`, where longer than
+    /// the OS thread's (asked only with thread labels on).
+    fn thread_name(&mut self, _tgid: u32, _tid: u32) -> Option<Arc<str>> {
+        None
+    }
 }
 
 impl ForeignUnwind for JvmUnwinder<'_> {
@@ -113,6 +119,10 @@ impl RuntimeSupport for JavaSupport {
         let spliced = self.runtime.splice(sample.tgid, native, &self.found);
         self.found = JavaFrames::default();
         Spliced::Named(spliced)
+    }
+
+    fn thread_name(&mut self, tgid: u32, tid: u32) -> Option<Arc<str>> {
+        self.runtime.thread_name(tgid, tid)
     }
 }
 

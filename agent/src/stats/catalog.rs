@@ -778,6 +778,18 @@ declare_metrics! {
             java_skipped_unreadable { reason = "unreadable" },
         ],
     }
+    java_thread_names: Counter,
+        "Thread names of JVM threads with thread labels on, by result: java (the whole \
+        java.lang.Thread name), comm (the OS thread's name: the JVM's layout was not \
+        understood, the thread is not in its list yet, or its name could not be read)."
+    {
+        stats: [
+            /// Thread names read from the JVM.
+            java_thread_names_java { result = "java" },
+            /// Thread names left to the OS thread's name.
+            java_thread_names_comm { result = "comm" },
+        ],
+    }
     java_frames: Counter,
         "Java frames named, by how they ran: interpreted, c1, c2, inlined (a method inlined \
         by the compiler, a frame of its own), native (a native method's frame)."

@@ -224,8 +224,8 @@ fn the_whole_interval_is_one_profile_with_sample_labels() {
 fn thread_labels_name_every_thread_when_asked() {
     let (_table, mut stacks) = stacks_of_two_processes();
     for (key, _) in &mut stacks {
-        key.thread_name = Some(crate::sampler::Comm::from(
-            format!("worker-{}", key.tid).as_str(),
+        key.thread_name = Some(crate::aggregate::ThreadName::Comm(
+            crate::sampler::Comm::from(format!("worker-{}", key.tid).as_str()),
         ));
     }
     let stats = Stats::default();
