@@ -221,26 +221,7 @@ impl OtlpArgs {
 
 /// An `http(s)://` URL with a host; `https://` when no scheme is written.
 fn parse_endpoint(text: &str) -> Result<String, String> {
-    let trimmed = text.trim();
-    let url = if trimmed.contains("://") {
-        trimmed.to_owned()
-    } else {
-        format!("https://{trimmed}")
-    };
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|_| format!("`{text}` is not a URL (e.g. http://localhost:4317)"))?;
-    match uri.scheme_str() {
-        Some("http" | "https") => {}
-        _ => return Err(format!("`{text}`: only http:// and https:// URLs")),
-    }
-    if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("`{text}` has no host"));
-    }
-    if uri.query().is_some() {
-        return Err(format!("`{text}`: a query string is not allowed"));
-    }
-    Ok(url.trim_end_matches('/').to_owned())
+    super::remote::parse_http_url(text, "http://localhost:4317")
 }
 
 #[cfg(test)]

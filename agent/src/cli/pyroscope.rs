@@ -193,26 +193,7 @@ impl PyroscopeArgs {
 
 /// An `http(s)://` URL with a host; `https://` when no scheme is written.
 fn parse_url(text: &str) -> Result<String, String> {
-    let trimmed = text.trim();
-    let url = if trimmed.contains("://") {
-        trimmed.to_owned()
-    } else {
-        format!("https://{trimmed}")
-    };
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|_| format!("`{text}` is not a URL (e.g. https://profiles.example.com)"))?;
-    match uri.scheme_str() {
-        Some("http" | "https") => {}
-        _ => return Err(format!("`{text}`: only http:// and https:// URLs")),
-    }
-    if uri.host().is_none_or(str::is_empty) {
-        return Err(format!("`{text}` has no host"));
-    }
-    if uri.query().is_some() {
-        return Err(format!("`{text}`: a query string is not allowed"));
-    }
-    Ok(url.trim_end_matches('/').to_owned())
+    super::remote::parse_http_url(text, "https://profiles.example.com")
 }
 
 #[cfg(test)]

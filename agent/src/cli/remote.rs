@@ -334,6 +334,31 @@ pub(super) fn host_name() -> std::io::Result<String> {
     Ok(name)
 }
 
+/// An `http(s)://` URL with a host; `https://` when no scheme is written.
+/// `example` shows the user a URL of the right kind.
+pub(super) fn parse_http_url(text: &str, example: &str) -> Result<String, String> {
+    let trimmed = text.trim();
+    let url = if trimmed.contains("://") {
+        trimmed.to_owned()
+    } else {
+        format!("https://{trimmed}")
+    };
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|_| format!("`{text}` is not a URL (e.g. {example})"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("`{text}`: only http:// and https:// URLs")),
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(format!("`{text}` has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("`{text}`: a query string is not allowed"));
+    }
+    Ok(url.trim_end_matches('/').to_owned())
+}
+
 /// `host:port`, optionally written as `grpc://`, `http://` or `https://`
 /// URL; TLS is chosen by `--remote-store-insecure`, not by the scheme.
 fn parse_address(text: &str) -> Result<String, String> {
