@@ -131,8 +131,10 @@ pub fn run(root: &Path, firn: &Path, work: &Path, args: &BenchArgs) -> Result<()
     println!(
         "\nasync-profiler {}: loaded with -agentpath, started and stopped with jcmd around the\n\
          window (event=cpu, interval=1/frequency); its CPU is the JVM's beyond the JVM's alone\n\
-         (median of the runs without a profiler), so it carries their noise. firn's BPF time is\n\
-         charged to the JVM too. Samples of the JVM: its CPU in the window x the frequency.",
+         (median of the runs without a profiler), so it carries their noise. When the workload\n\
+         keeps its threads busy, async-profiler's signal handler runs in their time and shows as\n\
+         slowdown, not as CPU: its CPU column is then a lower bound, not its cost. firn's BPF time\n\
+         is charged to the JVM too. Samples of the JVM: its CPU in the window x the frequency.",
         crate::setup::ASYNC_PROFILER_VERSION
     );
     Ok(())
