@@ -363,6 +363,21 @@ fn c2_inlined_method_is_its_own_frame() {
     );
 }
 
+/// `Shapes MODE` started with `flags`, busy for 2 s of CPU, then recorded
+/// for `seconds` by `firn record --pid`: the JVM (killed on drop) and the
+/// profile.
+fn record_shapes(dir: &Path, mode: &str, flags: &[&str], seconds: u32) -> (Jvm, Profile) {
+    let home = java_home();
+    let (app, plugin) = compile_shapes(&home, dir);
+    let plugin = plugin.to_str().expect("utf-8").to_owned();
+    let jvm = Jvm::start(&home, dir, mode, flags, &app, &["Shapes", mode, &plugin]);
+    wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
+    let pid = jvm.pid().to_string();
+    let duration = format!("{seconds}s");
+    let (_, profile) = record(dir, &["--duration", &duration, "--pid", &pid]);
+    (jvm, profile)
+}
+
 /// `Shapes.compress` deflating with `java.util.zip.Deflater`: the native
 /// frames of libzip (the JNI function) and libz above the native method's
 /// Java frame, in call order.
@@ -371,19 +386,7 @@ fn native_frames_above_their_java_caller() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let home = java_home();
-    let (app, _) = compile_shapes(&home, dir.path());
-    let jvm = Jvm::start(
-        &home,
-        dir.path(),
-        "native",
-        &[],
-        &app,
-        &["Shapes", "native"],
-    );
-    wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
-    let pid = jvm.pid().to_string();
-    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let (jvm, profile) = record_shapes(dir.path(), "native", &[], 4);
     let samples: Vec<JSample> = jvm_samples(&profile, jvm.pid())
         .into_iter()
         .filter(|sample| sample.has("Shapes.compress"))
@@ -425,19 +428,7 @@ fn threads_name_their_own_methods() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let home = java_home();
-    let (app, _) = compile_shapes(&home, dir.path());
-    let jvm = Jvm::start(
-        &home,
-        dir.path(),
-        "threads",
-        &[],
-        &app,
-        &["Shapes", "threads"],
-    );
-    wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
-    let pid = jvm.pid().to_string();
-    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let (jvm, profile) = record_shapes(dir.path(), "threads", &[], 4);
     let samples = jvm_samples(&profile, jvm.pid());
     let methods = [
         ("alpha", "Shapes.spinAlpha"),
@@ -567,19 +558,7 @@ fn compiler_and_gc_threads_are_native_stacks() {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let home = java_home();
-    let (app, plugin) = compile_shapes(&home, dir.path());
-    let jvm = Jvm::start(
-        &home,
-        dir.path(),
-        "churn",
-        &["-Xmx64m"],
-        &app,
-        &["Shapes", "churn", plugin.to_str().expect("utf-8")],
-    );
-    wait_for_cpu_time(jvm.pid(), Duration::from_secs(2), Duration::from_secs(60));
-    let pid = jvm.pid().to_string();
-    let (_, profile) = record(dir.path(), &["--duration", "5s", "--pid", &pid]);
+    let (jvm, profile) = record_shapes(dir.path(), "churn", &["-Xmx64m"], 5);
     let samples = jvm_samples(&profile, jvm.pid());
     let mut report = Vec::new();
     for (what, prefixes) in [
