@@ -239,8 +239,8 @@ pub fn held_in_thread(
 }
 
 /// What runs called from `runner`: samples holding `method` (of `file`)
-/// above it, the frames above it named otherwise (wrong names), and the
-/// `<unknown>` frames above it.
+/// above it, the frames above it named otherwise (wrong names; the JDK's
+/// own methods it calls are not), and the `<unknown>` frames above it.
 pub fn called_from(
     samples: &[JSample],
     runner: &str,
@@ -267,12 +267,20 @@ pub fn called_from(
         for frame in above {
             if frame.name == "<unknown>" {
                 unknown += sample.count;
-            } else if frame.name != method || frame.file != file {
+            } else if (frame.name != method || frame.file != file) && !is_jdk_method(&frame.name) {
                 wrong.push(format!("{}:{} ({})", frame.name, frame.line, frame.file));
             }
         }
     }
     (right, wrong, unknown)
+}
+
+/// The JDK's own classes, which a runner calls (`System.nanoTime` for
+/// its deadline) beside the method it runs.
+fn is_jdk_method(name: &str) -> bool {
+    ["java.", "javax.", "jdk.", "sun."]
+        .iter()
+        .any(|package| name.starts_with(package))
 }
 
 /// The JDK's major version, from its `release` file.
