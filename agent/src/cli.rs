@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 mod bounds;
 mod destinations;
 mod file;
+mod http_auth;
 mod inspect;
 mod labels;
 mod otlp;

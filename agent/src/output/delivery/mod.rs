@@ -6,6 +6,7 @@
 //! profiles become its request type, the labels of its series, and the
 //! [`Pusher`] that sends a request and reads a failure.
 
+pub mod http;
 pub mod queue;
 mod send;
 
