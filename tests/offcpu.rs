@@ -94,6 +94,70 @@ fn waited_in(
     (total, reasons)
 }
 
+/// The wall-clock view `record --off-cpu` writes beside the profiles: the
+/// workload's main thread a root holding its waits (off-CPU) and `burn`
+/// (on-CPU), each as long as the two profiles say, and its split in the
+/// summary.
+fn check_wall_clock(dir: &Path, output: &Output, truth: &HashMap<String, u64>, cpu: &Profile) {
+    let bytes = std::fs::read(dir.join("profile.wall.pb.gz")).expect("the wall-clock profile");
+    let wall = agent_pprof::decode(&bytes).expect("pprof");
+    let reader = Reader::new(&wall);
+    assert_eq!(reader.sample_types(), vec![("wall", "nanoseconds")]);
+    let main_thread = reader
+        .samples()
+        .find(|s| s.function_names().iter().any(|n| n == "sleep_wait"))
+        .and_then(|s| s.function_names().last().cloned())
+        .expect("a root frame over sleep_wait");
+    assert!(main_thread.starts_with("offcpu "), "{main_thread}");
+    let (mut on, mut off) = (0i64, 0i64);
+    for sample in reader.samples() {
+        let mut names = sample.function_names();
+        names.reverse();
+        if names.first() != Some(&main_thread) {
+            continue;
+        }
+        match sample.label("state") {
+            Some("on-cpu") => on += sample.sample.value[0],
+            Some("off-cpu") => off += sample.sample.value[0],
+            other => panic!("state {other:?}"),
+        }
+        if names.iter().any(|n| n == "burn") {
+            assert_eq!(sample.label("state"), Some("on-cpu"), "{names:?}");
+        }
+        if names.iter().any(|n| n.ends_with("_wait")) {
+            assert_eq!(sample.label("state"), Some("off-cpu"), "{names:?}");
+        }
+    }
+    // Off-CPU: the three waits (and nothing much else), as measured.
+    let waited: u64 = ["sleep_wait", "pipe_wait", "lock_wait"]
+        .iter()
+        .map(|f| truth[*f])
+        .sum();
+    let error = (off as f64 - waited as f64).abs() / waited as f64;
+    assert!(
+        error < 0.10,
+        "main thread off the CPU {off} ns, waited {waited} ns"
+    );
+    // On-CPU: the thread's CPU samples, a period each.
+    let cpu_ns: i64 = Reader::new(cpu)
+        .samples()
+        .filter(|s| s.function_names().iter().any(|n| n == "burn"))
+        .map(|s| s.sample.value[1])
+        .sum();
+    assert!(
+        on >= cpu_ns && cpu_ns > 0,
+        "on the CPU {on} ns, burn {cpu_ns} ns"
+    );
+    let summary = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        summary.contains("wall-clock per thread")
+            && summary
+                .lines()
+                .any(|l| l.contains("% on") && l.ends_with(&main_thread)),
+        "the summary splits each thread's time:\n{summary}"
+    );
+}
+
 #[test]
 fn each_wait_is_attributed_to_its_function_within_ten_percent() {
     require_root();
@@ -142,6 +206,7 @@ fn each_wait_is_attributed_to_its_function_within_ten_percent() {
             "{function}'s off_cpu_reason"
         );
     }
+    check_wall_clock(dir.path(), &output, &truth, &cpu);
     // The CPU profile is where the CPU went: burn, and no wait.
     let cpu_names: Vec<String> = Reader::new(&cpu)
         .samples()

@@ -123,13 +123,19 @@ fn intern(profile: &mut proto::Profile, text: &str) -> i64 {
 /// extension being everything after the name's first dot
 /// (`profile.pb.gz` -> `profile.offcpu.pb.gz`).
 pub fn beside(output: &Path) -> PathBuf {
+    beside_as(output, "offcpu")
+}
+
+/// [`beside`] with another infix: `NAME.INFIX.EXT` (`wall`, for the
+/// wall-clock view).
+pub fn beside_as(output: &Path, infix: &str) -> PathBuf {
     let name = output
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_default();
     let renamed = match name.split_once('.') {
-        Some((stem, extension)) if !stem.is_empty() => format!("{stem}.offcpu.{extension}"),
-        _ => format!("{name}.offcpu"),
+        Some((stem, extension)) if !stem.is_empty() => format!("{stem}.{infix}.{extension}"),
+        _ => format!("{name}.{infix}"),
     };
     output.with_file_name(renamed)
 }
@@ -218,5 +224,9 @@ mod tests {
         );
         assert_eq!(beside(Path::new("out.svg")), Path::new("out.offcpu.svg"));
         assert_eq!(beside(Path::new("profile")), Path::new("profile.offcpu"));
+        assert_eq!(
+            beside_as(Path::new("/tmp/p.pb.gz"), "wall"),
+            Path::new("/tmp/p.wall.pb.gz")
+        );
     }
 }
