@@ -256,7 +256,10 @@ fn an_off_cpu_profile_keeps_its_time_waited() {
     let sample_type = profile.sample_type.as_ref().expect("sample type");
     let text = |index: i32| dictionary.string_table[index as usize].as_str();
     assert_eq!(
-        (text(sample_type.type_strindex), text(sample_type.unit_strindex)),
+        (
+            text(sample_type.type_strindex),
+            text(sample_type.unit_strindex)
+        ),
         ("off_cpu", "nanoseconds")
     );
     let waited: i64 = profile.samples.iter().flat_map(|s| &s.values).sum();
