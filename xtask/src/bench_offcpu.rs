@@ -40,6 +40,8 @@ const PERIOD_NS: f64 = 1e6;
 /// workload's.
 const SETTLE: Duration = Duration::from_secs(1);
 const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+/// Runs of a second each to find the spin for a rate.
+const CALIBRATION_TRIES: usize = 6;
 
 /// What one recording at one rate measured.
 #[derive(Debug, Default)]
@@ -84,23 +86,34 @@ pub fn run(root: &Path, firn: &Path, work: &Path, args: &BenchArgs) -> Result<()
 }
 
 /// The spin (µs) between bounces that brings the workload, alone, nearest
-/// `target` switches a second, and the rate it reached with it.
+/// `target` switches a second, and the rate it reached with it. The rate
+/// is not linear in the spin (a thread that spins long lets its partner's
+/// CPU go idle or to other work, and its wakeup costs more), so the spin
+/// is scaled by how far each try missed, a few times.
 fn calibrate(binary: &Path, target: u64) -> Result<(u64, f64)> {
-    // A round trip is two reads (two switches): its time is 2/rate, the
-    // spin plus what the bounce itself takes.
+    // A round trip is two reads (two switches): 2/rate, most of it spin.
     let mut pause = 2_000_000 / target;
-    let mut rate = 0.0;
-    for _ in 0..3 {
-        rate = alone_rate(binary, pause)?;
-        let cycle_us = 2e6 / rate.max(1.0);
-        let overhead = (cycle_us - pause as f64).max(0.0);
-        let next = (2e6 / target as f64 - overhead).max(0.0).round() as u64;
+    let mut best = (pause, 0.0f64);
+    for _ in 0..CALIBRATION_TRIES {
+        let rate = alone_rate(binary, pause)?;
+        let miss = |rate: f64| (rate / target as f64).ln().abs();
+        if miss(rate) < miss(best.1.max(1.0)) {
+            best = (pause, rate);
+        }
+        if miss(rate) < 0.1 {
+            break;
+        }
+        let mut next = (pause as f64 * rate / target as f64).round() as u64;
+        if next == pause && rate < target as f64 {
+            // Too slow by less than the rounding: one microsecond less.
+            next = pause.saturating_sub(1);
+        }
         if next == pause {
             break;
         }
         pause = next;
     }
-    Ok((pause, rate))
+    Ok(best)
 }
 
 /// Switches a second of the workload run alone for a second.
