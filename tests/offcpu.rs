@@ -500,3 +500,67 @@ fn the_agent_pushes_off_cpu_profiles_to_parca_and_pyroscope_under_their_off_cpu_
         "Pyroscope lists the off-CPU type beside the CPU one: {types:?}"
     );
 }
+
+#[test]
+fn the_agent_writes_off_cpu_profiles_beside_the_cpu_ones_in_its_local_store() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let binary = workload(dir.path());
+    let workload = TestProcess::spawn(Command::new(&binary).args(["waits", "30"]));
+    let store = dir.path().join("store");
+    let agent = Agent::start(
+        &dir.path().join("agent.log"),
+        &[
+            "--local-store-directory",
+            store.to_str().expect("utf-8"),
+            "--profiling-duration",
+            "2s",
+            "--off-cpu",
+            "--pid",
+            &workload.pid().to_string(),
+        ],
+        &[],
+    );
+    let files = |suffix: &str| -> Vec<std::path::PathBuf> {
+        let mut files: Vec<_> = std::fs::read_dir(&store)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter(|path| {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+                name.is_some_and(|name| {
+                    name.starts_with("profile-")
+                        && name.ends_with(suffix)
+                        && (suffix == ".offcpu.pb.gz") == name.ends_with(".offcpu.pb.gz")
+                })
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let slept = RefCell::new(0i64);
+    wait_for(
+        "an off-CPU profile with the worker asleep, beside a CPU one",
+        Duration::from_secs(60),
+        || {
+            agent.assert_running();
+            *slept.borrow_mut() = files(".offcpu.pb.gz")
+                .iter()
+                .filter_map(|path| agent_pprof::decode(&std::fs::read(path).ok()?).ok())
+                .flat_map(|profile| {
+                    waits(&profile)
+                        .into_iter()
+                        .filter(|(names, _, _)| holds_chain(names, &["main", "sleep_wait"]))
+                        .map(|(_, ns, _)| ns)
+                        .collect::<Vec<_>>()
+                })
+                .sum();
+            *slept.borrow() > 0 && !files(".pb.gz").is_empty()
+        },
+        || format!("{:?}\n{}", files(""), agent.log()),
+    );
+    let stopped = agent.stop();
+    assert!(stopped.status.success(), "{}", stopped.log);
+}
