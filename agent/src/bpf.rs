@@ -389,6 +389,11 @@ impl BpfSampler {
         &self.cpus
     }
 
+    /// Whether the off-CPU programs are attached (`--off-cpu`).
+    pub fn off_cpu(&self) -> bool {
+        self.off_cpu
+    }
+
     pub fn ring_buffer_bytes(&self) -> u32 {
         self.ring_buffer_bytes
     }

@@ -575,6 +575,11 @@ impl Session {
     pub fn take_off_cpu_profile(&mut self) -> AggregatedProfile {
         self.pipeline.take_off_cpu_profile()
     }
+
+    /// Whether off-CPU samples are taken (`--off-cpu`).
+    pub fn off_cpu(&self) -> bool {
+        self.bpf.off_cpu()
+    }
 }
 
 /// Calls `next_batch(DRAIN_BATCH)` (which handles up to that many records
