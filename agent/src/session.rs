@@ -194,6 +194,9 @@ impl Pipeline {
                 self.policy.on_exit(event.tgid);
                 self.forget(event.tgid);
             }
+            Ok(Record::Mapping(mapping)) => {
+                debug!(?mapping, "captured mapping");
+            }
             Err(error) => {
                 Stats::inc(&self.stats.records_malformed);
                 debug!(%error, "malformed ring buffer record");
