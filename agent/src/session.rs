@@ -28,7 +28,7 @@ use crate::{
 };
 
 mod hold;
-use hold::HeldSamples;
+use hold::{HeldSamples, Released, mirror_exit_maps, page_size};
 
 /// The reader drains at least this often: the BPF side only wakes it once
 /// the ring buffer is an eighth full.
@@ -236,39 +236,6 @@ impl Pipeline {
             Err(error) => {
                 Stats::inc(&self.stats.records_malformed);
                 debug!(%error, "malformed ring buffer record");
-            }
-        }
-    }
-
-    /// Handles the samples of `tgid` that were held, counted as `how`.
-    fn release(&mut self, tgid: u32, how: Released) {
-        let records = self.held.take(tgid);
-        if records.is_empty() {
-            return;
-        }
-        let counter = match how {
-            Released::ExitMaps => &self.stats.held_exit_maps,
-            Released::MapsRead => &self.stats.held_maps_read,
-            Released::NoMaps => &self.stats.held_no_maps,
-            Released::Expired => &self.stats.held_expired,
-        };
-        counter.fetch_add(records.len() as u64, Ordering::Relaxed);
-        for record in records {
-            if let Ok(Record::Sample(sample)) = sampler::decode(&record) {
-                self.count_truncated(&sample);
-                self.sample(sample);
-            }
-        }
-    }
-
-    /// Held samples of processes that lived on are placed with their maps
-    /// read now; those that waited too long with what firn has.
-    fn release_waiting(&mut self) {
-        for (tgid, comm, expired) in self.held.waiting(Instant::now()) {
-            if self.processes.settle(tgid, &comm) {
-                self.release(tgid, Released::MapsRead);
-            } else if expired {
-                self.release(tgid, Released::Expired);
             }
         }
     }
@@ -662,24 +629,6 @@ impl Session {
     }
 }
 
-/// How held samples were let go.
-#[derive(Clone, Copy)]
-enum Released {
-    ExitMaps,
-    MapsRead,
-    NoMaps,
-    Expired,
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(size)
-        .ok()
-        .filter(|&size| size > 0)
-        .unwrap_or(4096)
-}
-
 /// Calls `next_batch(DRAIN_BATCH)` (which handles up to that many records
 /// and returns how many it handled) until a batch comes back short or
 /// `slice` has passed. True when it stopped with records left.
@@ -692,21 +641,6 @@ fn drain_for(slice: Duration, mut next_batch: impl FnMut(usize) -> usize) -> boo
         if started.elapsed() >= slice {
             return true;
         }
-    }
-}
-
-/// Copies the exit walk's BPF counters into the stats (they are totals).
-fn mirror_exit_maps(bpf: &BpfSampler, stats: &Stats) {
-    use agent_common::MapsCounter;
-    let values = bpf.exit_maps_counters();
-    for (counter, stat) in [
-        (MapsCounter::Walked, &stats.exit_maps_walked),
-        (MapsCounter::Mappings, &stats.exit_maps_mappings),
-        (MapsCounter::Lost, &stats.exit_maps_lost),
-        (MapsCounter::PathIncomplete, &stats.exit_maps_no_path),
-        (MapsCounter::WalkCut, &stats.exit_maps_cut),
-    ] {
-        Stats::set(stat, values[counter as usize]);
     }
 }
 

@@ -14,14 +14,26 @@ use std::{
     time::{Duration, Instant},
 };
 
+use std::sync::atomic::Ordering;
+
 use agent_proc::maps::{MappingKind, MappingSpec};
 use agent_records::CapturedMapping;
+
+use super::Pipeline;
+use crate::{
+    bpf::BpfSampler,
+    sampler::{self, Record},
+    stats::Stats,
+};
 
 /// Held samples' bytes at most (records are copied out of the ring).
 pub const MAX_HELD_BYTES: usize = 32 << 20;
 /// A live process's held samples are released once its maps are read this
-/// long after its first held sample: past its dynamic loader by then.
-pub const SETTLE_AFTER: Duration = Duration::from_millis(200);
+/// long after its first held sample (at the first drain after it): past
+/// its dynamic loader by then, which takes a few milliseconds, and soon
+/// enough that an interpreter is registered with the walker about when it
+/// was without holding (its exec drained at the next timed drain).
+pub const SETTLE_AFTER: Duration = Duration::from_millis(50);
 /// Longest a sample waits: then it is handled with what firn has.
 pub const HOLD_GRACE: Duration = Duration::from_secs(2);
 /// Processes whose captured mappings wait for their exit event at once,
@@ -104,6 +116,74 @@ impl HeldSamples {
         let mut specs = self.captured.remove(&tgid)?;
         specs.sort_by_key(|spec| spec.start);
         Some(specs)
+    }
+}
+
+impl Pipeline {
+    /// Handles the samples of `tgid` that were held, counted as `how`.
+    pub(super) fn release(&mut self, tgid: u32, how: Released) {
+        let records = self.held.take(tgid);
+        if records.is_empty() {
+            return;
+        }
+        let counter = match how {
+            Released::ExitMaps => &self.stats.held_exit_maps,
+            Released::MapsRead => &self.stats.held_maps_read,
+            Released::NoMaps => &self.stats.held_no_maps,
+            Released::Expired => &self.stats.held_expired,
+        };
+        counter.fetch_add(records.len() as u64, Ordering::Relaxed);
+        for record in records {
+            if let Ok(Record::Sample(sample)) = sampler::decode(&record) {
+                self.count_truncated(&sample);
+                self.sample(sample);
+            }
+        }
+    }
+
+    /// Held samples of processes that lived on are placed with their maps
+    /// read now; those that waited too long with what firn has.
+    pub(super) fn release_waiting(&mut self) {
+        for (tgid, comm, expired) in self.held.waiting(Instant::now()) {
+            if self.processes.settle(tgid, &comm) {
+                self.release(tgid, Released::MapsRead);
+            } else if expired {
+                self.release(tgid, Released::Expired);
+            }
+        }
+    }
+}
+
+/// How held samples were let go.
+#[derive(Clone, Copy)]
+pub(super) enum Released {
+    ExitMaps,
+    MapsRead,
+    NoMaps,
+    Expired,
+}
+
+pub(super) fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size)
+        .ok()
+        .filter(|&size| size > 0)
+        .unwrap_or(4096)
+}
+
+/// Copies the exit walk's BPF counters into the stats (they are totals).
+pub(super) fn mirror_exit_maps(bpf: &BpfSampler, stats: &Stats) {
+    use agent_common::MapsCounter;
+    let values = bpf.exit_maps_counters();
+    for (counter, stat) in [
+        (MapsCounter::Walked, &stats.exit_maps_walked),
+        (MapsCounter::Mappings, &stats.exit_maps_mappings),
+        (MapsCounter::Lost, &stats.exit_maps_lost),
+        (MapsCounter::PathIncomplete, &stats.exit_maps_no_path),
+        (MapsCounter::WalkCut, &stats.exit_maps_cut),
+    ] {
+        Stats::set(stat, values[counter as usize]);
     }
 }
 
