@@ -189,7 +189,9 @@ impl Pipeline {
         match sampler::decode(bytes) {
             Ok(Record::Sample(sample)) => {
                 let comm = sample.comm.to_string();
-                if self.processes.holds(sample.tgid, &comm) {
+                // A sample without user frames (a kernel thread's) needs
+                // no maps.
+                if !sample.user_stack.is_empty() && self.processes.holds(sample.tgid, &comm) {
                     if self.held.hold(sample.tgid, &comm, bytes) {
                         return;
                     }
