@@ -1,7 +1,11 @@
 // The chain the Node tests look for: main -> settle -> reconcile ->
 // accumulate, busy in accumulate; modes: `chain`, `method` (a closure,
 // tally, calling a class method, Ledger.post), `zlib` (compress calling
-// zlib.deflateSync), `worker` (the chain, and a worker thread in spin).
+// zlib.deflateSync), `worker` (the chain, and a worker thread in spin),
+// `bench` (the chain, its progress on stdout every 100 ms for `cargo xtask
+// bench --node`: iterations so far and CLOCK_MONOTONIC in microseconds, the
+// clock V8's profiler stamps its samples with; it returns once the file
+// FIRN_BENCH_STOP names exists, so that `--cpu-prof` writes its profile).
 // Run with arguments seconds (0: until killed) and mode. The tests run it
 // with `--max-opt=0` (interpreted and baseline code) and optimized, where
 // TurboFan would inline the short callers: `--no-turbo-inlining` keeps each
@@ -9,6 +13,7 @@
 // becomes a tail call.
 "use strict";
 
+const fs = require("fs");
 const zlib = require("zlib");
 const { Worker, isMainThread } = require("worker_threads");
 
@@ -88,8 +93,22 @@ function main() {
     new Worker(__filename, { argv: [String(seconds), "spin"] });
   }
   let seed = 1;
+  let iterations = 0;
+  let reported = 0n;
+  const stop = process.env.FIRN_BENCH_STOP;
   while (Date.now() < deadline) {
-    if (mode === "chain" || mode === "worker") {
+    if (mode === "bench") {
+      iterations++;
+      const now = process.hrtime.bigint();
+      if (now - reported >= 100000000n) {
+        reported = now;
+        process.stdout.write(`progress iterations=${iterations} clock_us=${now / 1000n}\n`);
+        if (stop && fs.existsSync(stop)) {
+          return;
+        }
+      }
+    }
+    if (mode === "chain" || mode === "worker" || mode === "bench") {
       seed = settle(seed) + 1; // line: main
     } else if (mode === "zlib") {
       seed = compress(data) + 1;
