@@ -301,10 +301,11 @@ const CHAIN: &[(&[&str], &str)] = &[
     (&["main"], "main"),
 ];
 
-/// A closure calling a class method: `tally -> Ledger.post -> accumulate`.
+/// A closure calling a class method: `tally -> Ledger.post -> accumulate`
+/// (the method named by its class, as V8's stack traces name it).
 const METHOD_CHAIN: &[(&[&str], &str)] = &[
     (&["accumulate"], "accumulate"),
-    (&["Ledger.post", "post"], "post"),
+    (&["Ledger.post"], "post"),
     (&["tally"], "tally"),
 ];
 

@@ -16,6 +16,7 @@ use super::{
     ChainFrame, Layout,
     heap::{instance_type, is_string, read_string, tagged_field},
     position::{LINE_CACHE_BYTES, LineCache, Position, line_and_column, start_position},
+    receiver::{CLASS_CACHE_BYTES, ClassCache, class_constructor, class_key, qualified},
     scope::scope_info_name,
     tier::{Tier, frame_tier},
 };
@@ -100,6 +101,7 @@ pub struct NamerCounts {
 pub struct V8Namer {
     layout: Layout,
     cache: ByteBoundedCache<(u64, u64, u64), JsFunction>,
+    classes: ClassCache,
     lines: LineCache,
     counts: NamerCounts,
 }
@@ -109,6 +111,7 @@ impl V8Namer {
         Self {
             layout,
             cache: ByteBoundedCache::new(CACHE_BYTES),
+            classes: ClassCache::new(CLASS_CACHE_BYTES),
             lines: LineCache::new(LINE_CACHE_BYTES),
             counts: NamerCounts::default(),
         }
@@ -180,6 +183,72 @@ impl V8Namer {
 }
 
 impl V8Namer {
+    /// [`V8Namer::name`], with a method called on an instance of a
+    /// script's class (or on the class, static) named `Class.method`, as
+    /// V8's stack traces name it (see [`super::receiver`]). `receiver`: the
+    /// word in the frame's receiver slot
+    /// ([`Receivers::slot`](super::Receivers)) as of the sample. The class
+    /// is a refinement: when it cannot be read the function keeps its
+    /// plain name.
+    pub fn name_method(
+        &mut self,
+        memory: &mut dyn Memory,
+        function: u64,
+        receiver: Option<u64>,
+    ) -> Result<JsFunction, NameError> {
+        let named = self.name(memory, function)?;
+        let (Some(receiver), Some(_)) = (receiver, self.layout.receivers) else {
+            return Ok(named);
+        };
+        if &*named.name == "(anonymous)" || named.name.contains('.') {
+            return Ok(named);
+        }
+        let class = self.class(memory, receiver).ok().flatten();
+        Ok(
+            match class.and_then(|class| qualified(&class, &named.name)) {
+                Some(name) => JsFunction { name, ..named },
+                None => named,
+            },
+        )
+    }
+
+    /// The name of the script class `receiver` is an instance of (or is).
+    fn class(
+        &mut self,
+        memory: &mut dyn Memory,
+        receiver: u64,
+    ) -> Result<Option<Arc<str>>, NameError> {
+        let layout = self.layout;
+        let Some(receivers) = layout.receivers else {
+            return Ok(None);
+        };
+        let Some(key) = class_key(memory, &layout, &receivers, receiver)? else {
+            return Ok(None);
+        };
+        if let Some(class) = self.classes.get(&key) {
+            return Ok(class.clone());
+        }
+        let class = match class_constructor(memory, &layout, &receivers, receiver)? {
+            Some(constructor) => match self.name(memory, constructor) {
+                Ok(named) if !named.file.is_empty() && &*named.name != "(anonymous)" => {
+                    Some(named.name)
+                }
+                // A builtin constructor (`Object`, `Function`) has no
+                // script: no class of the program's.
+                Ok(_)
+                | Err(NameError::WrongType {
+                    expected: "Script", ..
+                }) => None,
+                Err(error) => return Err(error),
+            },
+            None => None,
+        };
+        let weight = std::mem::size_of::<((u64, u64), Option<Arc<str>>)>()
+            + class.as_ref().map_or(0, |class| class.len());
+        self.classes.insert(key, class.clone(), weight);
+        Ok(class)
+    }
+
     /// Which tier ran a JavaScript frame (one [`V8Namer::name`] named),
     /// checked against the live heap like a name. `builtins`: where the
     /// process has V8's builtins
