@@ -368,7 +368,9 @@ impl Workload {
     /// once `stop` exists.
     fn start(tools: &Tools, node: &Path, flags: &[String], stop: &Path) -> Result<Self> {
         let log = tools.work.join("node-workload.log");
+        // V8 writes an isolate-*.log beside it with --perf-basic-prof.
         let mut child = Command::new(node)
+            .current_dir(&tools.work)
             .args(flags)
             .arg(&tools.script)
             .args(["0", "bench"])
