@@ -9,7 +9,8 @@
 //! and how much it slows the workload. Prints figures; asserts nothing.
 //!
 //! The shares are compared on one process profiled by both firn and V8's
-//! profiler over the same window (a run of its own each round): TurboFan's
+//! profiler (a run of its own each round), V8's samples kept within the
+//! span firn recorded: TurboFan's
 //! choices (what it inlines, when) differ from one process to the next and
 //! move the self shares by more than the profilers differ. The costs come
 //! from runs with one profiler each.
@@ -443,22 +444,11 @@ fn measure(
     profiler: Option<Profiler>,
     args: &BenchArgs,
 ) -> Result<Run> {
-    let cpu_prof_dir = tools.work.join("node-cpuprof");
-    let cpu_prof = cpu_prof_dir.join("bench.cpuprofile");
+    let cpu_prof = tools.work.join("node-cpuprof/bench.cpuprofile");
     let (flags, cpu_profiled) = match profiler {
         Some(Profiler::CpuProf | Profiler::Both) => {
             let _ = fs::remove_file(&cpu_prof);
-            let interval_us = 1_000_000 / args.frequency.max(1);
-            let flags = vec![
-                "--cpu-prof".to_owned(),
-                "--cpu-prof-interval".to_owned(),
-                interval_us.to_string(),
-                "--cpu-prof-dir".to_owned(),
-                cpu_prof_dir.display().to_string(),
-                "--cpu-prof-name".to_owned(),
-                "bench.cpuprofile".to_owned(),
-            ];
-            (flags, true)
+            (cpu_prof_flags(&cpu_prof, args), true)
         }
         Some(Profiler::PerfMap) => (vec!["--perf-basic-prof".to_owned()], false),
         _ => (Vec::new(), false),
@@ -487,6 +477,9 @@ fn measure(
         )?),
         _ => None,
     };
+    // firn samples from here until it exits: with both profilers, V8's
+    // samples of that span are the ones compared.
+    let firn_began = workload.progress()?.clock_us;
     thread::sleep(SETTLE);
     let firn_pid = firn.as_ref().map(Child::id);
     let firn_cpu = || firn_pid.map_or(Ok(0.0), cpu_seconds);
@@ -501,8 +494,10 @@ fn measure(
         firn_cpu: end_firn - start_firn,
         ..Run::default()
     };
+    let mut firn_ended = end.clock_us;
     if let Some(child) = firn.as_mut() {
         let (status, _) = wait_with_usage(child)?;
+        firn_ended = workload.progress()?.clock_us;
         if !status.success() {
             bail!("firn failed ({status}); see {}", log.display());
         }
@@ -515,13 +510,30 @@ fn measure(
         workload.wait(Duration::from_secs(60))?;
         let text = fs::read_to_string(&cpu_prof)
             .with_context(|| format!("node wrote no {}", cpu_prof.display()))?;
-        let tally = cpu_profile_tally(&text, start.clock_us, end.clock_us)?;
         match profiler {
-            Some(Profiler::Both) => run.v8_tally = tally,
-            _ => run.tally = tally,
+            Some(Profiler::Both) => {
+                run.v8_tally = cpu_profile_tally(&text, firn_began, firn_ended)?;
+            }
+            _ => run.tally = cpu_profile_tally(&text, start.clock_us, end.clock_us)?,
         }
     }
     Ok(run)
+}
+
+/// V8's profiler at the bench's frequency, writing `profile` at exit.
+fn cpu_prof_flags(profile: &Path, args: &BenchArgs) -> Vec<String> {
+    let interval_us = 1_000_000 / args.frequency.max(1);
+    let dir = profile.parent().unwrap_or(Path::new("."));
+    let name = profile.file_name().unwrap_or_default();
+    vec![
+        "--cpu-prof".to_owned(),
+        "--cpu-prof-interval".to_owned(),
+        interval_us.to_string(),
+        "--cpu-prof-dir".to_owned(),
+        dir.display().to_string(),
+        "--cpu-prof-name".to_owned(),
+        name.to_string_lossy().into_owned(),
+    ]
 }
 
 /// The main thread's samples of `pid` in a firn profile: its JavaScript
