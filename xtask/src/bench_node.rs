@@ -192,10 +192,11 @@ pub fn run(root: &Path, firn: &Path, work: &Path, args: &BenchArgs) -> Result<()
         bench_node(&tools, name, node, args)?;
     }
     println!(
-        "\nWhole chain: the sample's JavaScript frames start accumulate <- reconcile <- settle <-\n\
-         main (TurboFan inlines the first ones into settle; V8's profiler shows inlined frames).\n\
-         Self share: the sample's innermost JavaScript function; firn's main thread is its samples\n\
-         under node::Start. --cpu-prof's CPU is the process's beyond the process's alone, so it\n\
+        "\nWhole chain: the sample's JavaScript frames up to main are settle <- main,\n\
+         reconcile <- settle <- main or the whole chain (TurboFan inlines accumulate, often\n\
+         reconcile too, and neither profiler shows inlined frames here). Self share: the\n\
+         sample's innermost JavaScript function; firn's main thread is its samples under\n\
+         node::Start. --cpu-prof's CPU is the process's beyond the process's alone, so it\n\
          carries their noise; firn's BPF time is charged to the workload and shows as slowdown."
     );
     Ok(())
