@@ -2,6 +2,8 @@
 // accumulate, busy in accumulate; modes: `chain`, `method` (a closure,
 // tally, calling a class method, Ledger.post), `zlib` (compress calling
 // zlib.deflateSync), `worker` (the chain, and a worker thread in spin),
+// `async` (pump, an async function resumed after each await, calling
+// accumulate),
 // `bench` (the chain, its progress on stdout every 100 ms for `cargo xtask
 // bench --node`: iterations so far and CLOCK_MONOTONIC in microseconds, the
 // clock V8's profiler stamps its samples with; it returns once the file
@@ -75,6 +77,17 @@ function compress(data) {
   return length;
 }
 
+// An async function resumed after each await: from its second round on it
+// runs from the microtask queue, main long returned.
+async function pump(deadline) {
+  let seed = 1;
+  while (Date.now() < deadline) {
+    await null;
+    seed = accumulate(seed) + 1; // line: pump
+    sink ^= seed;
+  }
+}
+
 // A worker thread running the chain of its own.
 function spin(seed) {
   let total = seed;
@@ -91,6 +104,10 @@ function main() {
   const data = Buffer.alloc(1 << 16, "firn profiles node ");
   if (mode === "worker") {
     new Worker(__filename, { argv: [String(seconds), "spin"] });
+  }
+  if (mode === "async") {
+    pump(deadline);
+    return;
   }
   let seed = 1;
   let iterations = 0;
