@@ -72,8 +72,9 @@ pub struct FrameSlots {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Types {
     pub map: u16,
-    /// JSFunction and its subtypes (class constructors and the like): a
-    /// range when the build exports it, else `JS_FUNCTION_TYPE` alone.
+    /// JSFunction and its subtypes (class constructors and the like): the
+    /// range the build exports, else from `JS_FUNCTION_TYPE` to before the
+    /// next type it exports.
     pub js_function: (u16, u16),
     pub shared_function_info: u16,
     pub script: u16,
