@@ -3,7 +3,8 @@
 //! `tests/workloads/node/chain.js` run unoptimized (`--max-opt=0`, or
 //! `--no-opt` where V8 lacks it) and optimized (TurboFan, after warm-up,
 //! inlining off so each function keeps its frame): the chain in order with
-//! its script file, a class method and a closure; with `--nodejs=false`,
+//! its script file, a class method (by its class) and a closure, an async
+//! function resumed after `await`; with `--nodejs=false`,
 //! native stacks as before. Each check runs on Debian's Node 20
 //! (`/usr/bin/node`) and on every Node named by `FIRN_NODE_18`,
 //! `FIRN_NODE_22` and `FIRN_NODE_24` (`cargo xtask setup` installs them,
@@ -301,12 +302,17 @@ const CHAIN: &[(&[&str], &str)] = &[
     (&["main"], "main"),
 ];
 
-/// A closure calling a class method: `tally -> Ledger.post -> accumulate`.
+/// A closure calling a class method: `tally -> Ledger.post -> accumulate`
+/// (the method named by its class, as V8's stack traces name it).
 const METHOD_CHAIN: &[(&[&str], &str)] = &[
     (&["accumulate"], "accumulate"),
-    (&["Ledger.post", "post"], "post"),
+    (&["Ledger.post"], "post"),
     (&["tally"], "tally"),
 ];
+
+/// An async function resumed after `await`, from the microtask queue:
+/// `pump -> accumulate` on the resumed stack.
+const ASYNC_CHAIN: &[(&[&str], &str)] = &[(&["accumulate"], "accumulate"), (&["pump"], "pump")];
 
 /// Records each Node running chain.js in `mode` at `tier` and checks the
 /// share of the main thread's samples holding `chain`.
@@ -365,6 +371,21 @@ fn optimized_class_method_and_closure_are_named() {
         "method",
         METHOD_CHAIN,
         &["accumulate", "post", "tally"],
+    );
+}
+
+#[test]
+fn async_function_resumed_after_await_is_named() {
+    chain_is_named(Tier::Unoptimized, "async", ASYNC_CHAIN, &[]);
+}
+
+#[test]
+fn optimized_async_function_resumed_after_await_is_named() {
+    chain_is_named(
+        Tier::Optimized,
+        "async",
+        ASYNC_CHAIN,
+        &["accumulate", "pump"],
     );
 }
 

@@ -4,8 +4,10 @@
 //! unwinds with `--call-graph dwarf`; the share of complete stacks of each
 //! and firn's unwinding rate are reported too (`bench_unwind`). `--python`:
 //! a Python workload, firn against py-spy (`bench_python`). `--java`: a
-//! Java workload, firn against async-profiler (`bench_java`). `--off-cpu`:
-//! off-CPU profiling's cost and error on a pipe ping-pong (`bench_offcpu`).
+//! Java workload, firn against async-profiler (`bench_java`). `--node`: a
+//! Node.js workload, firn against V8's own profiler (`bench_node`).
+//! `--off-cpu`: off-CPU profiling's cost and error on a pipe ping-pong
+//! (`bench_offcpu`).
 
 use std::{
     fs::{self, File},
@@ -18,7 +20,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    bench_java, bench_offcpu, bench_python, bench_unwind,
+    bench_java, bench_node, bench_offcpu, bench_python, bench_unwind,
     util::{self, cargo, is_root},
 };
 
@@ -47,25 +49,30 @@ pub struct BenchArgs {
     /// inlining) under JDK 17 and Java 25, firn against async-profiler.
     #[arg(long, conflicts_with_all = ["unwind", "python"])]
     pub java: bool,
+    /// The Node.js case instead: a JavaScript workload (the chain,
+    /// TurboFan with inlining) under Node 22 and Debian's Node 20, firn
+    /// against V8's own profiler (`--cpu-prof`) and `--perf-basic-prof`.
+    #[arg(long, conflicts_with_all = ["unwind", "python", "java"])]
+    pub node: bool,
     /// The off-CPU case instead: a pipe ping-pong at 10k, 100k and 200k
     /// context switches a second under `firn record --off-cpu=1ms`: firn's
     /// CPU, BPF time per switch, samples a second and the estimate's error
     /// (`bench_offcpu`).
-    #[arg(long, conflicts_with_all = ["unwind", "python", "java"])]
+    #[arg(long, conflicts_with_all = ["unwind", "python", "java", "node"])]
     pub off_cpu: bool,
     /// firn as an agent pushing to a real Parca server, debug information
     /// upload on: CPU per sample by stage, ready time, RSS, losses and
     /// truncated stacks (`bench_agent`). Without `--workload`, every
     /// workload at 100 and 1000 Hz (or `--frequency`) for 90 s (or
     /// `--seconds`), then the deep-stack case.
-    #[arg(long, conflicts_with_all = ["python", "java", "unwind", "rounds"])]
+    #[arg(long, conflicts_with_all = ["python", "java", "node", "off_cpu", "unwind", "rounds"])]
     pub agent: bool,
     /// With `--agent`: only this workload (repeatable).
     #[arg(long = "workload", value_enum, requires = "agent")]
     pub workloads: Vec<crate::bench_agent::AgentWorkload>,
     /// The deep-stack case: complete and truncated stacks of a recursive
     /// program without frame pointers at several depths (implies `--agent`).
-    #[arg(long, conflicts_with_all = ["python", "java", "unwind", "rounds"])]
+    #[arg(long, conflicts_with_all = ["python", "java", "node", "off_cpu", "unwind", "rounds"])]
     pub deep: bool,
     /// With `--agent` or `--deep`: also bench this firn binary
     /// (repeatable), e.g. one built from an older commit, beside the one
@@ -110,6 +117,9 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     }
     if args.java {
         return bench_java::run(root, &firn_path, &work, args);
+    }
+    if args.node {
+        return bench_node::run(root, &firn_path, &work, args);
     }
     if args.off_cpu {
         return bench_offcpu::run(root, &firn_path, &work, args);
@@ -545,4 +555,42 @@ pub fn wait_with_usage(child: &mut Child) -> Result<(std::process::ExitStatus, (
     let cpu = seconds(usage.ru_utime) + seconds(usage.ru_stime);
     let rss_mb = usage.ru_maxrss as f64 / 1024.0;
     Ok((std::process::ExitStatus::from_raw(status), (cpu, rss_mb)))
+}
+
+/// `firn record --pid PID` for `seconds` at the bench's frequency, writing
+/// `output` (`extra`: more options), once it samples: its log (`log`) says
+/// `recording` after the BPF program is verified and attached, which takes
+/// tens of seconds on a busy machine.
+pub fn start_firn(
+    firn: &Path,
+    pid: u32,
+    args: &BenchArgs,
+    seconds: u64,
+    output: &Path,
+    log: &Path,
+    extra: &[&str],
+) -> Result<Child> {
+    let child = Command::new(firn)
+        .args(["record", "--pid", &pid.to_string(), "--frequency"])
+        .arg(args.frequency.to_string())
+        .arg("--duration")
+        .arg(format!("{seconds}s"))
+        .arg("--output")
+        .arg(output)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(File::create(log).with_context(|| format!("could not create {}", log.display()))?)
+        .spawn()
+        .context("could not start firn")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !fs::read_to_string(log)
+        .unwrap_or_default()
+        .contains("recording")
+    {
+        if std::time::Instant::now() > deadline {
+            bail!("firn did not start sampling: see {}", log.display());
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    Ok(child)
 }

@@ -420,33 +420,15 @@ fn measure(
 
 /// firn recording the JVM until the window has closed, once it samples.
 fn start_firn(tools: &Tools, pid: u32, args: &BenchArgs) -> Result<Child> {
-    let log = tools.work.join("java-firn.log");
-    let duration = args.seconds + SETTLE.as_secs() + 3;
-    let child = Command::new(&tools.firn)
-        .args(["record", "--pid", &pid.to_string(), "--frequency"])
-        .arg(args.frequency.to_string())
-        .arg("--duration")
-        .arg(format!("{duration}s"))
-        .arg("--output")
-        .arg(firn_output(tools))
-        .stdout(Stdio::null())
-        .stderr(
-            fs::File::create(&log)
-                .with_context(|| format!("could not create {}", log.display()))?,
-        )
-        .spawn()
-        .context("could not start firn")?;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !fs::read_to_string(&log)
-        .unwrap_or_default()
-        .contains("recording")
-    {
-        if Instant::now() > deadline {
-            bail!("firn did not start sampling: see {}", log.display());
-        }
-        thread::sleep(Duration::from_millis(50));
-    }
-    Ok(child)
+    crate::bench::start_firn(
+        &tools.firn,
+        pid,
+        args,
+        args.seconds + SETTLE.as_secs() + 3,
+        &firn_output(tools),
+        &tools.work.join("java-firn.log"),
+        &[],
+    )
 }
 
 /// (complete, total) samples of the Java main thread in async-profiler's

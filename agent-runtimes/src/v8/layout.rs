@@ -72,8 +72,9 @@ pub struct FrameSlots {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Types {
     pub map: u16,
-    /// JSFunction and its subtypes (class constructors and the like): a
-    /// range when the build exports it, else `JS_FUNCTION_TYPE` alone.
+    /// JSFunction and its subtypes (class constructors and the like): the
+    /// range the build exports, else from `JS_FUNCTION_TYPE` to before the
+    /// next type it exports.
     pub js_function: (u16, u16),
     pub shared_function_info: u16,
     pub script: u16,
@@ -132,6 +133,22 @@ pub struct ScopeInfoSlots {
     pub first_vars: u64,
 }
 
+/// What names a method by the class of the object it was called on
+/// (`Ledger.post`), as V8's stack traces do: the receiver is in the frame
+/// (arguments are pushed last to first since V8 8.9, the receiver nearest
+/// the return address), its class is its map's constructor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Receivers {
+    /// The receiver's slot from the frame pointer (`off_fp_args`).
+    pub slot: i64,
+    /// `Map::constructor_or_back_pointer`: the constructor, or the map this
+    /// one was derived from (which leads to it).
+    pub map_constructor: u64,
+    /// Instances of classes (and of constructor functions) are plain
+    /// JSObjects.
+    pub js_object: u16,
+}
+
 /// Everything firn reads of one V8 build.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -142,7 +159,14 @@ pub struct Layout {
     pub strings: StringTags,
     pub fields: Fields,
     pub scope_info: ScopeInfoSlots,
+    /// `None` when the build lacks a constant it needs: methods are then
+    /// named without their class.
+    pub receivers: Option<Receivers>,
 }
+
+/// JSFunction's subtypes at most, where the build does not export their
+/// range (V8 12 has 17).
+const MAX_JS_FUNCTION_TYPES: u16 = 32;
 
 /// The constants a layout needs and the build does not export, by name.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -239,8 +263,20 @@ impl Layout {
             strings,
             fields,
             scope_info,
+            receivers: receivers(constants),
         })
     }
+}
+
+fn receivers(constants: &Constants) -> Option<Receivers> {
+    let (_, map_constructor) = constants
+        .with_prefix("class_Map__constructor_or_back_pointer__")
+        .next()?;
+    Some(Receivers {
+        slot: constants.get("off_fp_args")?,
+        map_constructor: u64::try_from(map_constructor).ok()?,
+        js_object: u16::try_from(constants.get("type_JSObject__JS_OBJECT_TYPE")?).ok()?,
+    })
 }
 
 impl Lookup<'_> {
@@ -278,7 +314,25 @@ impl Lookup<'_> {
                 u16::try_from(first).unwrap_or(js_function),
                 u16::try_from(last).unwrap_or(js_function),
             ),
-            _ => (js_function, js_function),
+            // V8 10 and 11 (Node 18, 20) do not export the range. Its
+            // other types (class constructors, the builtins' own
+            // constructors) are not exported either and come right after
+            // JS_FUNCTION_TYPE, before the next type that is: the range
+            // ends there. The namer checks each such object's
+            // SharedFunctionInfo all the same.
+            _ => {
+                let next = self
+                    .constants
+                    .with_prefix("type_")
+                    .filter_map(|(_, value)| u16::try_from(value).ok())
+                    .filter(|&value| value > js_function)
+                    .min()
+                    .unwrap_or(js_function.saturating_add(1));
+                let last = next
+                    .saturating_sub(1)
+                    .min(js_function.saturating_add(MAX_JS_FUNCTION_TYPES));
+                (js_function, last)
+            }
         };
         Types {
             map: self.type_tag("type_Map__MAP_TYPE"),

@@ -24,6 +24,7 @@ mod layout;
 mod namer;
 mod object;
 mod position;
+mod receiver;
 mod scope;
 mod tier;
 mod walk;
@@ -32,7 +33,7 @@ mod walk;
 mod tests;
 
 pub use layout::{
-    Fields, FrameSlots, Layout, LayoutError, ScopeInfoSlots, StringTags, Tagging, Types,
+    Fields, FrameSlots, Layout, LayoutError, Receivers, ScopeInfoSlots, StringTags, Tagging, Types,
 };
 pub use namer::{JsFunction, NameError, NamerCounts, V8Namer};
 pub use object::{Constants, FileMapping, ObjectError, V8Object, inspect_object};

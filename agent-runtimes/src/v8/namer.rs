@@ -16,6 +16,7 @@ use super::{
     ChainFrame, Layout,
     heap::{instance_type, is_string, read_string, tagged_field},
     position::{LINE_CACHE_BYTES, LineCache, Position, line_and_column, start_position},
+    receiver::{CLASS_CACHE_BYTES, ClassCache, class_constructor, class_key, qualified},
     scope::scope_info_name,
     tier::{Tier, frame_tier},
 };
@@ -100,6 +101,9 @@ pub struct NamerCounts {
 pub struct V8Namer {
     layout: Layout,
     cache: ByteBoundedCache<(u64, u64, u64), JsFunction>,
+    /// Functions named, by JSFunction ([`V8Namer::seen_key`]).
+    seen: ByteBoundedCache<[u64; 5], JsFunction>,
+    classes: ClassCache,
     lines: LineCache,
     counts: NamerCounts,
 }
@@ -109,6 +113,8 @@ impl V8Namer {
         Self {
             layout,
             cache: ByteBoundedCache::new(CACHE_BYTES),
+            seen: ByteBoundedCache::new(CACHE_BYTES),
+            classes: ClassCache::new(CLASS_CACHE_BYTES),
             lines: LineCache::new(LINE_CACHE_BYTES),
             counts: NamerCounts::default(),
         }
@@ -131,6 +137,17 @@ impl V8Namer {
         function: u64,
     ) -> Result<JsFunction, NameError> {
         let layout = self.layout;
+        // Four reads name a function seen before: its map and
+        // SharedFunctionInfo, and the two fields of the latter the name
+        // comes from, all live. An object that moved or died leaves a
+        // forwarding or filler map behind, and another function at the
+        // address has its own SharedFunctionInfo: either is read again.
+        if let Some(key) = self.seen_key(memory, function)
+            && let Some(named) = self.seen.get(&key)
+        {
+            self.counts.hits += 1;
+            return Ok(named.clone());
+        }
         let kind = instance_type(memory, &layout, function)?;
         let (first, last) = layout.types.js_function;
         if !(first..=last).contains(&kind) {
@@ -158,9 +175,18 @@ impl V8Namer {
             tagged_field(memory, &layout, sfi, layout.fields.sfi_name_or_scope_info)?;
         let script = tagged_field(memory, &layout, sfi, layout.fields.sfi_script)?;
         let key = (shared, name_or_scope, script);
+        let map = tagged_field(
+            memory,
+            &layout,
+            layout.tagging.untag(function),
+            layout.fields.heap_object_map,
+        )?;
+        let seen_key = [function, map, shared, name_or_scope, script];
         if let Some(named) = self.cache.get(&key) {
             self.counts.hits += 1;
-            return Ok(named.clone());
+            let named = named.clone();
+            self.remember(seen_key, &named);
+            return Ok(named);
         }
         self.counts.misses += 1;
         let name = function_name(memory, &layout, name_or_scope)?;
@@ -175,11 +201,104 @@ impl V8Namer {
         };
         let weight = named.weight();
         self.cache.insert(key, named.clone(), weight);
+        self.remember(seen_key, &named);
         Ok(named)
+    }
+
+    /// What keys a function already named: the JSFunction, its map and
+    /// SharedFunctionInfo, and that one's name and script fields, as they
+    /// are now; `None` when they cannot be read.
+    fn seen_key(&self, memory: &mut dyn Memory, function: u64) -> Option<[u64; 5]> {
+        let layout = &self.layout;
+        if !layout.tagging.is_heap_object(function) {
+            return None;
+        }
+        let object = layout.tagging.untag(function);
+        let map = tagged_field(memory, layout, object, layout.fields.heap_object_map).ok()?;
+        let shared = tagged_field(memory, layout, object, layout.fields.js_function_shared).ok()?;
+        if !layout.tagging.is_heap_object(shared) {
+            return None;
+        }
+        let sfi = layout.tagging.untag(shared);
+        let name_or_scope =
+            tagged_field(memory, layout, sfi, layout.fields.sfi_name_or_scope_info).ok()?;
+        let script = tagged_field(memory, layout, sfi, layout.fields.sfi_script).ok()?;
+        Some([function, map, shared, name_or_scope, script])
+    }
+
+    fn remember(&mut self, key: [u64; 5], named: &JsFunction) {
+        let weight = named.weight() + std::mem::size_of::<[u64; 5]>();
+        self.seen.insert(key, named.clone(), weight);
     }
 }
 
 impl V8Namer {
+    /// [`V8Namer::name`], with a method called on an instance of a
+    /// script's class (or on the class, static) named `Class.method`, as
+    /// V8's stack traces name it (see [`super::receiver`]). `receiver`: the
+    /// word in the frame's receiver slot
+    /// ([`Receivers::slot`](super::Receivers)) as of the sample. The class
+    /// is a refinement: when it cannot be read the function keeps its
+    /// plain name.
+    pub fn name_method(
+        &mut self,
+        memory: &mut dyn Memory,
+        function: u64,
+        receiver: Option<u64>,
+    ) -> Result<JsFunction, NameError> {
+        let named = self.name(memory, function)?;
+        let (Some(receiver), Some(_)) = (receiver, self.layout.receivers) else {
+            return Ok(named);
+        };
+        if &*named.name == "(anonymous)" || named.name.contains('.') {
+            return Ok(named);
+        }
+        let class = self.class(memory, receiver).ok().flatten();
+        Ok(
+            match class.and_then(|class| qualified(&class, &named.name)) {
+                Some(name) => JsFunction { name, ..named },
+                None => named,
+            },
+        )
+    }
+
+    /// The name of the script class `receiver` is an instance of (or is).
+    fn class(
+        &mut self,
+        memory: &mut dyn Memory,
+        receiver: u64,
+    ) -> Result<Option<Arc<str>>, NameError> {
+        let layout = self.layout;
+        let Some(receivers) = layout.receivers else {
+            return Ok(None);
+        };
+        let Some(key) = class_key(memory, &layout, &receivers, receiver)? else {
+            return Ok(None);
+        };
+        if let Some(class) = self.classes.get(&key) {
+            return Ok(class.clone());
+        }
+        let class = match class_constructor(memory, &layout, &receivers, receiver)? {
+            Some(constructor) => match self.name(memory, constructor) {
+                Ok(named) if !named.file.is_empty() && &*named.name != "(anonymous)" => {
+                    Some(named.name)
+                }
+                // A builtin constructor (`Object`, `Function`) has no
+                // script: no class of the program's.
+                Ok(_)
+                | Err(NameError::WrongType {
+                    expected: "Script", ..
+                }) => None,
+                Err(error) => return Err(error),
+            },
+            None => None,
+        };
+        let weight = std::mem::size_of::<((u64, u64), Option<Arc<str>>)>()
+            + class.as_ref().map_or(0, |class| class.len());
+        self.classes.insert(key, class.clone(), weight);
+        Ok(class)
+    }
+
     /// Which tier ran a JavaScript frame (one [`V8Namer::name`] named),
     /// checked against the live heap like a name. `builtins`: where the
     /// process has V8's builtins

@@ -100,6 +100,8 @@ struct Recorded {
     ip: u64,
     function: u64,
     context: u64,
+    /// The receiver (`this`), which names a method's class.
+    receiver: Option<u64>,
 }
 
 /// The V8 processes firn has seen.
@@ -236,7 +238,7 @@ impl NodeRuntime {
         if !tagging.is_heap_object(recorded.context) {
             return None;
         }
-        match namer.name(memory, recorded.function) {
+        match namer.name_method(memory, recorded.function, recorded.receiver) {
             Ok(named) => {
                 Stats::inc(&stats.node_frames);
                 Some(InterpretedFrame {
@@ -346,6 +348,7 @@ fn file_name(path: &str) -> &str {
 struct V8Unwinder<'a> {
     function: i64,
     context: i64,
+    receiver: Option<i64>,
     found: &'a mut Vec<Recorded>,
 }
 
@@ -367,11 +370,15 @@ impl ForeignUnwind for V8Unwinder<'_> {
                 stack.word(bp.wrapping_add_signed(self.context)),
             )
         {
+            let receiver = self
+                .receiver
+                .and_then(|slot| stack.word(bp.wrapping_add_signed(slot)));
             self.found.push(Recorded {
                 depth: frame.depth,
                 ip: frame.ip,
                 function,
                 context,
+                receiver,
             });
         }
         // The unwinder follows the frame pointer, as for any JIT code.
@@ -433,11 +440,13 @@ impl RuntimeSupport for NodeRuntime {
         else {
             return None;
         };
-        let frame = namer.layout().frame;
+        let layout = namer.layout();
+        let frame = layout.frame;
         self.found.clear();
         Some(Box::new(V8Unwinder {
             function: frame.function,
             context: frame.context,
+            receiver: layout.receivers.map(|receivers| receivers.slot),
             found: &mut self.found,
         }))
     }
@@ -492,6 +501,7 @@ mod tests {
             ip: 0x1000 + depth as u64,
             function: 0,
             context: 0,
+            receiver: None,
         }
     }
 
@@ -501,6 +511,7 @@ mod tests {
         let mut unwinder = V8Unwinder {
             function: -16,
             context: -8,
+            receiver: Some(16),
             found: &mut found,
         };
         let bytes = [0u8; 64];

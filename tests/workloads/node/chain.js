@@ -1,7 +1,13 @@
 // The chain the Node tests look for: main -> settle -> reconcile ->
 // accumulate, busy in accumulate; modes: `chain`, `method` (a closure,
 // tally, calling a class method, Ledger.post), `zlib` (compress calling
-// zlib.deflateSync), `worker` (the chain, and a worker thread in spin).
+// zlib.deflateSync), `worker` (the chain, and a worker thread in spin),
+// `async` (pump, an async function resumed after each await, calling
+// accumulate),
+// `bench` (the chain, its progress on stdout every 100 ms for `cargo xtask
+// bench --node`: iterations so far and CLOCK_MONOTONIC in microseconds, the
+// clock V8's profiler stamps its samples with; it returns once the file
+// FIRN_BENCH_STOP names exists, so that `--cpu-prof` writes its profile).
 // Run with arguments seconds (0: until killed) and mode. The tests run it
 // with `--max-opt=0` (interpreted and baseline code) and optimized, where
 // TurboFan would inline the short callers: `--no-turbo-inlining` keeps each
@@ -9,6 +15,7 @@
 // becomes a tail call.
 "use strict";
 
+const fs = require("fs");
 const zlib = require("zlib");
 const { Worker, isMainThread } = require("worker_threads");
 
@@ -70,6 +77,17 @@ function compress(data) {
   return length;
 }
 
+// An async function resumed after each await: from its second round on it
+// runs from the microtask queue, main long returned.
+async function pump(deadline) {
+  let seed = 1;
+  while (Date.now() < deadline) {
+    await null;
+    seed = accumulate(seed) + 1; // line: pump
+    sink ^= seed;
+  }
+}
+
 // A worker thread running the chain of its own.
 function spin(seed) {
   let total = seed;
@@ -87,9 +105,27 @@ function main() {
   if (mode === "worker") {
     new Worker(__filename, { argv: [String(seconds), "spin"] });
   }
+  if (mode === "async") {
+    pump(deadline);
+    return;
+  }
   let seed = 1;
+  let iterations = 0;
+  let reported = 0n;
+  const stop = process.env.FIRN_BENCH_STOP;
   while (Date.now() < deadline) {
-    if (mode === "chain" || mode === "worker") {
+    if (mode === "bench") {
+      iterations++;
+      const now = process.hrtime.bigint();
+      if (now - reported >= 100000000n) {
+        reported = now;
+        process.stdout.write(`progress iterations=${iterations} clock_us=${now / 1000n}\n`);
+        if (stop && fs.existsSync(stop)) {
+          return;
+        }
+      }
+    }
+    if (mode === "chain" || mode === "worker" || mode === "bench") {
       seed = settle(seed) + 1; // line: main
     } else if (mode === "zlib") {
       seed = compress(data) + 1;

@@ -330,3 +330,54 @@ fn the_walk_stops_where_the_copy_or_the_chain_does() {
     // Below the stack pointer: nothing.
     assert!(walk_chain(stack, &layout, 0x42, sp - 0x100).is_empty());
 }
+
+/// Counts the reads it passes on.
+struct Counted<'a> {
+    memory: &'a mut Replay,
+    reads: usize,
+}
+
+impl Memory for Counted<'_> {
+    fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        self.reads += 1;
+        self.memory.read(address, buf)
+    }
+}
+
+#[test]
+fn a_function_named_before_costs_four_reads_and_is_checked() {
+    for capture in &CAPTURES {
+        let mut loaded = load(capture);
+        let layout = loaded.layout;
+        let mut namer = V8Namer::new(layout);
+        let slots: Vec<u64> = loaded
+            .frame_pointers
+            .clone()
+            .into_iter()
+            .map(|fp| function_slot(&mut loaded, fp))
+            .collect();
+        let functions: Vec<u64> = slots
+            .into_iter()
+            .filter(|&function| namer.name(&mut loaded.memory, function).is_ok())
+            .collect();
+        assert!(!functions.is_empty(), "{}", capture.name);
+        let mut counted = Counted {
+            memory: &mut loaded.memory,
+            reads: 0,
+        };
+        for &function in &functions {
+            namer.name(&mut counted, function).expect("named again");
+        }
+        assert_eq!(counted.reads, 4 * functions.len(), "{}", capture.name);
+        // The function moved: the collector left a forwarding word (not a
+        // map) where its map was. Not named from the cache.
+        let function = functions[0];
+        let map = layout.tagging.untag(function) + layout.fields.heap_object_map;
+        loaded.memory.write(map, function + 0x1000);
+        assert!(
+            namer.name(&mut loaded.memory, function).is_err(),
+            "{}",
+            capture.name
+        );
+    }
+}

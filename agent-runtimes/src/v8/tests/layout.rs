@@ -31,6 +31,21 @@ fn every_release_has_what_firn_needs() {
         assert_eq!(layout.fields.heap_object_map, 0, "node {major}");
         assert_eq!(layout.fields.map_instance_type, 12, "node {major}");
         assert!(layout.types.first_nonstring == 128, "node {major}");
+        // The receiver right above the return address (arguments pushed
+        // last to first), and a map's constructor where V8 has kept it.
+        // Class constructors are JSFunctions: the range exported from V8
+        // 12, derived before.
+        let (first, last) = layout.types.js_function;
+        let expected = match major {
+            18 => (2065, 2096),
+            20 => (2066, 2096),
+            22 => (2066, 2082),
+            _ => (2065, 2081),
+        };
+        assert_eq!((first, last), expected, "node {major}");
+        let receivers = layout.receivers.expect("methods named by class");
+        assert_eq!(receivers.slot, 16, "node {major}");
+        assert_eq!(receivers.map_constructor, 32, "node {major}");
     }
 }
 
@@ -43,7 +58,8 @@ fn fields_whose_names_changed_are_found() {
     assert_eq!(node20.fields.sfi_script, 32);
     assert_eq!(node20.fields.sfi_name_or_scope_info, 16);
     assert_eq!(node20.fields.js_function_shared, 24);
-    assert_eq!(node20.types.js_function, (2066, 2066));
+    // Not exported before V8 12: up to the next type that is.
+    assert_eq!(node20.types.js_function, (2066, 2096));
     let node24 = layout(NODE24_CONSTANTS);
     assert_eq!(node24.fields.sfi_script, 40);
     assert_eq!(node24.fields.sfi_name_or_scope_info, 24);
