@@ -243,7 +243,7 @@ impl ProcessTable {
                 return entry.image.clone();
             }
             let old = entry.image.clone();
-            let fresh = self.read_image(tgid, fallback_comm);
+            let fresh = self.read_image(tgid, fallback_comm, false);
             if fresh.gone {
                 return old;
             }
@@ -251,7 +251,7 @@ impl ProcessTable {
             self.insert(tgid, fresh.clone());
             return fresh;
         }
-        let image = Arc::new(self.read_image(tgid, fallback_comm));
+        let image = Arc::new(self.read_image(tgid, fallback_comm, false));
         self.insert(tgid, image.clone());
         image
     }
@@ -272,7 +272,7 @@ impl ProcessTable {
             return image;
         }
         Stats::inc(&self.stats.maps_refreshed);
-        let fresh = Arc::new(self.read_image(tgid, &image.comm));
+        let fresh = Arc::new(self.read_image(tgid, &image.comm, false));
         if fresh.gone {
             // Keep what we had: the old mappings still explain old samples.
             return image;
@@ -373,9 +373,10 @@ impl ProcessTable {
     }
 
     /// The process executed a new program: read its new image now, while it
-    /// is most likely still alive.
+    /// is most likely still alive. `comm` is the event's, taken after the
+    /// exec: the process's name, not read again.
     pub fn on_exec(&mut self, tgid: u32, comm: &str) {
-        let image = Arc::new(self.read_image(tgid, comm));
+        let image = Arc::new(self.read_image(tgid, comm, true));
         self.insert(tgid, image);
     }
 
@@ -420,13 +421,21 @@ impl ProcessTable {
     /// that misses its deadline (or finds earlier reads still stuck) leaves
     /// an empty image, counted as a timed-out read and logged once; the
     /// process is read again after the exit grace period.
-    fn read_image(&mut self, tgid: u32, fallback_comm: &str) -> ProcessImage {
+    /// `comm_known`: `fallback_comm` is the process's name (from an exec
+    /// event), so `/proc/PID/comm` is not read: one file fewer for each
+    /// process, most of which are seen once.
+    fn read_image(&mut self, tgid: u32, fallback_comm: &str, comm_known: bool) -> ProcessImage {
         let proc_root = self.proc_root.clone();
         let read_maps = self.read_maps.clone();
         let read = self.maps_offload.run(move || {
-            let comm = std::fs::read_to_string(proc_root.join(tgid.to_string()).join("comm"))
-                .map(|text| text.trim_end_matches('\n').to_owned());
-            (comm.ok(), read_maps(&proc_root, tgid))
+            let comm = (!comm_known)
+                .then(|| {
+                    std::fs::read_to_string(proc_root.join(tgid.to_string()).join("comm"))
+                        .map(|text| text.trim_end_matches('\n').to_owned())
+                        .ok()
+                })
+                .flatten();
+            (comm, read_maps(&proc_root, tgid))
         });
         let (comm, maps) = match read {
             Ok((comm, maps)) => (comm.unwrap_or_else(|| fallback_comm.to_owned()), maps),
