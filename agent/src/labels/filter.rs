@@ -91,13 +91,14 @@ impl ProcessFilter {
                 verdict.kept
             }
             _ => {
-                // A process already gone has nothing to judge it by, and a
-                // container's labels may come later: left to the output
-                // stage, which applies the rules to every label.
+                // A container's labels may come later: left to the output
+                // stage, which applies the rules to every label. A process
+                // already gone is judged by what is known of it, as the
+                // output stage would.
                 let cgroup = &metadata.cgroup;
                 let deferred = self.containers_deferred
                     && (cgroup.container.is_some() || cgroup.pod_uid.is_some());
-                let kept = image.gone || deferred || self.labeler.labels(image, metadata).is_some();
+                let kept = deferred || self.labeler.labels(image, metadata).is_some();
                 let was_excluded = self.verdicts.peek(&tgid).is_some_and(|v| !v.kept);
                 self.verdicts.push(
                     tgid,
@@ -108,7 +109,7 @@ impl ProcessFilter {
                     },
                 );
                 match (kept, was_excluded) {
-                    (false, false) => self.exclude(tgid),
+                    (false, false) => self.exclude(tgid, image.gone),
                     (true, true) => self.include(tgid),
                     _ => {}
                 }
@@ -121,13 +122,17 @@ impl ProcessFilter {
         kept
     }
 
-    fn exclude(&mut self, tgid: u32) {
+    /// `gone`: the process exited already, and with it the entry the BPF
+    /// program would drop; none is written (a later process reusing the
+    /// pid without an exec would inherit it).
+    fn exclude(&mut self, tgid: u32, gone: bool) {
         Stats::inc(&self.stats.processes_excluded);
         debug!(
             pid = tgid,
             "relabeling drops the process: its samples are left out"
         );
-        if let Some(map) = &mut self.map
+        if !gone
+            && let Some(map) = &mut self.map
             && !map.exclude(tgid)
         {
             Stats::inc(&self.stats.exclusion_map_full);
@@ -222,6 +227,12 @@ mod tests {
         assert!(excluded.lock().expect("lock").is_empty());
         let (image, metadata) = process(8, "keepme-too", "0::/user.slice\n");
         assert!(filter.kept(&image, &metadata));
+        // A process gone before its maps were read is judged by its name,
+        // but the kernel is not told: its entry would outlive it.
+        let gone = Arc::new(ProcessImage::gone(11, "other".into()));
+        assert!(!filter.kept(&gone, &metadata));
+        assert!(excluded.lock().expect("lock").is_empty());
+        assert_eq!(stats.snapshot().processes_excluded, 2);
     }
 
     /// With container runtime names asked for, a container's labels come

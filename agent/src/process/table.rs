@@ -143,7 +143,8 @@ impl ProcessImage {
             .clone()
     }
 
-    fn gone(tgid: u32, comm: String) -> Self {
+    /// The image of a process whose maps could not be read (it exited).
+    pub(crate) fn gone(tgid: u32, comm: String) -> Self {
         Self {
             gone: true,
             ..Self::new(tgid, comm, Vec::new())
