@@ -318,9 +318,10 @@ fn a_process_a_keep_rule_leaves_out_is_never_symbolized() {
         "the left-out process, once"
     );
     // Its samples reach userspace only until the BPF program is told:
-    // those in the ring buffer at that moment, a few.
+    // those in the ring buffer at that moment, a few (a drain's worth on a
+    // loaded host), against every later one in the kernel.
     assert!(
-        (1.0..=10.0).contains(&in_userspace),
+        (1.0..=50.0).contains(&in_userspace),
         "{in_userspace} samples left out in userspace, {in_kernel} in the kernel"
     );
     assert_eq!(
