@@ -73,6 +73,11 @@ pub mod names {
     pub const UNWIND_COPY: &str = "UNWIND_COPY";
     pub const EXCLUDED: &str = "EXCLUDED";
     pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
+    pub const MAPS_WANTED: &str = "MAPS_WANTED";
+    pub const MAPS_COUNTERS: &str = "MAPS_COUNTERS";
+    pub const MAPS_CONFIG: &str = "MAPS_CONFIG";
+    pub const PROG_EXIT_MAPS: &str = "process_exit_maps";
+    pub const PROG_FORK_MAPS: &str = "process_fork_maps";
     pub const PROG_SAMPLE: &str = "sample_cpu";
     pub const PROG_EXEC: &str = "process_exec";
     pub const PROG_EXIT: &str = "process_exit";
@@ -107,6 +112,9 @@ pub enum RecordKind {
     /// A [`SampleRecord`] of a thread whose system call returns after
     /// waiting, with [`SampleRecord::off_cpu`] filled in.
     OffCpu = 4,
+    /// A [`MappingRecord`]: one executable mapping of a process, captured
+    /// as its leader exits, before its [`RecordKind::Exit`].
+    Mapping = 5,
 }
 
 impl RecordKind {
@@ -116,6 +124,7 @@ impl RecordKind {
             2 => Some(Self::Exec),
             3 => Some(Self::Exit),
             4 => Some(Self::OffCpu),
+            5 => Some(Self::Mapping),
             _ => None,
         }
     }
@@ -550,8 +559,13 @@ pub mod stacks_off {
     pub const USER: u32 = 2;
 }
 
+pub mod maps;
+pub use maps::{MAPPING_PATH_BYTES, MappingRecord, MapsConfig, MapsCounter, mapping_flags};
+
 #[cfg(feature = "user")]
 mod user {
+    // SAFETY: plain `#[repr(C)]` integers, no padding, valid for any bytes.
+    unsafe impl aya::Pod for super::MapsConfig {}
     // SAFETY: plain `#[repr(C)]` integers, no padding, valid for any bytes.
     unsafe impl aya::Pod for super::BpfConfig {}
     // SAFETY: plain `#[repr(C)]` integers, no padding, valid for any bytes.

@@ -25,7 +25,10 @@
 //! branches as dead, so by default no record is built or sent.
 #![no_std]
 #![no_main]
+// The exit walk's kfunc calls are raw instructions (see `maps`).
+#![feature(asm_experimental_arch)]
 
+mod maps;
 mod offcpu;
 mod python;
 
@@ -162,6 +165,7 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
         count(Counter::Excluded);
         return 0;
     }
+    maps::sampled(tgid);
     // SAFETY: a helper without arguments or preconditions.
     let cpu = unsafe { bpf_get_smp_processor_id() };
     let Some(scratch) = SCRATCH.get_ptr_mut(cpu) else {
@@ -694,6 +698,9 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     }
     // The new image is not the interpreter the daemon registered, if any.
     let _ = python::PYTHON_PROCESSES.remove(&tgid);
+    if wanted(&config, tgid) {
+        maps::started(tgid);
+    }
     if !process_event(RecordKind::Exec) {
         failed!(
             &ctx,

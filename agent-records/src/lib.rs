@@ -11,8 +11,9 @@ use std::{fmt, mem::size_of};
 pub mod fuzzing;
 
 use agent_common::{
-    COMM_LEN, InterpreterFrame, MAX_INTERPRETER_FRAMES, MAX_STACK_DEPTH, OffCpuInfo, ProcessRecord,
-    RecordKind, SampleRecord, UserRegs, sample_flags,
+    COMM_LEN, InterpreterFrame, MAPPING_PATH_BYTES, MAX_INTERPRETER_FRAMES, MAX_STACK_DEPTH,
+    MappingRecord, OffCpuInfo, ProcessRecord, RecordKind, SampleRecord, UserRegs, mapping_flags,
+    sample_flags,
 };
 
 /// A task's name as the kernel stores it (at most 15 bytes and a NUL).
@@ -93,11 +94,32 @@ pub struct ProcessEvent {
     pub comm: Comm,
 }
 
+/// One executable file mapping of a process whose leader was exiting,
+/// captured by the kernel before its exit event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CapturedMapping {
+    pub tgid: u32,
+    pub start: u64,
+    pub end: u64,
+    /// Offset in the file, in pages.
+    pub page_offset: u64,
+    pub inode: u64,
+    pub dev_major: u32,
+    pub dev_minor: u32,
+    /// The path inside the process's mount namespace; `None` when the
+    /// kernel's walk did not reach its root (the file is then found by
+    /// device and inode alone).
+    pub path: Option<String>,
+    /// The file was deleted.
+    pub deleted: bool,
+}
+
 #[derive(Clone, Debug)]
 pub enum Record<'a> {
     Sample(RawSample<'a>),
     Exec(ProcessEvent),
     Exit(ProcessEvent),
+    Mapping(CapturedMapping),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -135,6 +157,7 @@ pub fn decode(bytes: &[u8]) -> Result<Record<'_>, DecodeError> {
         }
         Some(RecordKind::Exec) => decode_process(bytes).map(Record::Exec),
         Some(RecordKind::Exit) => decode_process(bytes).map(Record::Exit),
+        Some(RecordKind::Mapping) => decode_mapping(bytes).map(Record::Mapping),
         None => Err(DecodeError::UnknownKind { kind }),
     }
 }
@@ -246,9 +269,85 @@ fn decode_process(bytes: &[u8]) -> Result<ProcessEvent, DecodeError> {
     })
 }
 
+fn decode_mapping(bytes: &[u8]) -> Result<CapturedMapping, DecodeError> {
+    let record: MappingRecord = read_struct(bytes)?;
+    let used = (record.path_len as usize).min(MAPPING_PATH_BYTES);
+    let complete = record.flags & mapping_flags::PATH_COMPLETE != 0;
+    // Components from the file up, each NUL-terminated.
+    let path = complete
+        .then(|| {
+            let mut components: Vec<&[u8]> = record.path[..used]
+                .split(|&b| b == 0)
+                .filter(|name| !name.is_empty())
+                .collect();
+            components.reverse();
+            let mut path = String::new();
+            for name in components {
+                if name.contains(&b'/') || name == b"." || name == b".." {
+                    return None;
+                }
+                path.push('/');
+                path.push_str(std::str::from_utf8(name).ok()?);
+            }
+            (!path.is_empty()).then_some(path)
+        })
+        .flatten();
+    Ok(CapturedMapping {
+        tgid: record.tgid,
+        start: record.start,
+        end: record.end,
+        page_offset: record.pgoff,
+        inode: record.inode,
+        dev_major: record.dev >> 20,
+        dev_minor: record.dev & 0xf_ffff,
+        path,
+        deleted: record.flags & mapping_flags::DELETED != 0,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_captured_mapping_gets_its_path_root_first() {
+        let mut record = MappingRecord {
+            kind: RecordKind::Mapping as u32,
+            tgid: 7,
+            start: 0x7f00_0000_0000,
+            end: 0x7f00_0001_0000,
+            pgoff: 2,
+            inode: 1234,
+            dev: (254 << 20) | 1,
+            flags: mapping_flags::PATH_COMPLETE,
+            path_len: 0,
+            reserved: 0,
+            path: [0; MAPPING_PATH_BYTES],
+        };
+        let names = b"libc.so.6\0x86_64-linux-gnu\0lib\0usr\0";
+        record.path[..names.len()].copy_from_slice(names);
+        record.path_len = names.len() as u32;
+        let Record::Mapping(mapping) = decode(&as_bytes(&record)).expect("decodes") else {
+            panic!("not a mapping");
+        };
+        assert_eq!(
+            mapping.path.as_deref(),
+            Some("/usr/lib/x86_64-linux-gnu/libc.so.6")
+        );
+        assert_eq!((mapping.dev_major, mapping.dev_minor), (254, 1));
+        // A walk that stopped short names no path; `..` is no name.
+        record.flags = 0;
+        let Record::Mapping(mapping) = decode(&as_bytes(&record)).expect("decodes") else {
+            panic!("not a mapping");
+        };
+        assert_eq!(mapping.path, None);
+        record.flags = mapping_flags::PATH_COMPLETE;
+        record.path[..3].copy_from_slice(b"..\0");
+        let Record::Mapping(mapping) = decode(&as_bytes(&record)).expect("decodes") else {
+            panic!("not a mapping");
+        };
+        assert_eq!(mapping.path, None);
+    }
 
     fn as_bytes<T>(value: &T) -> Vec<u8> {
         // SAFETY: reading the bytes of a plain repr(C) value.

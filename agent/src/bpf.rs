@@ -2,6 +2,7 @@
 //! and (when asked for) their log.
 
 pub(crate) mod btf;
+mod exit_maps;
 mod follow;
 mod offcpu;
 mod program_log;
@@ -121,6 +122,9 @@ pub struct BpfSampler {
     children_not_followed: bool,
     /// Off-CPU profiling is on: its programs are attached with the sampler.
     off_cpu: bool,
+    /// `MAPS_COUNTERS`, when exiting processes' mappings are captured in
+    /// the kernel (`process_exit_maps` attached).
+    exit_maps: Option<PerCpuArray<MapData, u64>>,
 }
 
 /// Totals of the BPF-side counters over all CPUs.
@@ -181,7 +185,9 @@ impl BpfSampler {
         let bpf_config =
             offcpu::with_pid_offset(bpf_config(config, ring_buffer_bytes, task_tgid_offset))?;
         let log_level = program_log::level();
-        let mut ebpf = load_object(&bpf_config, ring_buffer_bytes, log_level)?;
+        // Only with user stacks, which are what the mappings place.
+        let exit_walk = config.user_stacks.then(exit_maps::prepare).flatten();
+        let mut ebpf = load_object(&bpf_config, exit_walk, ring_buffer_bytes, log_level)?;
 
         if !config.pids.is_empty() {
             let mut filter: BpfHashMap<_, u32, u8> =
@@ -229,7 +235,10 @@ impl BpfSampler {
             _program_log: program_log,
             children_not_followed: false,
             off_cpu: bpf_config.off_cpu_period_ns != 0,
+            exit_maps: None,
         };
+        // The exit walk before the exit event's program (see `exit_maps`).
+        sampler.exit_maps = exit_maps::attach(&mut sampler.ebpf, exit_walk.is_some())?;
         // Process events first, so no exec is missed between the first
         // sample and the hooks being in place.
         sampler.attach_process_events()?;
@@ -402,12 +411,31 @@ impl BpfSampler {
         &self.cpus
     }
 
+    /// Whether the off-CPU programs are attached (`--off-cpu`).
+    pub fn off_cpu(&self) -> bool {
+        self.off_cpu
+    }
+
     pub fn ring_buffer_bytes(&self) -> u32 {
         self.ring_buffer_bytes
     }
 
     pub fn counters(&self) -> BpfCounters {
         read_counters(&self.counters)
+    }
+
+    /// True when exiting processes' mappings are captured in the kernel.
+    pub fn captures_exit_maps(&self) -> bool {
+        self.exit_maps.is_some()
+    }
+
+    /// Totals of the exit walk's counters (zeros when it is off), by
+    /// [`agent_common::MapsCounter`].
+    pub fn exit_maps_counters(&self) -> [u64; agent_common::MapsCounter::COUNT as usize] {
+        self.exit_maps
+            .as_ref()
+            .map(exit_maps::read_counters)
+            .unwrap_or_default()
     }
 
     /// A reader of the counters and the sampler's run time for another
@@ -553,6 +581,7 @@ fn scratch_slots() -> u32 {
 /// loaded into the kernel yet, only the maps are created.
 fn load_object(
     bpf_config: &BpfConfig,
+    exit_walk: Option<(agent_common::MapsConfig, [u32; 3])>,
     ring_buffer_bytes: u32,
     log_level: u8,
 ) -> Result<Ebpf, BpfError> {
@@ -567,6 +596,13 @@ fn load_object(
         .override_global(aya_log::LEVEL, &log_level, true)
         .map_max_entries(names::EVENTS, ring_buffer_bytes)
         .map_max_entries(names::SCRATCH, scratch_slots());
+    let object = match &exit_walk {
+        Some((maps, ids)) => {
+            loader.override_global(names::MAPS_CONFIG, maps, true);
+            exit_maps::patch(OBJECT, *ids)
+        }
+        None => std::borrow::Cow::Borrowed(OBJECT),
+    };
     // Off-CPU samples' own scratch slots, only when they are taken.
     if bpf_config.off_cpu_period_ns != 0 {
         loader.map_max_entries(names::OFFCPU_SCRATCH, scratch_slots());
@@ -574,7 +610,7 @@ fn load_object(
     if log_level == 0 {
         loader.map_max_entries(program_log::LOG_MAP, program_log::map_bytes_when_off());
     }
-    loader.load(OBJECT).map_err(|source| match source {
+    loader.load(&object).map_err(|source| match source {
         aya::EbpfError::MapError(aya::maps::MapError::CreateError { ref io_error, .. })
             if privileges::is_permission_error(io_error) =>
         {

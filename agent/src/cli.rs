@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 mod bounds;
 mod destinations;
 mod file;
+mod http_auth;
 mod inspect;
 mod labels;
 mod otlp;
@@ -392,9 +393,6 @@ impl TryFrom<&AgentArgs> for AgentConfig {
     /// firn at start rather than failing every push.
     fn try_from(args: &AgentArgs) -> Result<Self, ConfigError> {
         args.sampling.check_stacks()?;
-        if args.sampling.off_cpu.is_some() {
-            return Err(ConfigError::OffCpuRecordOnly);
-        }
         Ok(Self {
             sampling: args.sampling.sampling(),
             pipeline: PipelineConfig {

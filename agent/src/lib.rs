@@ -33,4 +33,5 @@ pub mod stats;
 pub mod symbolize;
 pub mod untrusted;
 pub mod unwind;
+pub mod wall;
 pub mod watchdog;

@@ -27,6 +27,9 @@ use crate::{
     watchdog::Stage,
 };
 
+mod hold;
+use hold::{HeldSamples, Released, mirror_exit_maps, page_size};
+
 /// The reader drains at least this often: the BPF side only wakes it once
 /// the ring buffer is an eighth full.
 const DRAIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -59,6 +62,8 @@ pub struct Session {
     pipeline: Pipeline,
     /// Where the drain reports its steps, for the watchdog.
     drain_stage: Option<Arc<Stage>>,
+    /// When the exit walk's BPF counters were last copied into the stats.
+    last_mirror: Instant,
 }
 
 /// The configs of the stages after the ring buffer, each handed to its own
@@ -103,6 +108,9 @@ pub struct Pipeline {
     thread_labels: bool,
     /// Relabeling's keep and drop rules, where they apply at once.
     filter: Option<ProcessFilter>,
+    /// Samples waiting for their process's maps (see `hold`).
+    held: HeldSamples,
+    page_size: u64,
 }
 
 impl Pipeline {
@@ -156,7 +164,17 @@ impl Pipeline {
             last_sweep: Instant::now(),
             host: config.host.clone(),
             thread_labels: config.thread_labels,
+            held: HeldSamples::default(),
+            page_size: page_size(),
         }
+    }
+
+    /// The kernel captures exiting processes' mappings (`Record::Mapping`):
+    /// samples of processes whose maps firn could not read in time wait
+    /// for them.
+    pub fn with_exit_maps(mut self, on: bool) -> Self {
+        self.processes.set_captures_exit_maps(on);
+        self
     }
 
     pub fn with_unwind(mut self, policy: UnwindPolicy) -> Self {
@@ -179,11 +197,24 @@ impl Pipeline {
     pub fn handle(&mut self, bytes: &[u8]) {
         match sampler::decode(bytes) {
             Ok(Record::Sample(sample)) => {
+                let comm = sample.comm.to_string();
+                // A sample without user frames (a kernel thread's) needs
+                // no maps.
+                if !sample.user_stack.is_empty() && self.processes.holds(sample.tgid, &comm) {
+                    if self.held.hold(sample.tgid, &comm, bytes) {
+                        return;
+                    }
+                    Stats::inc(&self.stats.held_dropped);
+                }
                 self.count_truncated(&sample);
                 self.sample(sample);
             }
+            Ok(Record::Mapping(mapping)) => self.held.capture(mapping, self.page_size),
             Ok(Record::Exec(event)) => {
                 Stats::inc(&self.stats.process_events);
+                // Samples of the image before: placed with what firn has
+                // of it.
+                self.release(event.tgid, Released::NoMaps);
                 self.processes.on_exec(event.tgid, &event.comm.to_string());
                 self.metadata.forget(event.tgid);
                 self.policy.on_exec(event.tgid);
@@ -196,6 +227,16 @@ impl Pipeline {
             }
             Ok(Record::Exit(event)) => {
                 Stats::inc(&self.stats.process_events);
+                // The mappings the kernel captured came just before: the
+                // process's held samples are placed with them.
+                match self.held.captured(event.tgid) {
+                    Some(specs) => {
+                        self.processes
+                            .install_captured(event.tgid, &event.comm.to_string(), specs);
+                        self.release(event.tgid, Released::ExitMaps);
+                    }
+                    None => self.release(event.tgid, Released::NoMaps),
+                }
                 self.processes.on_exit(event.tgid);
                 // Its samples came before this event and hold their
                 // metadata; a process reusing the pid must not inherit it.
@@ -413,6 +454,7 @@ impl Pipeline {
     }
 
     fn housekeeping(&mut self) {
+        self.release_waiting();
         let now = Instant::now();
         if now.duration_since(self.last_expire) >= EXPIRE_INTERVAL {
             self.processes.expire(now);
@@ -485,7 +527,13 @@ impl Session {
             )),
             None => None,
         };
-        let mut pipeline = Pipeline::new(pipeline, stats).with_unwind(policy);
+        let captures = bpf.captures_exit_maps();
+        if !captures && sampling.user_stacks {
+            Stats::set(&stats.exit_maps_unavailable, 1);
+        }
+        let mut pipeline = Pipeline::new(pipeline, stats)
+            .with_unwind(policy)
+            .with_exit_maps(captures);
         if pipeline.filter.is_some() {
             let map = bpf.take_exclusion_map()?;
             pipeline.filter = pipeline.filter.map(|filter| filter.with_map(Box::new(map)));
@@ -502,6 +550,7 @@ impl Session {
             reader,
             pipeline,
             drain_stage: None,
+            last_mirror: Instant::now(),
         })
     }
 
@@ -566,10 +615,11 @@ impl Session {
     /// Handles waiting records for at most `slice`; true if some are left.
     fn drain(&mut self, slice: Duration) -> bool {
         let Self {
+            bpf,
             reader,
             pipeline,
             drain_stage,
-            ..
+            last_mirror,
         } = self;
         let drain_stage = drain_stage.as_deref();
         let step = || {
@@ -585,6 +635,10 @@ impl Session {
             })
         });
         pipeline.housekeeping();
+        if last_mirror.elapsed() >= EXPIRE_INTERVAL {
+            *last_mirror = Instant::now();
+            mirror_exit_maps(bpf, &pipeline.stats);
+        }
         if let Some(stage) = drain_stage {
             stage.idle();
         }
@@ -597,6 +651,11 @@ impl Session {
 
     pub fn take_off_cpu_profile(&mut self) -> AggregatedProfile {
         self.pipeline.take_off_cpu_profile()
+    }
+
+    /// Whether off-CPU samples are taken (`--off-cpu`).
+    pub fn off_cpu(&self) -> bool {
+        self.bpf.off_cpu()
     }
 }
 

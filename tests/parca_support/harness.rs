@@ -218,10 +218,21 @@ impl Query {
         start: SystemTime,
         end: SystemTime,
     ) -> Result<Profile, tonic::Status> {
+        self.try_merged_type(CPU_PROFILE_TYPE, selector, start, end)
+    }
+
+    /// [`Self::try_merged`] of another profile type than the CPU samples.
+    pub fn try_merged_type(
+        &mut self,
+        profile_type: &str,
+        selector: &str,
+        start: SystemTime,
+        end: SystemTime,
+    ) -> Result<Profile, tonic::Status> {
         let request = QueryRequest {
             mode: Mode::Merge.into(),
             options: Some(Options::Merge(MergeProfile {
-                query: format!("{CPU_PROFILE_TYPE}{selector}"),
+                query: format!("{profile_type}{selector}"),
                 start: Some(timestamp(start)),
                 end: Some(timestamp(end)),
             })),

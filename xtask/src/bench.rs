@@ -4,7 +4,8 @@
 //! unwinds with `--call-graph dwarf`; the share of complete stacks of each
 //! and firn's unwinding rate are reported too (`bench_unwind`). `--python`:
 //! a Python workload, firn against py-spy (`bench_python`). `--java`: a
-//! Java workload, firn against async-profiler (`bench_java`).
+//! Java workload, firn against async-profiler (`bench_java`). `--off-cpu`:
+//! off-CPU profiling's cost and error on a pipe ping-pong (`bench_offcpu`).
 
 use std::{
     fs::{self, File},
@@ -17,7 +18,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    bench_java, bench_python, bench_unwind,
+    bench_java, bench_offcpu, bench_python, bench_unwind,
     util::{self, cargo, is_root},
 };
 
@@ -46,6 +47,12 @@ pub struct BenchArgs {
     /// inlining) under JDK 17 and Java 25, firn against async-profiler.
     #[arg(long, conflicts_with_all = ["unwind", "python"])]
     pub java: bool,
+    /// The off-CPU case instead: a pipe ping-pong at 10k, 100k and 200k
+    /// context switches a second under `firn record --off-cpu=1ms`: firn's
+    /// CPU, BPF time per switch, samples a second and the estimate's error
+    /// (`bench_offcpu`).
+    #[arg(long, conflicts_with_all = ["unwind", "python", "java"])]
+    pub off_cpu: bool,
     /// firn as an agent pushing to a real Parca server, debug information
     /// upload on: CPU per sample by stage, ready time, RSS, losses and
     /// truncated stacks (`bench_agent`). Without `--workload`, every
@@ -109,6 +116,9 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     }
     if args.java {
         return bench_java::run(root, &firn_path, &work, args);
+    }
+    if args.off_cpu {
+        return bench_offcpu::run(root, &firn_path, &work, args);
     }
     let workload = prepare_workload(root, &work, args.unwind)?;
     Command::new("perf")

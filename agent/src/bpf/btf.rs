@@ -122,6 +122,92 @@ fn pid_t_offset_in(
     }
 }
 
+/// The kernel functions `process_exit_maps` calls, in the order of its
+/// markers.
+pub const VMA_ITERATOR: [&str; 3] = [
+    "bpf_iter_task_vma_new",
+    "bpf_iter_task_vma_next",
+    "bpf_iter_task_vma_destroy",
+];
+
+/// The offsets the exit walk reads (with `enabled` set) and the BTF ids of
+/// [`VMA_ITERATOR`]'s functions, or what the kernel lacks.
+pub fn exit_walk(vmlinux: &Path) -> Result<(agent_common::MapsConfig, [u32; 3]), BtfError> {
+    exit_walk_in(&read(vmlinux)?)
+}
+
+fn exit_walk_in(data: &[u8]) -> Result<(agent_common::MapsConfig, [u32; 3]), BtfError> {
+    let btf = Btf::parse(data)?;
+    let structure = |name: &'static str| {
+        btf.struct_named(name)
+            .ok_or(BtfError::Missing { what: name })
+    };
+    let offset = |id: u32, name: &str, what: &'static str| {
+        btf.member(id, name, 0)
+            .filter(|(_, bits)| bits % 8 == 0)
+            .map(|(_, bits)| bits / 8)
+            .ok_or(BtfError::Missing { what })
+    };
+    let task = task_struct(&btf)?;
+    let vma = structure("vm_area_struct")?;
+    let file = structure("file")?;
+    let path = structure("path")?;
+    let inode = structure("inode")?;
+    let sb = structure("super_block")?;
+    let dentry = structure("dentry")?;
+    let qstr = structure("qstr")?;
+    let hlist = structure("hlist_bl_node")?;
+    let vfsmount = structure("vfsmount")?;
+    let mount = structure("mount")?;
+    let f_path = offset(file, "f_path", "file.f_path")?;
+    let d_name = offset(dentry, "d_name", "dentry.d_name")?;
+    let d_hash = offset(dentry, "d_hash", "dentry.d_hash")?;
+    let config = agent_common::MapsConfig {
+        enabled: 1,
+        task_pid: offset(task, "pid", "task_struct.pid")?,
+        task_tgid: offset(task, "tgid", "task_struct.tgid")?,
+        vma_bytes: btf.header(vma).map_or(0, |(_, _, size)| size),
+        vma_start: offset(vma, "vm_start", "vm_area_struct.vm_start")?,
+        vma_end: offset(vma, "vm_end", "vm_area_struct.vm_end")?,
+        vma_pgoff: offset(vma, "vm_pgoff", "vm_area_struct.vm_pgoff")?,
+        vma_file: offset(vma, "vm_file", "vm_area_struct.vm_file")?,
+        vma_flags: offset(vma, "vm_flags", "vm_area_struct.vm_flags")?,
+        file_mnt: f_path + offset(path, "mnt", "path.mnt")?,
+        file_dentry: f_path + offset(path, "dentry", "path.dentry")?,
+        file_inode: offset(file, "f_inode", "file.f_inode")?,
+        inode_ino: offset(inode, "i_ino", "inode.i_ino")?,
+        inode_sb: offset(inode, "i_sb", "inode.i_sb")?,
+        sb_dev: offset(sb, "s_dev", "super_block.s_dev")?,
+        dentry_parent: offset(dentry, "d_parent", "dentry.d_parent")?,
+        dentry_name: d_name + offset(qstr, "name", "qstr.name")?,
+        dentry_hash_pprev: d_hash + offset(hlist, "pprev", "hlist_bl_node.pprev")?,
+        vfsmount_root: offset(vfsmount, "mnt_root", "vfsmount.mnt_root")?,
+        mount_mnt: offset(mount, "mnt", "mount.mnt")?,
+        mount_parent: offset(mount, "mnt_parent", "mount.mnt_parent")?,
+        mount_mountpoint: offset(mount, "mnt_mountpoint", "mount.mnt_mountpoint")?,
+    };
+    // The walk reads the area whole into a buffer of this size.
+    let fields = [
+        config.vma_start,
+        config.vma_end,
+        config.vma_pgoff,
+        config.vma_file,
+        config.vma_flags,
+    ];
+    if config.vma_bytes == 0 || fields.iter().any(|&at| at + 8 > config.vma_bytes.min(256)) {
+        return Err(BtfError::Missing {
+            what: "vm_area_struct fields within its first 256 bytes",
+        });
+    }
+    let mut ids = [0; 3];
+    for (id, name) in ids.iter_mut().zip(VMA_ITERATOR) {
+        *id = btf.func_named(name).ok_or(BtfError::Missing {
+            what: "the VMA iterator kfuncs (bpf_iter_task_vma_*, Linux 6.7)",
+        })?;
+    }
+    Ok((config, ids))
+}
+
 const MAGIC: u16 = 0xeb9f;
 const HEADER: usize = 24;
 const TYPE: usize = 12;
@@ -130,6 +216,7 @@ const MEMBER: usize = 12;
 const KIND_INT: u32 = 1;
 const KIND_STRUCT: u32 = 4;
 const KIND_UNION: u32 = 5;
+const KIND_FUNC: u32 = 12;
 /// Typedef, volatile, const, restrict, type tag: another name or
 /// qualifier for the type they point to.
 const KINDS_ALIAS: [u32; 5] = [8, 9, 10, 11, 18];
@@ -224,6 +311,14 @@ impl<'a> Btf<'a> {
         (1..=self.starts.len() as u32).find(|&id| {
             self.header(id).is_some_and(|(name_offset, info, _)| {
                 Self::kind(info) == KIND_STRUCT && self.name(name_offset) == name.as_bytes()
+            })
+        })
+    }
+
+    fn func_named(&self, name: &str) -> Option<u32> {
+        (1..=self.starts.len() as u32).find(|&id| {
+            self.header(id).is_some_and(|(name_offset, info, _)| {
+                Self::kind(info) == KIND_FUNC && self.name(name_offset) == name.as_bytes()
             })
         })
     }
@@ -366,6 +461,7 @@ mod tests {
         for len in 0..data.len() {
             let _ = thread_pointer_offset_in(&data[..len]);
             let _ = tgid_offset_in(&data[..len]);
+            let _ = exit_walk_in(&data[..len]);
         }
         let mut bad = data.clone();
         bad[0] = 0;

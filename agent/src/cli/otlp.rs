@@ -6,16 +6,11 @@ use std::{path::PathBuf, time::Duration};
 use clap::Args;
 
 use super::{
+    http_auth::{FlagNames, HttpAuthFlags},
     parse_period, parse_store_bytes,
-    remote::{
-        ConfigError, KeyValues, flatten_unique, parse_headers, read_certificates, read_token,
-    },
+    remote::{ConfigError, KeyValues, parse_headers},
 };
-use crate::output::{
-    otlp::{OtlpConfig, ProfilesVersion, Protocol},
-    parca::{Secret, TlsConfig},
-    pyroscope::BasicAuth,
-};
+use crate::output::otlp::{OtlpConfig, ProfilesVersion, Protocol};
 
 #[derive(Args, Debug, Clone)]
 pub struct OtlpArgs {
@@ -126,68 +121,34 @@ impl OtlpArgs {
         let Some(endpoint) = &self.otlp_endpoint else {
             return self.refuse_without_endpoint().map(|()| None);
         };
-        let password = match (
-            &self.otlp_basic_auth_password,
-            &self.otlp_basic_auth_password_file,
-        ) {
-            (Some(password), _) => Some(Secret::new(password.trim().to_owned())),
-            (None, Some(path)) => Some(read_token(path)?),
-            (None, None) => None,
-        };
-        let basic_auth = match (&self.otlp_basic_auth_username, password) {
-            (Some(username), Some(password)) => Some(BasicAuth {
-                username: username.clone(),
-                password,
-            }),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(ConfigError::Incomplete {
-                    given: "--otlp-basic-auth-username",
-                    missing: "--otlp-basic-auth-password or --otlp-basic-auth-password-file",
-                });
-            }
-            (None, Some(_)) => {
-                return Err(ConfigError::Incomplete {
-                    given: "a basic auth password",
-                    missing: "--otlp-basic-auth-username",
-                });
-            }
-        };
-        let bearer_token = match (&self.otlp_bearer_token, &self.otlp_bearer_token_file) {
-            (Some(token), _) => Some(Secret::new(token.trim().to_owned())),
-            (None, Some(path)) => Some(read_token(path)?),
-            (None, None) => None,
-        };
-        let tls = if endpoint.starts_with("http://") {
-            if self.otlp_ca_file.is_some() || self.otlp_insecure_skip_verify {
-                return Err(ConfigError::Incomplete {
-                    given: "--otlp-ca-file or --otlp-insecure-skip-verify",
-                    missing: "an https:// --otlp-endpoint",
-                });
-            }
-            None
-        } else {
-            Some(TlsConfig {
-                extra_roots: match &self.otlp_ca_file {
-                    Some(path) => read_certificates(path)?,
-                    None => Vec::new(),
-                },
-                skip_verify: self.otlp_insecure_skip_verify,
-            })
-        };
-        let headers = flatten_unique("--otlp-headers", &self.otlp_headers)?
-            .into_iter()
-            .map(|(key, value)| (key, Secret::new(value)))
-            .collect();
+        let auth = HttpAuthFlags {
+            names: FlagNames {
+                username: "--otlp-basic-auth-username",
+                password_or_file: "--otlp-basic-auth-password or --otlp-basic-auth-password-file",
+                tls_flags: "--otlp-ca-file or --otlp-insecure-skip-verify",
+                https_url: "an https:// --otlp-endpoint",
+                headers: "--otlp-headers",
+            },
+            url: endpoint,
+            basic_auth_username: &self.otlp_basic_auth_username,
+            basic_auth_password: &self.otlp_basic_auth_password,
+            basic_auth_password_file: &self.otlp_basic_auth_password_file,
+            bearer_token: &self.otlp_bearer_token,
+            bearer_token_file: &self.otlp_bearer_token_file,
+            headers: &self.otlp_headers,
+            ca_file: &self.otlp_ca_file,
+            insecure_skip_verify: self.otlp_insecure_skip_verify,
+        }
+        .resolve()?;
         Ok(Some(OtlpConfig {
             name: name.to_owned(),
             endpoint: endpoint.clone(),
             protocol: self.otlp_protocol,
             version: self.otlp_profiles_version,
-            tls,
-            basic_auth,
-            bearer_token,
-            headers,
+            tls: auth.tls,
+            basic_auth: auth.basic_auth,
+            bearer_token: auth.bearer_token,
+            headers: auth.headers,
             gzip: !self.otlp_no_compression,
             queue_bytes: self.otlp_queue_bytes,
             request_timeout: self.otlp_remote_timeout,

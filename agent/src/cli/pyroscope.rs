@@ -6,15 +6,11 @@ use std::{path::PathBuf, time::Duration};
 use clap::Args;
 
 use super::{
+    http_auth::{FlagNames, HttpAuthFlags},
     parse_period, parse_store_bytes,
-    remote::{
-        ConfigError, KeyValues, flatten_unique, parse_headers, read_certificates, read_token,
-    },
+    remote::{ConfigError, KeyValues, parse_headers},
 };
-use crate::output::{
-    parca::{Secret, TlsConfig},
-    pyroscope::{BasicAuth, PyroscopeConfig},
-};
+use crate::output::pyroscope::PyroscopeConfig;
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct PyroscopeArgs {
@@ -93,70 +89,33 @@ impl PyroscopeArgs {
         let Some(url) = &self.pyroscope_url else {
             return self.refuse_without_url().map(|()| None);
         };
-        let password = match (
-            &self.pyroscope_basic_auth_password,
-            &self.pyroscope_basic_auth_password_file,
-        ) {
-            (Some(password), _) => Some(Secret::new(password.trim().to_owned())),
-            (None, Some(path)) => Some(read_token(path)?),
-            (None, None) => None,
-        };
-        let basic_auth = match (&self.pyroscope_basic_auth_username, password) {
-            (Some(username), Some(password)) => Some(BasicAuth {
-                username: username.clone(),
-                password,
-            }),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(ConfigError::Incomplete {
-                    given: "--pyroscope-basic-auth-username",
-                    missing: "--pyroscope-basic-auth-password or --pyroscope-basic-auth-password-file",
-                });
-            }
-            (None, Some(_)) => {
-                return Err(ConfigError::Incomplete {
-                    given: "a basic auth password",
-                    missing: "--pyroscope-basic-auth-username",
-                });
-            }
-        };
-        let bearer_token = match (
-            &self.pyroscope_bearer_token,
-            &self.pyroscope_bearer_token_file,
-        ) {
-            (Some(token), _) => Some(Secret::new(token.trim().to_owned())),
-            (None, Some(path)) => Some(read_token(path)?),
-            (None, None) => None,
-        };
-        let tls = if url.starts_with("http://") {
-            if self.pyroscope_ca_file.is_some() || self.pyroscope_insecure_skip_verify {
-                return Err(ConfigError::Incomplete {
-                    given: "--pyroscope-ca-file or --pyroscope-insecure-skip-verify",
-                    missing: "an https:// --pyroscope-url",
-                });
-            }
-            None
-        } else {
-            Some(TlsConfig {
-                extra_roots: match &self.pyroscope_ca_file {
-                    Some(path) => read_certificates(path)?,
-                    None => Vec::new(),
-                },
-                skip_verify: self.pyroscope_insecure_skip_verify,
-            })
-        };
-        let headers = flatten_unique("--pyroscope-headers", &self.pyroscope_headers)?
-            .into_iter()
-            .map(|(key, value)| (key, Secret::new(value)))
-            .collect();
+        let auth = HttpAuthFlags {
+            names: FlagNames {
+                username: "--pyroscope-basic-auth-username",
+                password_or_file: "--pyroscope-basic-auth-password or --pyroscope-basic-auth-password-file",
+                tls_flags: "--pyroscope-ca-file or --pyroscope-insecure-skip-verify",
+                https_url: "an https:// --pyroscope-url",
+                headers: "--pyroscope-headers",
+            },
+            url,
+            basic_auth_username: &self.pyroscope_basic_auth_username,
+            basic_auth_password: &self.pyroscope_basic_auth_password,
+            basic_auth_password_file: &self.pyroscope_basic_auth_password_file,
+            bearer_token: &self.pyroscope_bearer_token,
+            bearer_token_file: &self.pyroscope_bearer_token_file,
+            headers: &self.pyroscope_headers,
+            ca_file: &self.pyroscope_ca_file,
+            insecure_skip_verify: self.pyroscope_insecure_skip_verify,
+        }
+        .resolve()?;
         Ok(Some(PyroscopeConfig {
             name: name.to_owned(),
             url: url.clone(),
-            tls,
-            basic_auth,
-            bearer_token,
+            tls: auth.tls,
+            basic_auth: auth.basic_auth,
+            bearer_token: auth.bearer_token,
             tenant_id: self.pyroscope_tenant_id.clone(),
-            headers,
+            headers: auth.headers,
             queue_bytes: self.pyroscope_queue_bytes,
             request_timeout: self.pyroscope_remote_timeout,
         }))

@@ -120,11 +120,6 @@ pub enum ConfigError {
     )]
     NoStacks,
     #[error(
-        "--off-cpu is taken by `firn record` only so far: the agent and `firn top` do not \
-         push or show off-CPU profiles yet"
-    )]
-    OffCpuRecordOnly,
-    #[error(
         "destinations[{index}] must name one server: remote-store-address (Parca), \
          pyroscope-url (Pyroscope) or otlp-endpoint (OTLP)"
     )]

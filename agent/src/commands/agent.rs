@@ -16,8 +16,8 @@ use firn::{
     metrics::Metrics,
     output::{
         Exporter, FRAME_CACHE_BYTES, FanOut, FrameCache, LocalStore, build_batch,
-        destination::Tally, label_interval, otlp::OtlpExporter, parca::ParcaExporter,
-        pyroscope::PyroscopeExporter, symbolize_interval,
+        build_off_cpu_batch, destination::Tally, label_interval, otlp::OtlpExporter,
+        parca::ParcaExporter, pyroscope::PyroscopeExporter, symbolize_interval,
     },
     process::ProcessTableStats,
     session::{PipelineConfig, Session, ShutdownSignal},
@@ -65,6 +65,8 @@ const DRAIN_FAILURE: Duration = Duration::from_secs(60);
 /// One interval handed from the sampling loop to the builder thread.
 struct Interval {
     aggregated: AggregatedProfile,
+    /// With `--off-cpu`: where threads waited.
+    off_cpu: Option<AggregatedProfile>,
     bpf: BpfCounters,
     run_time: Option<ProgramRunTime>,
     processes: ProcessTableStats,
@@ -94,13 +96,9 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     let (exporter, destination) = exporter(config, &stats, &metrics)?;
     let (labeler, _kubernetes) = labeler(config, &stats);
     let (drain_stage, build_stage) = watch_stages(config, &health, &stats)?;
-    let pipeline = PipelineConfig {
-        exclusion: applies_early(&config.metadata).then(|| config.metadata.clone()),
-        ..config.pipeline.clone()
-    };
     let mut session = Session::start(
         &config.sampling,
-        &pipeline,
+        &pipeline_config(config),
         &config.sampling.pids,
         stats.clone(),
     )?;
@@ -130,6 +128,10 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
         exporter,
         labeler,
         period: period_ns(config.sampling.frequency_hz),
+        off_cpu_period: config
+            .sampling
+            .off_cpu_period
+            .map(|period| i64::try_from(period.as_nanos()).unwrap_or(i64::MAX)),
         symbolizer: {
             let host = config.pipeline.host.clone();
             let symbols = config.symbols.clone();
@@ -272,6 +274,7 @@ async fn sample_intervals(
         profiling_duration,
     );
     let mut counters_before = session.bpf_counters();
+    let off_cpu = session.off_cpu();
     loop {
         let stop = session
             .collect_until(async {
@@ -285,6 +288,7 @@ async fn sample_intervals(
         let counters = session.bpf_counters();
         let interval = Interval {
             aggregated: session.take_profile(),
+            off_cpu: off_cpu.then(|| session.take_off_cpu_profile()),
             bpf: counters.since(&counters_before),
             run_time: session.sampler_run_time(),
             processes: session.process_table(),
@@ -317,6 +321,8 @@ struct Builder {
     exporter: Box<dyn Exporter>,
     labeler: Labeler,
     period: i64,
+    /// The off-CPU period, with `--off-cpu`.
+    off_cpu_period: Option<i64>,
     symbolizer: Box<dyn FnOnce() -> HostSymbolizer + Send>,
     stats: Arc<Stats>,
     stage: Arc<Stage>,
@@ -346,7 +352,7 @@ impl Builder {
                         self.receiver,
                         exporter.as_mut(),
                         &self.labeler,
-                        self.period,
+                        (self.period, self.off_cpu_period),
                         (self.symbolizer)(),
                         self.stats,
                         &self.stage,
@@ -388,6 +394,15 @@ impl RunningBuilder {
                 "the last profiles were not delivered in time"
             ),
         }
+    }
+}
+
+/// The pipeline's stages as configured, with relabeling's keep and drop
+/// rules applied on each process's first sample where they can be.
+fn pipeline_config(config: &AgentConfig) -> PipelineConfig {
+    PipelineConfig {
+        exclusion: applies_early(&config.metadata).then(|| config.metadata.clone()),
+        ..config.pipeline.clone()
     }
 }
 
@@ -444,17 +459,27 @@ fn build_loop(
     receiver: mpsc::Receiver<Interval>,
     exporter: &mut dyn Exporter,
     labeler: &Labeler,
-    period: i64,
+    (period, off_cpu_period): (i64, Option<i64>),
     mut symbolizer: HostSymbolizer,
     stats: Arc<Stats>,
     stage: &Stage,
 ) {
     let mut before = stats.snapshot();
     let mut frame_cache = FrameCache::new(FRAME_CACHE_BYTES, stats.clone());
-    while let Ok(interval) = receiver.recv() {
+    while let Ok(mut interval) = receiver.recv() {
         stage.step();
         // Idle again however this interval ends.
         let _idle = IdleOnDrop(stage);
+        if let (Some(off_cpu), Some(period)) = (interval.off_cpu.take(), off_cpu_period) {
+            export_off_cpu(
+                off_cpu,
+                exporter,
+                labeler,
+                period,
+                (&mut symbolizer, &mut frame_cache),
+                &stats,
+            );
+        }
         if interval.aggregated.samples == 0 && interval.aggregated.dropped == 0 {
             tracing::debug!(
                 lost = lost_samples(&interval.bpf),
@@ -513,6 +538,51 @@ fn build_loop(
                 Stats::inc(&stats.profiles_dropped);
                 error!(error = %format!("{:#}", anyhow::Error::from(error)), "profile dropped");
             }
+        }
+    }
+}
+
+/// The off-CPU samples of one interval, built and handed to the exporter
+/// as a batch of their own (each server gets them under its off-CPU
+/// profile type).
+fn export_off_cpu(
+    aggregated: AggregatedProfile,
+    exporter: &mut dyn Exporter,
+    labeler: &Labeler,
+    period: i64,
+    (symbolizer, frame_cache): (&mut HostSymbolizer, &mut FrameCache),
+    stats: &Arc<Stats>,
+) {
+    if aggregated.samples == 0 && aggregated.dropped == 0 {
+        return;
+    }
+    let (stacks, dropped) = (aggregated.stacks.len(), aggregated.dropped);
+    let symbolized = cpu::measure(CpuStage::Symbolize, || {
+        symbolize_interval(aggregated, symbolizer, frame_cache)
+    });
+    let grouping = exporter.grouping();
+    let labelled = cpu::measure(CpuStage::Label, || {
+        label_interval(symbolized, grouping, labeler, stats)
+    });
+    let (batch, summary) = cpu::measure(CpuStage::Encode, || {
+        build_off_cpu_batch(labelled, period, stats)
+    });
+    let profiles = batch.profiles.len();
+    match cpu::measure(CpuStage::Export, || exporter.export(batch)) {
+        Ok(receipt) => info!(
+            destination = receipt.destination,
+            bytes = receipt.bytes,
+            profiles,
+            periods = summary.samples,
+            waited_ms = summary.samples.saturating_mul(period.max(0) as u64) / 1_000_000,
+            stacks,
+            dropped,
+            "off-CPU {}",
+            receipt.action
+        ),
+        Err(error) => {
+            Stats::inc(&stats.profiles_dropped);
+            error!(error = %format!("{:#}", anyhow::Error::from(error)), "off-CPU profile dropped");
         }
     }
 }

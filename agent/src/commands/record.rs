@@ -39,6 +39,8 @@ const RECORD_DRAIN_STALL: Duration = Duration::from_secs(5);
 const DEFAULT_DURATION: Duration = Duration::from_secs(10);
 /// Functions the summary at the end lists.
 const SUMMARY_FUNCTIONS: usize = 10;
+/// Threads in the wall-clock summary of `record --off-cpu`.
+const SUMMARY_THREADS: usize = 10;
 
 /// Records; the exit status firn ends with (the command's, with one).
 pub async fn run(config: &RecordConfig) -> Result<u8> {
@@ -147,11 +149,12 @@ fn write_profiles(
             period_ns: i64::try_from(period.as_nanos()).unwrap_or(i64::MAX),
             off_cpu: true,
         };
-        let written = write_profile(config, &off_cpu, aggregated, stats)?;
-        report_off_cpu(&off_cpu, bpf, &written);
+        let off_cpu_written = write_profile(config, &off_cpu, aggregated, stats)?;
+        report_off_cpu(&off_cpu, bpf, &off_cpu_written);
         if config.summary {
-            print_summary(&off_cpu, &written.profile);
+            print_summary(&off_cpu, &off_cpu_written.profile);
         }
+        write_wall(config, &written.profile, &off_cpu_written.profile)?;
     }
     Ok(())
 }
@@ -308,6 +311,45 @@ fn write_profile(
         dropped,
         summary,
     })
+}
+
+/// The wall-clock view (`NAME.wall.pb.gz` and its flame graph): each
+/// thread's CPU and off-CPU time under it, and the split per thread in
+/// the summary.
+fn write_wall(config: &RecordConfig, cpu: &proto::Profile, off_cpu: &proto::Profile) -> Result<()> {
+    let output = firn::offcpu::beside_as(&config.output, "wall");
+    let profile = firn::wall::wall_profile(cpu, off_cpu);
+    validate(&profile)
+        .context("firn built a wall-clock profile that breaks the pprof rules (a bug)")?;
+    let bytes = encode_gzip(&profile);
+    std::fs::write(&output, &bytes)
+        .with_context(|| format!("could not write {}", output.display()))?;
+    let flamegraph = config
+        .flamegraph
+        .as_deref()
+        .map(|path| firn::offcpu::beside_as(path, "wall"));
+    if let Some(path) = &flamegraph {
+        write_flamegraph(&profile, "firn record: wall-clock (on-CPU + off-CPU)", path)
+            .with_context(|| format!("could not write the flame graph {}", path.display()))?;
+    }
+    let threads = firn::wall::thread_times(&profile);
+    info!(
+        output = %output.display(),
+        bytes = bytes.len(),
+        threads = threads.len(),
+        on_cpu_ms = threads.iter().map(|t| t.on_cpu_ns).sum::<i64>() / 1_000_000,
+        off_cpu_ms = threads.iter().map(|t| t.off_cpu_ns).sum::<i64>() / 1_000_000,
+        "wall-clock profile written"
+    );
+    if config.summary {
+        let mut text = firn::wall::render_thread_times(&threads, SUMMARY_THREADS);
+        text.push_str(&format!("# wall-clock profile: {}\n", output.display()));
+        if let Some(path) = &flamegraph {
+            text.push_str(&format!("# flame graph: {}\n", path.display()));
+        }
+        print!("{text}");
+    }
+    Ok(())
 }
 
 /// The off-CPU profile's line: how much waiting it holds and what was not

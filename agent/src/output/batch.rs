@@ -8,7 +8,7 @@ use agent_pprof::{BuildSummary, Interval, encode_gzip, proto, validate};
 use tracing::error;
 
 use super::{
-    Grouping, ProfileBatch, SeriesProfile,
+    Grouping, ProfileBatch, ProfileKind, SeriesProfile,
     labelled::{LabelledInterval, SeriesStacks, label_interval},
     symbolized::{FrameCache, FrameTable, symbolize_interval},
 };
@@ -72,7 +72,27 @@ pub fn build_batch(
     period_ns: i64,
     stats: &Stats,
 ) -> (ProfileBatch, BuildSummary) {
+    build_batch_of(ProfileKind::Cpu, labelled, period_ns, stats)
+}
+
+/// [`build_batch`] for the off-CPU samples of an interval (`--off-cpu`),
+/// each stack's count in periods of `period_ns` waited.
+pub fn build_off_cpu_batch(
+    labelled: LabelledInterval,
+    period_ns: i64,
+    stats: &Stats,
+) -> (ProfileBatch, BuildSummary) {
+    build_batch_of(ProfileKind::OffCpu, labelled, period_ns, stats)
+}
+
+fn build_batch_of(
+    kind: ProfileKind,
+    labelled: LabelledInterval,
+    period_ns: i64,
+    stats: &Stats,
+) -> (ProfileBatch, BuildSummary) {
     let mut batch = ProfileBatch {
+        kind,
         start: labelled.start,
         profiles: Vec::with_capacity(labelled.series.len()),
         debuginfo_candidates: Vec::new(),
@@ -83,7 +103,10 @@ pub fn build_batch(
     let mut seen_objects = HashSet::new();
     let mut sampled = Vec::new();
     for series in &labelled.series {
-        let (profile, summary) = build_series(&labelled, series, period_ns, stats);
+        let (mut profile, summary) = build_series(&labelled, series, period_ns, stats);
+        if kind == ProfileKind::OffCpu {
+            crate::offcpu::mark_profile(&mut profile);
+        }
         total.add(&summary);
         if let Err(error) = validate(&profile) {
             Stats::inc(&stats.profiles_dropped);

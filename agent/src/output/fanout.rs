@@ -85,7 +85,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::output::SeriesProfile;
+    use crate::output::{ProfileKind, SeriesProfile};
 
     /// Records what it is given; fails every export when `fail`.
     struct Recorder {
@@ -121,6 +121,7 @@ mod tests {
 
     fn batch() -> ProfileBatch {
         ProfileBatch {
+            kind: ProfileKind::Cpu,
             start: SystemTime::now(),
             profiles: vec![
                 SeriesProfile {

@@ -9,7 +9,7 @@ use std::{
 
 use tracing::warn;
 
-use super::{ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch};
+use super::{ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, ProfileKind};
 use crate::stats::Stats;
 
 const PREFIX: &str = "profile-";
@@ -66,14 +66,31 @@ impl LocalStore {
     /// Writes one gzipped profile (atomically: temp file, then rename) named
     /// after its start time, then enforces the size limit.
     pub fn write(&self, gzipped: &[u8], start: SystemTime) -> Result<PathBuf, OutputError> {
+        self.write_kind(gzipped, start, ProfileKind::Cpu)
+    }
+
+    /// [`Self::write`]; an off-CPU profile is `profile-<ms>.offcpu.pb.gz`,
+    /// under the same size limit.
+    fn write_kind(
+        &self,
+        gzipped: &[u8],
+        start: SystemTime,
+        kind: ProfileKind,
+    ) -> Result<PathBuf, OutputError> {
         let millis = start
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
-        let path = self.directory.join(format!("{PREFIX}{millis:016}{SUFFIX}"));
-        let temporary = self
+        let infix = match kind {
+            ProfileKind::Cpu => "",
+            ProfileKind::OffCpu => ".offcpu",
+        };
+        let path = self
             .directory
-            .join(format!("{TEMPORARY_PREFIX}{millis:016}{TEMPORARY_SUFFIX}"));
+            .join(format!("{PREFIX}{millis:016}{infix}{SUFFIX}"));
+        let temporary = self.directory.join(format!(
+            "{TEMPORARY_PREFIX}{millis:016}{infix}{TEMPORARY_SUFFIX}"
+        ));
         let written = fs::write(&temporary, gzipped).and_then(|()| fs::rename(&temporary, &path));
         if let Err(source) = written {
             // A full or read-only store fails after creating the file: an
@@ -131,7 +148,7 @@ impl Exporter for LocalStore {
             bytes: 0,
         };
         for profile in &batch.profiles {
-            let path = self.write(&profile.gzipped, batch.start)?;
+            let path = self.write_kind(&profile.gzipped, batch.start, batch.kind)?;
             Stats::inc(&self.stats.profiles_written);
             receipt.destination = path.display().to_string();
             receipt.bytes += profile.gzipped.len();

@@ -24,7 +24,7 @@ use std::{
     time::{Instant, SystemTime},
 };
 
-pub use batch::{build_batch, build_whole_profile};
+pub use batch::{build_batch, build_off_cpu_batch, build_whole_profile};
 pub use fanout::FanOut;
 pub use flamegraph::{render_flamegraph, write_flamegraph};
 pub use labelled::{LabelledInterval, SeriesStacks, label_interval};
@@ -109,9 +109,22 @@ pub struct SeriesProfile {
     pub samples: u64,
 }
 
+/// What a batch's profiles count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProfileKind {
+    /// CPU time: `samples/count` and `cpu/nanoseconds`.
+    #[default]
+    Cpu,
+    /// Time waited (`--off-cpu`): `samples/count` and
+    /// `off_cpu/nanoseconds`, which each server gets under the names it
+    /// knows (see [`crate::offcpu::ServerNames`]).
+    OffCpu,
+}
+
 /// One interval, built.
 #[derive(Clone, Debug)]
 pub struct ProfileBatch {
+    pub kind: ProfileKind,
     pub start: SystemTime,
     pub profiles: Vec<SeriesProfile>,
     /// Objects (with a build id) holding frames firn could not name, so an

@@ -165,6 +165,18 @@ impl ProcessImage {
 struct Entry {
     image: Arc<ProcessImage>,
     exited_at: Option<Instant>,
+    /// A new program whose maps were read before it could have mapped its
+    /// libraries (at its exec): with mappings captured at exit, its
+    /// samples wait for those or for a read once it has run a while.
+    unsettled: bool,
+    /// Its exit event was handled (not only a failed read).
+    exit_seen: bool,
+}
+
+impl Entry {
+    fn exit_seen(&self) -> bool {
+        self.exit_seen
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -186,6 +198,9 @@ pub struct ProcessTable {
     maps_offload: Offload,
     read_maps: MapsReader,
     slow_roots: SlowRoots,
+    /// The kernel captures exiting processes' mappings: new programs are
+    /// unsettled until their maps are read again or captured.
+    captures_exit_maps: bool,
 }
 
 impl ProcessTable {
@@ -213,7 +228,57 @@ impl ProcessTable {
             offload: Offload::new("firn-open-perf-map", OPEN_DEADLINE),
             maps_offload: Offload::new("firn-read-maps", MAPS_DEADLINE),
             read_maps: Arc::new(read_maps),
+            captures_exit_maps: false,
         }
+    }
+
+    /// The kernel captures the mappings of exiting processes (see
+    /// [`Self::holds`]).
+    pub fn set_captures_exit_maps(&mut self, on: bool) {
+        self.captures_exit_maps = on;
+    }
+
+    /// Whether a sample of `tgid` should wait for better maps than firn
+    /// has: those the kernel captures as the process exits, or a read once
+    /// it has run past its loader. True for a new program (maps read at
+    /// its exec) and for a live process whose maps could not be read (it
+    /// exited before its samples were drained; its exit event is still to
+    /// come). Only when the kernel captures.
+    pub fn holds(&mut self, tgid: u32, comm: &str) -> bool {
+        if !self.captures_exit_maps {
+            return false;
+        }
+        if self.processes.peek(&tgid).is_none() {
+            self.image(tgid, comm);
+        }
+        let Some(entry) = self.processes.peek(&tgid) else {
+            return false;
+        };
+        let empty = entry.image.gone || entry.image.mappings.is_empty();
+        entry.unsettled || (empty && !entry.exit_seen())
+    }
+
+    /// Reads `tgid`'s maps again for its held samples: true (and the
+    /// process settled) when they could be read, so it is alive and its
+    /// samples can be placed with them.
+    pub fn settle(&mut self, tgid: u32, comm: &str) -> bool {
+        let fresh = self.read_image(tgid, comm, false);
+        if fresh.gone || fresh.mappings.is_empty() {
+            return false;
+        }
+        self.insert(tgid, Arc::new(fresh));
+        true
+    }
+
+    /// The mappings the kernel captured as `tgid` exited replace what
+    /// firn read: they are the process's last and whole address space.
+    pub fn install_captured(&mut self, tgid: u32, comm: &str, specs: Vec<MappingSpec>) {
+        let comm = match self.processes.peek(&tgid) {
+            Some(entry) if !entry.image.comm.is_empty() => entry.image.comm.clone(),
+            _ => comm.to_owned(),
+        };
+        Stats::inc(&self.stats.exit_maps_installed);
+        self.insert(tgid, Arc::new(ProcessImage::new(tgid, comm, specs)));
     }
 
     pub fn sizes(&self) -> ProcessTableStats {
@@ -379,12 +444,18 @@ impl ProcessTable {
     pub fn on_exec(&mut self, tgid: u32, comm: &str) {
         let image = Arc::new(self.read_image(tgid, comm, true));
         self.insert(tgid, image);
+        if self.captures_exit_maps
+            && let Some(entry) = self.processes.peek_mut(&tgid)
+        {
+            entry.unsettled = true;
+        }
     }
 
     /// The process exited: keep it resolvable for the grace period.
     pub fn on_exit(&mut self, tgid: u32) {
         if let Some(entry) = self.processes.peek_mut(&tgid) {
             entry.exited_at.get_or_insert_with(Instant::now);
+            entry.exit_seen = true;
         }
     }
 
@@ -411,7 +482,13 @@ impl ProcessTable {
 
     fn insert(&mut self, tgid: u32, image: Arc<ProcessImage>) {
         let exited_at = image.gone.then(Instant::now);
-        if let Some((evicted, _)) = self.processes.push(tgid, Entry { image, exited_at })
+        let entry = Entry {
+            image,
+            exited_at,
+            unsettled: false,
+            exit_seen: false,
+        };
+        if let Some((evicted, _)) = self.processes.push(tgid, entry)
             && evicted != tgid
         {
             Stats::inc(&self.stats.processes_evicted);

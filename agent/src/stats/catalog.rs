@@ -418,6 +418,76 @@ declare_metrics! {
             maps_read_failures { reason = "error" },
         ],
     }
+    short_lived_samples_held: Counter,
+        "Samples of processes whose maps firn could not trust yet (a new program, or a \
+        process gone before its samples were drained), held until the mappings the kernel \
+        captured as the process exited, or a read of its maps, by how they were released: \
+        exit_maps (placed with the mappings captured at exit), maps_read (the process lived \
+        on and its maps were read), no_maps (it exited without a capture: placed as well as \
+        its maps allowed), expired (neither came within 2 s)."
+    {
+        stats: [
+            /// Held samples placed with the mappings captured at exit.
+            held_exit_maps { how = "exit_maps" },
+            /// Held samples released once the process's maps were read.
+            held_maps_read { how = "maps_read" },
+            /// Held samples of a process that exited without a capture.
+            held_no_maps { how = "no_maps" },
+            /// Held samples released after the grace period.
+            held_expired { how = "expired" },
+        ],
+    }
+    short_lived_samples_not_held: Counter,
+        "Samples that would have been held (see firn_short_lived_samples_held_total) but the \
+        held samples had reached their bound (32 MiB): handled at once, as well as the \
+        process's maps allowed."
+    {
+        stats: [
+            /// Samples handled at once because the held samples were full.
+            held_dropped {},
+        ],
+    }
+    process_maps_captured_at_exit: Counter,
+        "Exiting processes (started while firn ran, and sampled) whose executable mappings \
+        the kernel captured before their exit event (Linux 6.16 or later)."
+    {
+        stats: [
+            /// Mirrors the BPF exit walk's count (set, not added).
+            exit_maps_walked {},
+        ],
+    }
+    process_images_from_exit_maps: Counter,
+        "Process images firn built from the mappings the kernel captured at exit (replacing \
+        what it had read, or could not read, from /proc)."
+    {
+        stats: [
+            /// Images built from the mappings captured at exit.
+            exit_maps_installed {},
+        ],
+    }
+    process_mappings_captured: Counter,
+        "Executable mappings the kernel captured at process exit, by outcome: written, lost \
+        (the ring buffer was full), no_path (the file's path could not be walked whole: \
+        found by device and inode alone), walk_cut (walks stopped at 8192 areas)."
+    {
+        stats: [
+            /// Mirrors of the BPF exit walk's counters (set, not added).
+            exit_maps_mappings { outcome = "written" },
+            exit_maps_lost { outcome = "lost" },
+            exit_maps_no_path { outcome = "no_path" },
+            exit_maps_cut { outcome = "walk_cut" },
+        ],
+    }
+    process_maps_capture_unavailable: Gauge,
+        "1 when the kernel cannot capture the mappings of exiting processes (before Linux \
+        6.16, or without the VMA iterator): processes gone before their samples are drained \
+        keep only what /proc/PID/maps still showed."
+    {
+        stats: [
+            /// Set once at start when the exit walk is not attached.
+            exit_maps_unavailable {},
+        ],
+    }
     process_maps_refreshed: Counter,
         "Memory maps read again because an address fell outside every known mapping."
     {

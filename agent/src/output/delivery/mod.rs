@@ -6,6 +6,7 @@
 //! profiles become its request type, the labels of its series, and the
 //! [`Pusher`] that sends a request and reads a failure.
 
+pub mod http;
 pub mod queue;
 mod send;
 
@@ -28,7 +29,8 @@ use self::{
     send::Delivery,
 };
 use super::{
-    ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, SeriesProfile, destination::Tally,
+    ExportReceipt, Exporter, Grouping, OutputError, ProfileBatch, ProfileKind, SeriesProfile,
+    destination::Tally,
 };
 use crate::{
     process::ObjectFile,
@@ -57,8 +59,18 @@ pub trait Wire: Send + 'static {
     const SERVER: Server;
 
     /// The labels of a profile's series: its own, with what this server
-    /// wants on every series.
-    fn series_labels(&self, profile_labels: Vec<(String, String)>) -> Vec<(String, String)>;
+    /// wants on every series of that kind.
+    fn series_labels(
+        &self,
+        kind: ProfileKind,
+        profile_labels: Vec<(String, String)>,
+    ) -> Vec<(String, String)>;
+
+    /// An off-CPU profile as this server wants it (`off_cpu/nanoseconds`
+    /// as firn writes it, unless the server knows another name).
+    fn off_cpu_profile(&self, gzipped: Vec<u8>) -> Vec<u8> {
+        gzipped
+    }
 
     /// Adds one profile, `gzipped`, to `request` as a series `labels` name.
     fn add_series(request: &mut Self::Request, labels: Vec<(String, String)>, gzipped: Bytes);
@@ -203,6 +215,7 @@ fn deliver<W: Wire>(
 /// is larger), each series labelled as `wire` labels it.
 pub fn requests<W: Wire>(
     wire: &W,
+    kind: ProfileKind,
     profiles: Vec<SeriesProfile>,
     max_bytes: usize,
 ) -> Vec<Pending<W::Request>> {
@@ -215,8 +228,12 @@ pub fn requests<W: Wire>(
     let mut requests = Vec::new();
     let mut current = empty();
     for profile in profiles {
-        let labels = wire.series_labels(profile.labels);
-        let bytes = profile.gzipped.len()
+        let labels = wire.series_labels(kind, profile.labels);
+        let gzipped = match kind {
+            ProfileKind::Cpu => profile.gzipped,
+            ProfileKind::OffCpu => wire.off_cpu_profile(profile.gzipped),
+        };
+        let bytes = gzipped.len()
             + labels
                 .iter()
                 .map(|(name, value)| name.len() + value.len())
@@ -224,7 +241,7 @@ pub fn requests<W: Wire>(
         if current.profiles > 0 && current.bytes + bytes > max_bytes {
             requests.push(std::mem::replace(&mut current, empty()));
         }
-        W::add_series(&mut current.request, labels, Bytes::from(profile.gzipped));
+        W::add_series(&mut current.request, labels, Bytes::from(gzipped));
         current.bytes += bytes;
         current.profiles += 1;
     }
@@ -252,7 +269,12 @@ impl<W: Wire> Exporter for Remote<W> {
         };
         // Counted per series, the unit of sent, dropped and queued.
         self.tally.written(batch.profiles.len() as u64);
-        for request in requests(&self.wire, batch.profiles, W::SERVER.max_request_bytes) {
+        for request in requests(
+            &self.wire,
+            batch.kind,
+            batch.profiles,
+            W::SERVER.max_request_bytes,
+        ) {
             receipt.bytes += request.bytes;
             let dropped = self.queue.push_back(request);
             if dropped.profiles > 0 {

@@ -7,15 +7,7 @@
 
 use std::{str::FromStr, sync::Arc};
 
-use base64::Engine as _;
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::TokioExecutor,
-};
+use http::{HeaderMap, StatusCode};
 use prost::Message;
 use tonic::{
     Code, Status,
@@ -31,14 +23,18 @@ use super::{
     proto::{self, ExportProfilesServiceResponse, legacy},
 };
 use crate::output::{
-    delivery::{Failure, Pusher, causes},
-    parca::connect::{self, client_config},
+    delivery::{
+        Failure, Pusher, causes,
+        http::{
+            Answer, HeaderEntry, HttpsClient, credential_headers, header_map, https_client, post,
+            standard_headers, tls_client_config,
+        },
+    },
+    parca::connect,
 };
 
 /// The path of the profiles signal, appended to an HTTP endpoint.
 pub const HTTP_PATH: &str = "/v1development/profiles";
-const MAX_ANSWER_BYTES: usize = 64 << 10;
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Checked settings; the client is made inside the network thread's
 /// runtime.
@@ -64,27 +60,6 @@ pub struct HttpTarget {
     https: bool,
     gzip: bool,
     version: ProfilesVersion,
-}
-
-/// The credentials and extra headers as `(name, value, sensitive)`.
-fn credentials(config: &OtlpConfig) -> Vec<(String, String, bool)> {
-    let mut pairs: Vec<(String, String, bool)> = config
-        .headers
-        .iter()
-        .map(|(key, value)| (key.to_ascii_lowercase(), value.expose().to_owned(), true))
-        .collect();
-    if let Some(auth) = &config.basic_auth {
-        let pair = format!("{}:{}", auth.username, auth.password.expose());
-        let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
-        pairs.push(("authorization".into(), format!("Basic {encoded}"), true));
-    } else if let Some(token) = &config.bearer_token {
-        pairs.push((
-            "authorization".into(),
-            format!("Bearer {}", token.expose()),
-            true,
-        ));
-    }
-    pairs
 }
 
 impl Target {
@@ -127,30 +102,11 @@ impl Target {
                 let endpoint: http::Uri = endpoint.parse().map_err(|_| OtlpError::Endpoint {
                     endpoint: config.endpoint.clone(),
                 })?;
-                let tls = match &config.tls {
-                    Some(tls) => client_config(tls).map_err(tls_error)?,
-                    // Never used: the endpoint said http://, but the
-                    // connector wants one.
-                    None => Arc::new(
-                        rustls::ClientConfig::builder_with_provider(Arc::new(
-                            rustls::crypto::ring::default_provider(),
-                        ))
-                        .with_safe_default_protocol_versions()
-                        .map_err(|source| {
-                            tls_error(crate::output::parca::ParcaError::Tls { source })
-                        })?
-                        .with_root_certificates(rustls::RootCertStore::empty())
-                        .with_no_client_auth(),
-                    ),
-                };
-                // The connector sets ALPN itself (HTTP/1.1) and refuses a
-                // preset.
-                let mut tls = (*tls).clone();
-                tls.alpn_protocols.clear();
+                let tls = tls_client_config(config.tls.as_ref()).map_err(tls_error)?;
                 Ok(Self::Http(Box::new(HttpTarget {
                     endpoint,
                     headers: Arc::new(http_headers(config)?),
-                    tls: Arc::new(tls),
+                    tls,
                     https: config.tls.is_some(),
                     gzip: config.gzip,
                     version: config.version,
@@ -206,21 +162,8 @@ impl Target {
                     gzip,
                     version,
                 } = *target;
-                let mut http = HttpConnector::new();
-                http.enforce_http(false);
-                http.set_nodelay(true);
-                http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-                let builder =
-                    hyper_rustls::HttpsConnectorBuilder::new().with_tls_config((*tls).clone());
-                let connector = if https {
-                    builder.https_only()
-                } else {
-                    builder.https_or_http()
-                }
-                .enable_http1()
-                .wrap_connector(http);
                 OtlpClient::Http(Box::new(HttpClient {
-                    client: Client::builder(TokioExecutor::new()).build(connector),
+                    client: https_client(&tls, https),
                     endpoint,
                     headers,
                     gzip,
@@ -232,30 +175,21 @@ impl Target {
 }
 
 fn http_headers(config: &OtlpConfig) -> Result<HeaderMap, OtlpError> {
-    let mut map = HeaderMap::new();
-    let mut insert = |name: &str, value: &str, sensitive: bool| {
-        let invalid = || OtlpError::Header {
-            key: name.to_owned(),
-        };
-        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| invalid())?;
-        let mut value = HeaderValue::from_str(value).map_err(|_| invalid())?;
-        value.set_sensitive(sensitive);
-        map.insert(name, value);
-        Ok::<_, OtlpError>(())
-    };
-    insert("content-type", "application/x-protobuf", false)?;
-    insert(
-        "user-agent",
-        concat!("firn/", env!("CARGO_PKG_VERSION")),
-        false,
-    )?;
+    let mut entries = standard_headers("application/x-protobuf");
     if config.gzip {
-        insert("content-encoding", "gzip", false)?;
+        entries.push(("content-encoding".into(), "gzip".into(), false));
     }
-    for (name, value, sensitive) in credentials(config) {
-        insert(&name, &value, sensitive)?;
-    }
-    Ok(map)
+    entries.extend(credentials(config));
+    header_map(entries).map_err(|key| OtlpError::Header { key })
+}
+
+/// The user's headers and the `authorization` their credentials make.
+fn credentials(config: &OtlpConfig) -> Vec<HeaderEntry> {
+    credential_headers(
+        &config.headers,
+        config.basic_auth.as_ref(),
+        config.bearer_token.as_ref(),
+    )
 }
 
 /// gRPC metadata on every export; credentials marked sensitive.
@@ -298,7 +232,7 @@ pub enum OtlpClient {
 }
 
 pub struct HttpClient {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpsClient,
     endpoint: http::Uri,
     headers: Arc<HeaderMap>,
     gzip: bool,
@@ -343,7 +277,7 @@ impl Pusher for OtlpClient {
                     ProfilesVersion::V1_9 => legacy::from_current(message).encode_to_vec(),
                 };
                 let body = if *gzip { gzipped(&body) } else { body };
-                post(client, endpoint, headers, body).await?
+                export(client, endpoint, headers, body).await?
             }
         };
         if let Some(partial) = response.partial_success
@@ -406,36 +340,17 @@ fn gzipped(body: &[u8]) -> Vec<u8> {
     encoder.finish().unwrap_or_default()
 }
 
-async fn post(
-    client: &Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+async fn export(
+    client: &HttpsClient,
     endpoint: &http::Uri,
     headers: &HeaderMap,
     body: Vec<u8>,
 ) -> Result<ExportProfilesServiceResponse, Status> {
-    let mut request = Request::post(endpoint.clone())
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|error| Status::internal(error.to_string()))?;
-    request
-        .headers_mut()
-        .extend(headers.iter().map(|(k, v)| (k.clone(), v.clone())));
-    let response = client.request(request).await.map_err(|error| {
-        Status::unavailable(causes(
-            vec![error.to_string()],
-            std::error::Error::source(&error),
-        ))
-    })?;
-    let status = response.status();
-    let content_type = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_default()
-        .to_owned();
-    let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-        .collect()
-        .await
-        .map(|collected| collected.to_bytes())
-        .unwrap_or_default();
+    let Answer {
+        status,
+        content_type,
+        body,
+    } = post(client, endpoint, headers, body).await?;
     if status.is_success() {
         return Ok(if content_type.contains("protobuf") {
             ExportProfilesServiceResponse::decode(body).unwrap_or_default()

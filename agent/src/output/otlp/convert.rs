@@ -148,7 +148,9 @@ impl RequestBuilder {
 
     /// Adds one series: `labels` describe the process (the resource),
     /// `profile` its samples. Samples keep their `samples/count` values, so
-    /// a series' total is the pprof's.
+    /// a series' total is the pprof's; an off-CPU profile's keep their
+    /// `off_cpu/nanoseconds` (time waited), as OpenTelemetry's eBPF
+    /// profiler reports off-CPU samples.
     pub fn add(
         &mut self,
         labels: &[(String, String)],
@@ -162,7 +164,8 @@ impl RequestBuilder {
             mappings: profile.mapping.iter().map(|m| (m.id, m)).collect(),
             locations: profile.location.iter().map(|l| (l.id, l)).collect(),
         };
-        let samples = self.samples(&source)?;
+        let (kind, unit) = value_kind(&source);
+        let samples = self.samples(&source, kind, unit)?;
         let value_type = |builder: &mut Self, kind: &str, unit: &str| ValueType {
             type_strindex: builder.string(kind),
             unit_strindex: builder.string(unit),
@@ -172,7 +175,7 @@ impl RequestBuilder {
             value_type(self, kind, unit)
         });
         let otlp_profile = Profile {
-            sample_type: Some(value_type(self, "samples", "count")),
+            sample_type: Some(value_type(self, kind, unit)),
             samples,
             time_unix_nano: u64::try_from(profile.time_nanos).unwrap_or(0),
             duration_nano: u64::try_from(profile.duration_nanos).unwrap_or(0),
@@ -205,14 +208,19 @@ impl RequestBuilder {
         Ok(())
     }
 
-    /// The samples with a `samples/count` value, their stacks and thread
+    /// The samples with a `kind/unit` value, their stacks and thread
     /// attributes in the dictionary.
-    fn samples(&mut self, source: &Source<'_>) -> Result<Vec<Sample>, ConvertError> {
+    fn samples(
+        &mut self,
+        source: &Source<'_>,
+        kind: &str,
+        unit: &str,
+    ) -> Result<Vec<Sample>, ConvertError> {
         let profile = source.profile;
         let count = profile
             .sample_type
             .iter()
-            .position(|t| source.text(t.r#type) == "samples" && source.text(t.unit) == "count")
+            .position(|t| source.text(t.r#type) == kind && source.text(t.unit) == unit)
             .unwrap_or(0);
         let mut samples = Vec::with_capacity(profile.sample.len());
         let mut stacks: HashMap<&[u64], i32> = HashMap::new();
@@ -378,6 +386,19 @@ impl RequestBuilder {
 
 /// A sample label as an attribute: the thread's under their semantic
 /// convention names, others as they are.
+/// The value a series carries: time waited for an off-CPU profile,
+/// otherwise the count of samples.
+fn value_kind(source: &Source<'_>) -> (&'static str, &'static str) {
+    let off_cpu = source.profile.sample_type.iter().any(|t| {
+        source.text(t.r#type) == crate::offcpu::SAMPLE_TYPE && source.text(t.unit) == "nanoseconds"
+    });
+    if off_cpu {
+        (crate::offcpu::SAMPLE_TYPE, "nanoseconds")
+    } else {
+        ("samples", "count")
+    }
+}
+
 fn sample_attribute<'a>(source: &'a Source<'_>, label: &pprof::Label) -> Option<(&'a str, Value)> {
     let key = source.text(label.key);
     let text = source.text(label.str);

@@ -20,6 +20,7 @@ pub use self::{
 };
 use self::{client::OtlpClient, convert::ConvertError};
 use super::{
+    ProfileKind,
     delivery::{Endpoint, Remote, Server, Wire},
     destination::Tally,
 };
@@ -84,7 +85,11 @@ impl Wire for Otlp {
 
     /// The process's labels as they are: they become the resource's
     /// attributes, renamed to the semantic conventions when exported.
-    fn series_labels(&self, profile_labels: Vec<(String, String)>) -> Vec<(String, String)> {
+    fn series_labels(
+        &self,
+        _: ProfileKind,
+        profile_labels: Vec<(String, String)>,
+    ) -> Vec<(String, String)> {
         profile_labels
     }
 

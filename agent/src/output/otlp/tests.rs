@@ -243,3 +243,26 @@ fn frame_kinds_follow_the_mapping() {
     assert_eq!(frame_type("[vdso]"), "native");
     assert_eq!(frame_type("/usr/lib/libc.so.6"), "native");
 }
+
+#[test]
+fn an_off_cpu_profile_keeps_its_time_waited() {
+    let mut off_cpu = profile();
+    crate::offcpu::mark_profile(&mut off_cpu);
+    let mut builder = RequestBuilder::default();
+    builder.add(&labels(), &off_cpu, 0).expect("converts");
+    let request = builder.finish();
+    let dictionary = request.dictionary.as_ref().expect("dictionary");
+    let profile = &request.resource_profiles[0].scope_profiles[0].profiles[0];
+    let sample_type = profile.sample_type.as_ref().expect("sample type");
+    let text = |index: i32| dictionary.string_table[index as usize].as_str();
+    assert_eq!(
+        (
+            text(sample_type.type_strindex),
+            text(sample_type.unit_strindex)
+        ),
+        ("off_cpu", "nanoseconds")
+    );
+    let waited: i64 = profile.samples.iter().flat_map(|s| &s.values).sum();
+    let expected: i64 = off_cpu.sample.iter().map(|s| s.value[1]).sum();
+    assert_eq!(waited, expected, "the time values, not the counts");
+}

@@ -4,7 +4,9 @@
 //!
 //! One series per label set (see `labels`: `node`, external labels,
 //! `pid`, `comm`, cgroup, container, Kubernetes, after relabeling), named
-//! `__name__="parca_agent_cpu"` as Parca Agent names it; the per-thread
+//! `__name__="parca_agent_cpu"` as Parca Agent names it (off-CPU profiles
+//! as Parca Agent's: `parca_agent:wallclock:nanoseconds:samples:count`,
+//! which Parca's UI shows as "Off-CPU"); the per-thread
 //! `thread_id` (and `thread_name`) stay sample labels. The queue, retries
 //! and network thread are those of every exporter (`output::delivery`).
 //! Debug information uploads have a thread, runtime and connection of
@@ -34,10 +36,12 @@ use self::{
     },
 };
 use super::{
+    ProfileKind,
     delivery::{Endpoint, Pusher, Remote, Server, Wire},
     destination::Tally,
 };
 use crate::{
+    offcpu::{self, ServerNames},
     process::ObjectFile,
     stats::{
         Stats,
@@ -144,10 +148,22 @@ impl Wire for Parca {
 
     /// `__name__` first, outside relabeling's reach: Parca refuses series
     /// without it.
-    fn series_labels(&self, profile_labels: Vec<(String, String)>) -> Vec<(String, String)> {
-        let mut labels = vec![("__name__".to_owned(), PROFILE_NAME.to_owned())];
+    fn series_labels(
+        &self,
+        kind: ProfileKind,
+        profile_labels: Vec<(String, String)>,
+    ) -> Vec<(String, String)> {
+        let name = match kind {
+            ProfileKind::Cpu => PROFILE_NAME,
+            ProfileKind::OffCpu => offcpu::PARCA.series,
+        };
+        let mut labels = vec![("__name__".to_owned(), name.to_owned())];
         labels.extend(profile_labels);
         labels
+    }
+
+    fn off_cpu_profile(&self, gzipped: Vec<u8>) -> Vec<u8> {
+        renamed(gzipped, &offcpu::PARCA)
     }
 
     fn add_series(request: &mut WriteRawRequest, labels: Vec<(String, String)>, gzipped: Bytes) {
@@ -219,6 +235,18 @@ impl ParcaExporter {
             ProfileStoreServiceClient::with_interceptor(target.channel(), request_metadata)
         })
         .map_err(|source| ParcaError::Thread { source })
+    }
+}
+
+/// An off-CPU profile under a server's names; as it was should it not
+/// decode (a bug in firn: it built it), logged.
+pub(super) fn renamed(gzipped: Vec<u8>, names: &ServerNames) -> Vec<u8> {
+    match offcpu::rename(&gzipped, names) {
+        Ok(renamed) => renamed,
+        Err(error) => {
+            error!(error = %format!("{:#}", anyhow::Error::from(error)), "off-CPU profile sent as firn names it");
+            gzipped
+        }
     }
 }
 
@@ -325,7 +353,12 @@ mod tests {
 
     #[test]
     fn every_series_is_named_and_carries_its_profile_labels() {
-        let pushes = requests(&wire(), vec![profile("1", 10), profile("2", 10)], 1 << 20);
+        let pushes = requests(
+            &wire(),
+            ProfileKind::Cpu,
+            vec![profile("1", 10), profile("2", 10)],
+            1 << 20,
+        );
         assert_eq!(pushes.len(), 1);
         let series = &pushes[0].request.series;
         assert_eq!(series.len(), 2);
@@ -351,12 +384,12 @@ mod tests {
     #[test]
     fn large_batches_are_cut_into_several_pushes() {
         let profiles = (0..5).map(|i| profile(&i.to_string(), 400)).collect();
-        let pushes = requests(&wire(), profiles, 1000);
+        let pushes = requests(&wire(), ProfileKind::Cpu, profiles, 1000);
         let sizes: Vec<usize> = pushes.iter().map(|p| p.profiles).collect();
         assert_eq!(sizes, [2, 2, 1]);
         assert!(pushes.iter().all(|p| p.bytes <= 1000));
         // A profile larger than the cut still goes, alone.
-        let pushes = requests(&wire(), vec![profile("9", 5000)], 1000);
+        let pushes = requests(&wire(), ProfileKind::Cpu, vec![profile("9", 5000)], 1000);
         assert_eq!(pushes.len(), 1);
     }
 }

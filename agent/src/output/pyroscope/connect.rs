@@ -5,28 +5,20 @@
 
 use std::sync::Arc;
 
-use base64::Engine as _;
-use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::{
-    client::legacy::{Client, connect::HttpConnector},
-    rt::TokioExecutor,
-};
+use http::{HeaderMap, StatusCode};
 use prost::Message;
 use tonic::{Code, Status};
 
 use super::{PushRequest, PyroscopeConfig, PyroscopeError};
-use crate::output::{
-    delivery::{Pusher, causes},
-    parca::connect::client_config,
+use crate::output::delivery::{
+    Pusher,
+    http::{
+        Answer, HttpsClient, credential_headers, header_map, https_client, post, standard_headers,
+        tls_client_config,
+    },
 };
 
 const PUSH_PATH: &str = "/push.v1.PusherService/Push";
-/// An answer (an error's JSON) is read up to this.
-const MAX_ANSWER_BYTES: usize = 64 << 10;
-const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Checked settings and the headers every push carries; the client is
 /// made inside the network thread's runtime.
@@ -44,50 +36,21 @@ impl Target {
         let endpoint: http::Uri = endpoint.parse().map_err(|_| PyroscopeError::Url {
             url: config.url.clone(),
         })?;
-        let tls_error = |source| PyroscopeError::Tls {
+        let tls = tls_client_config(config.tls.as_ref()).map_err(|source| PyroscopeError::Tls {
             source: Box::new(source),
-        };
-        let tls = match &config.tls {
-            Some(tls) => client_config(tls).map_err(tls_error)?,
-            // Never used: the URL said http://, but the connector wants one.
-            None => Arc::new(
-                rustls::ClientConfig::builder_with_provider(Arc::new(
-                    rustls::crypto::ring::default_provider(),
-                ))
-                .with_safe_default_protocol_versions()
-                .map_err(|source| tls_error(crate::output::parca::ParcaError::Tls { source }))?
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth(),
-            ),
-        };
-        // The connector sets ALPN itself (HTTP/1.1) and refuses a preset.
-        let mut tls = (*tls).clone();
-        tls.alpn_protocols.clear();
+        })?;
         Ok(Self {
             endpoint,
             headers: Arc::new(headers(config)?),
-            tls: Arc::new(tls),
+            tls,
             https: config.tls.is_some(),
         })
     }
 
     /// Must be called inside the runtime the client will run on.
     pub fn client(self) -> ConnectClient {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        let builder =
-            hyper_rustls::HttpsConnectorBuilder::new().with_tls_config((*self.tls).clone());
-        let https = if self.https {
-            builder.https_only()
-        } else {
-            builder.https_or_http()
-        }
-        .enable_http1()
-        .wrap_connector(http);
         ConnectClient {
-            client: Client::builder(TokioExecutor::new()).build(https),
+            client: https_client(&self.tls, self.https),
             endpoint: self.endpoint,
             headers: self.headers,
         }
@@ -97,44 +60,21 @@ impl Target {
 /// The headers of every push; credentials are marked sensitive so the
 /// HTTP layers never print them.
 fn headers(config: &PyroscopeConfig) -> Result<HeaderMap, PyroscopeError> {
-    let mut map = HeaderMap::new();
-    let mut insert = |name: &str, value: &str, sensitive: bool| {
-        let header_name =
-            HeaderName::from_bytes(name.as_bytes()).map_err(|_| PyroscopeError::Header {
-                key: name.to_owned(),
-            })?;
-        let mut value = HeaderValue::from_str(value).map_err(|_| PyroscopeError::Header {
-            key: name.to_owned(),
-        })?;
-        value.set_sensitive(sensitive);
-        map.insert(header_name, value);
-        Ok::<_, PyroscopeError>(())
-    };
-    insert("content-type", "application/proto", false)?;
-    insert("connect-protocol-version", "1", false)?;
-    insert(
-        "user-agent",
-        concat!("firn/", env!("CARGO_PKG_VERSION")),
-        false,
-    )?;
-    for (key, value) in &config.headers {
-        insert(key, value.expose(), true)?;
-    }
+    let mut entries = standard_headers("application/proto");
+    entries.push(("connect-protocol-version".into(), "1".into(), false));
     if let Some(tenant) = &config.tenant_id {
-        insert("x-scope-orgid", tenant, false)?;
+        entries.push(("x-scope-orgid".into(), tenant.clone(), false));
     }
-    if let Some(auth) = &config.basic_auth {
-        let pair = format!("{}:{}", auth.username, auth.password.expose());
-        let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
-        insert("authorization", &format!("Basic {encoded}"), true)?;
-    } else if let Some(token) = &config.bearer_token {
-        insert("authorization", &format!("Bearer {}", token.expose()), true)?;
-    }
-    Ok(map)
+    entries.extend(credential_headers(
+        &config.headers,
+        config.basic_auth.as_ref(),
+        config.bearer_token.as_ref(),
+    ));
+    header_map(entries).map_err(|key| PyroscopeError::Header { key })
 }
 
 pub struct ConnectClient {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpsClient,
     endpoint: http::Uri,
     headers: Arc<HeaderMap>,
 }
@@ -143,29 +83,17 @@ impl Pusher for ConnectClient {
     type Request = PushRequest;
 
     async fn push(&mut self, request: PushRequest) -> Result<(), Status> {
-        let mut http_request = Request::post(self.endpoint.clone())
-            .body(Full::new(Bytes::from(request.encode_to_vec())))
-            .map_err(|error| Status::internal(error.to_string()))?;
-        http_request
-            .headers_mut()
-            .extend(self.headers.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let response = self
-            .client
-            .request(http_request)
-            .await
-            .map_err(|error| Status::unavailable(error_chain(&error)))?;
-        let status = response.status();
-        let content_type = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_owned();
-        let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-            .collect()
-            .await
-            .map(|collected| collected.to_bytes())
-            .unwrap_or_default();
+        let Answer {
+            status,
+            content_type,
+            body,
+        } = post(
+            &self.client,
+            &self.endpoint,
+            &self.headers,
+            request.encode_to_vec(),
+        )
+        .await?;
         if status.is_success() {
             return Ok(());
         }
@@ -176,11 +104,6 @@ impl Pusher for ConnectClient {
         "--pyroscope-basic-auth-username / --pyroscope-basic-auth-password[-file] / \
          --pyroscope-bearer-token[-file] / --pyroscope-tenant-id"
     }
-}
-
-/// What the cause chain of a failed request says, on one line.
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    causes(vec![error.to_string()], error.source())
 }
 
 #[derive(serde::Deserialize)]

@@ -3,7 +3,8 @@
 //! Alloy's `pyroscope.write` does: one series per label set, named
 //! `__name__="process_cpu"` with `service_name` on every series, so
 //! Pyroscope lists the profile types `process_cpu:cpu:nanoseconds:cpu:
-//! nanoseconds` and `process_cpu:samples:count:cpu:nanoseconds`. The queue,
+//! nanoseconds` and `process_cpu:samples:count:cpu:nanoseconds`; off-CPU
+//! profiles as Alloy's are, `offcpu:offcpu:nanoseconds::`. The queue,
 //! retries and network thread are those of every exporter
 //! (`output::delivery`).
 
@@ -19,9 +20,11 @@ use self::{
     proto::{LabelPair, PushRequest, RawProfileSeries, RawSample},
 };
 use super::{
+    ProfileKind,
     delivery::{Endpoint, Remote, Server, Wire},
     destination::Tally,
 };
+use crate::offcpu;
 
 /// Code generated from `proto/pyroscope/`.
 #[allow(clippy::all, clippy::too_many_lines, missing_docs)]
@@ -72,8 +75,20 @@ impl Wire for Pyroscope {
 
     const SERVER: Server = PYROSCOPE;
 
-    fn series_labels(&self, profile_labels: Vec<(String, String)>) -> Vec<(String, String)> {
-        series_labels(profile_labels)
+    fn series_labels(
+        &self,
+        kind: ProfileKind,
+        profile_labels: Vec<(String, String)>,
+    ) -> Vec<(String, String)> {
+        let name = match kind {
+            ProfileKind::Cpu => PROFILE_NAME,
+            ProfileKind::OffCpu => offcpu::PYROSCOPE.series,
+        };
+        series_labels(name, profile_labels)
+    }
+
+    fn off_cpu_profile(&self, gzipped: Vec<u8>) -> Vec<u8> {
+        super::parca::renamed(gzipped, &offcpu::PYROSCOPE)
     }
 
     fn add_series(request: &mut PushRequest, labels: Vec<(String, String)>, gzipped: Bytes) {
@@ -115,9 +130,9 @@ impl PyroscopeExporter {
 /// are deltas already; without it Pyroscope would take them for
 /// cumulative ones), the profile's own labels, and `service_name` when
 /// relabeling left none.
-fn series_labels(profile_labels: Vec<(String, String)>) -> Vec<(String, String)> {
+fn series_labels(name: &str, profile_labels: Vec<(String, String)>) -> Vec<(String, String)> {
     let pair = |name: &str, value: &str| (name.to_owned(), value.to_owned());
-    let mut labels = vec![pair("__name__", PROFILE_NAME), pair("__delta__", "false")];
+    let mut labels = vec![pair("__name__", name), pair("__delta__", "false")];
     let has_service = profile_labels
         .iter()
         .any(|(name, _)| name == "service_name");
@@ -160,6 +175,7 @@ mod tests {
     fn every_series_is_named_and_has_a_service() {
         let pushes = requests(
             &Pyroscope,
+            ProfileKind::Cpu,
             vec![
                 profile(&[("service_name", "shop/checkout"), ("pid", "1")], 10),
                 profile(&[("pid", "2"), ("__name__", "other")], 10),
@@ -189,9 +205,23 @@ mod tests {
     }
 
     #[test]
+    fn off_cpu_series_are_named_as_alloy_names_them() {
+        let pushes = requests(
+            &Pyroscope,
+            ProfileKind::OffCpu,
+            vec![profile(&[("pid", "1")], 10)],
+            1 << 20,
+        );
+        assert_eq!(
+            names(&pushes[0].request.series[0])[0],
+            ("__name__", "offcpu")
+        );
+    }
+
+    #[test]
     fn large_batches_are_cut() {
         let profiles = (0..5).map(|_| profile(&[("pid", "1")], 400)).collect();
-        let sizes: Vec<usize> = requests(&Pyroscope, profiles, 1000)
+        let sizes: Vec<usize> = requests(&Pyroscope, ProfileKind::Cpu, profiles, 1000)
             .iter()
             .map(|p| p.profiles)
             .collect();

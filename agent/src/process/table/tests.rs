@@ -242,3 +242,50 @@ fn a_hung_maps_read_does_not_hold_the_drain_thread() {
     assert!(own.mapping_index(own_address()).is_some());
     release.send(()).expect("the hung read still waits");
 }
+
+#[test]
+fn with_exit_maps_a_new_program_is_held_until_settled_or_captured() {
+    let stats = Arc::new(Stats::default());
+    let root = tempfile::tempdir().expect("tempdir");
+    let process = root.path().join("42");
+    std::fs::create_dir_all(&process).expect("mkdir");
+    let program = "55d4e0a01000-55d4e0a02000 r-xp 00001000 fe:01 7 /usr/bin/short\n";
+    std::fs::write(process.join("maps"), program).expect("write");
+    let mut table = table(root.path(), stats.clone());
+
+    // Without the kernel's capture nothing is held.
+    table.on_exec(42, "short");
+    assert!(!table.holds(42, "short"));
+
+    table.set_captures_exit_maps(true);
+    table.on_exec(42, "short");
+    assert!(table.holds(42, "short"), "read at its exec: unsettled");
+    assert!(table.settle(42, "short"), "alive: its maps read again");
+    assert!(!table.holds(42, "short"));
+
+    // Gone before its samples were drained, its exit not yet handled:
+    // held for the capture, which replaces the image.
+    table.on_exec(42, "short");
+    std::fs::remove_dir_all(&process).expect("rm");
+    assert!(!table.settle(42, "short"), "gone: nothing to read");
+    assert!(table.holds(42, "short"));
+    table.install_captured(
+        42,
+        "short",
+        vec![
+            spec(0x55d4_e0a0_1000, 0x55d4_e0a0_2000, "/usr/bin/short"),
+            spec(0x7f00_0000_1000, 0x7f00_0000_9000, "/usr/lib/libc.so.6"),
+        ],
+    );
+    table.on_exit(42);
+    let image = table.lookup(42).expect("kept");
+    assert!(image.mapping_index(0x7f00_0000_2000).is_some());
+    assert_eq!(image.comm, "short");
+    assert!(!table.holds(42, "short"));
+    assert_eq!(stats.snapshot().exit_maps_installed, 1);
+    // First seen gone (a fork, or a process older than firn), its exit
+    // still to come: held for that; once its exit is handled, not.
+    assert!(table.holds(43, "other"));
+    table.on_exit(43);
+    assert!(!table.holds(43, "other"));
+}
