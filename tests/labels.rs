@@ -12,6 +12,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
+use agent_pprof as pprof;
 use common::*;
 use labels_support::*;
 use parca_support::harness::{Agent, ParcaServer, all_stacks, free_port, log_field};
@@ -186,7 +187,8 @@ fn dropped_processes_never_reach_parca_and_relabeled_labels_do() {
         ],
         &[],
     );
-    // Intervals pushed, and the dropped process's samples counted.
+    // Intervals pushed, and the dropped process left out from its first
+    // sample on (in the kernel after that).
     let address = agent.http_address();
     wait_for(
         "two intervals sent and relabeling's drops counted",
@@ -194,7 +196,7 @@ fn dropped_processes_never_reach_parca_and_relabeled_labels_do() {
         || {
             agent.assert_running();
             metric(address, "firn_profiles_sent_total").is_some_and(|n| n >= 2.0)
-                && metric(address, "firn_samples_dropped_by_relabeling_total")
+                && metric(address, "firn_samples_excluded_total{at=\"bpf\"}")
                     .is_some_and(|n| n > 0.0)
         },
         || agent.log(),
@@ -206,9 +208,10 @@ fn dropped_processes_never_reach_parca_and_relabeled_labels_do() {
         log_field(log, "firn agent stopped", "remote_profiles_sent").unwrap_or(0) > 0,
         "{log}"
     );
-    assert!(
-        log_field(log, "firn agent stopped", "samples_dropped_relabel").unwrap_or(0) > 0,
-        "the dropped process's samples are counted:\n{log}"
+    assert_eq!(
+        log_field(log, "firn agent stopped", "processes_excluded"),
+        Some(1),
+        "the dropped process is counted, once:\n{log}"
     );
 
     let (start, end) = (start - MINUTE, SystemTime::now() + MINUTE);
@@ -245,6 +248,124 @@ fn dropped_processes_never_reach_parca_and_relabeled_labels_do() {
             .is_empty(),
         "discovery labels are removed"
     );
+}
+
+/// A process a keep rule leaves out costs no more than the BPF check:
+/// its first sample finds it left out, the BPF program is told its tgid,
+/// and nothing of it is unwound or symbolized; the counters say so, and
+/// no profile holds it while the kept process's stacks are whole.
+#[test]
+fn a_process_a_keep_rule_leaves_out_is_never_symbolized() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let built = build_c(dir.path(), "chain.c", "chain", &FP_FLAGS);
+    let copy = |name: &str| {
+        let path = dir.path().join(name);
+        std::fs::copy(&built, &path).expect("copy");
+        TestProcess::spawn(std::process::Command::new(path).arg("100000"))
+    };
+    let kept = copy("keepme");
+    let left_out = copy("leftout");
+    kept.wait_until_running();
+    left_out.wait_until_running();
+    let config = dir.path().join("firn.yaml");
+    std::fs::write(
+        &config,
+        "relabel_configs:\n- source_labels: [comm]\n  regex: keep.*\n  action: keep\n",
+    )
+    .expect("config file");
+    let store = dir.path().join("store");
+    let (kept_pid, left_out_pid) = (kept.pid().to_string(), left_out.pid().to_string());
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
+            "--local-store-directory",
+            store.to_str().expect("utf-8"),
+            "--profiling-duration",
+            "2s",
+            "--config-path",
+            config.to_str().expect("utf-8"),
+            "--pid",
+            &kept_pid,
+            "--pid",
+            &left_out_pid,
+        ],
+        &[],
+    );
+    let address = agent.http_address();
+    let excluded = |at: &str| {
+        metric(
+            address,
+            &format!("firn_samples_excluded_total{{at=\"{at}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    wait_for(
+        "profiles written and the left-out process's samples stopped in the kernel",
+        Duration::from_secs(60),
+        || {
+            agent.assert_running();
+            metric(address, "firn_profiles_written_total").is_some_and(|n| n >= 2.0)
+                && excluded("bpf") >= 50.0
+        },
+        || agent.log(),
+    );
+    let (in_kernel, in_userspace) = (excluded("bpf"), excluded("userspace"));
+    assert_eq!(
+        metric(address, "firn_processes_excluded_total"),
+        Some(1.0),
+        "the left-out process, once"
+    );
+    // Its samples reach userspace only until the BPF program is told:
+    // those in the ring buffer at that moment, a few (a drain's worth on a
+    // loaded host), against every later one in the kernel.
+    assert!(
+        (1.0..=50.0).contains(&in_userspace),
+        "{in_userspace} samples left out in userspace, {in_kernel} in the kernel"
+    );
+    assert_eq!(
+        metric(address, "firn_samples_dropped_by_relabeling_total"),
+        Some(0.0),
+        "nothing of it reached the output stage"
+    );
+    let stopped = agent.stop();
+    assert!(stopped.status.success(), "{}", stopped.log);
+    assert_only_kept_profiled(&store, kept.pid(), left_out.pid());
+}
+
+/// Every profile in `store` holds whole chains of `kept` and nothing of
+/// `left_out`, not even its name.
+fn assert_only_kept_profiled(store: &Path, kept: u32, left_out: u32) {
+    let mut kept_samples = 0;
+    for entry in std::fs::read_dir(store).expect("store") {
+        let path = entry.expect("entry").path();
+        if !path.to_string_lossy().ends_with(".pb.gz") {
+            continue;
+        }
+        let bytes = std::fs::read(&path).expect("profile");
+        let profile = pprof::decode(&bytes).expect("a pprof profile");
+        assert!(
+            stacks_of(&profile, left_out).is_empty(),
+            "the left-out process is in {}",
+            path.display()
+        );
+        assert!(
+            !profile.string_table.iter().any(|s| s.contains("leftout")),
+            "its name or binary is in {}",
+            path.display()
+        );
+        let stacks = stacks_of(&profile, kept);
+        kept_samples += stacks.iter().map(|(_, count)| count).sum::<i64>();
+        let (share, total) = chain_share(&stacks, &CHAIN);
+        assert!(
+            total == 0 || share >= 0.85,
+            "{total} samples, {:.0}% chain:\n{}",
+            share * 100.0,
+            describe(&stacks)
+        );
+    }
+    assert!(kept_samples > 0, "the kept process was profiled");
 }
 
 #[test]

@@ -30,6 +30,9 @@ pub const MAX_STACK_COPY: usize = 64 * 1024;
 /// Most processes with their own stack copy size in `UNWIND_COPY`.
 pub const MAX_UNWIND_PROCESSES: u32 = 16_384;
 
+/// Most processes `EXCLUDED` holds (those relabeling drops).
+pub const MAX_EXCLUDED_PROCESSES: u32 = 16_384;
+
 /// Most PIDs the in-kernel PID filter holds.
 pub const MAX_PID_FILTER: u32 = 1024;
 
@@ -68,6 +71,7 @@ pub mod names {
     pub const SCRATCH: &str = "SCRATCH";
     pub const CONFIG: &str = "CONFIG";
     pub const UNWIND_COPY: &str = "UNWIND_COPY";
+    pub const EXCLUDED: &str = "EXCLUDED";
     pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
     pub const MAPS_WANTED: &str = "MAPS_WANTED";
     pub const MAPS_COUNTERS: &str = "MAPS_COUNTERS";
@@ -462,10 +466,13 @@ pub enum Counter {
     /// Kept waits not written: the system call that returned was not the
     /// one that waited (its stack would not be the wait's).
     OffCpuStale = 26,
+    /// Samples of processes in `EXCLUDED` (relabeling drops them), not
+    /// recorded.
+    Excluded = 27,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 27;
+    pub const COUNT: u32 = 28;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Self::SamplesSeen,
         Self::SamplesWritten,
@@ -494,6 +501,7 @@ impl Counter {
         Self::OffCpuLostRingFull,
         Self::OffCpuOutsideSyscall,
         Self::OffCpuStale,
+        Self::Excluded,
     ];
 }
 

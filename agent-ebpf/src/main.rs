@@ -39,9 +39,10 @@ use core::{
 };
 
 use agent_common::{
-    BpfConfig, COMM_LEN, Counter, LOG_TARGET, MAX_PID_FILTER, MAX_STACK_COPY, MAX_STACK_DEPTH,
-    MAX_UNWIND_PROCESSES, OffCpuInfo, ProcessRecord, RecordKind, STACK_READ_BYTES, STACKS_BYTES,
-    SampleRecord, SampleScratch, StackCopy, UserRegs, sample_flags, stacks_off, tail_calls,
+    BpfConfig, COMM_LEN, Counter, LOG_TARGET, MAX_EXCLUDED_PROCESSES, MAX_PID_FILTER,
+    MAX_STACK_COPY, MAX_STACK_DEPTH, MAX_UNWIND_PROCESSES, OffCpuInfo, ProcessRecord, RecordKind,
+    STACK_READ_BYTES, STACKS_BYTES, SampleRecord, SampleScratch, StackCopy, UserRegs, sample_flags,
+    stacks_off, tail_calls,
 };
 use aya_ebpf::{
     EbpfContext,
@@ -92,6 +93,12 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Counter::COUNT
 /// the processes they start; `process_exit` removes every process that ends.
 #[map]
 static PID_FILTER: HashMap<u32, u8> = HashMap::with_max_entries(MAX_PID_FILTER, 0);
+
+/// tgids whose samples are not recorded: processes the daemon found
+/// relabeling drops. Cleared by their exec (a new image is judged anew)
+/// and their exit.
+#[map]
+static EXCLUDED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_EXCLUDED_PROCESSES, 0);
 
 /// Stack copy size per tgid, for processes that differ from
 /// `CONFIG.stack_copy_bytes` (those unwound with DWARF).
@@ -151,6 +158,11 @@ pub fn sample_cpu(ctx: PerfEventContext) -> u32 {
     let config = config();
     if !wanted(&config, tgid) {
         count(Counter::Filtered);
+        return 0;
+    }
+    // SAFETY: only the entry's presence is used, never the value.
+    if unsafe { EXCLUDED.get(&tgid) }.is_some() {
+        count(Counter::Excluded);
         return 0;
     }
     maps::sampled(tgid);
@@ -667,6 +679,8 @@ fn wakeup_flag(config: &BpfConfig) -> u64 {
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
 pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    // The new image is judged anew by the daemon.
+    let _ = EXCLUDED.remove(&tgid);
     let config = config();
     // The daemon has not seen this image yet; until it decides, the image
     // is unwound as if it had no frame pointers.
@@ -707,6 +721,7 @@ pub fn process_exit(ctx: RawTracePointContext) -> u32 {
         // process even when the exit event is lost.
         let _ = UNWIND_COPY.remove(&tgid);
         let _ = python::PYTHON_PROCESSES.remove(&tgid);
+        let _ = EXCLUDED.remove(&tgid);
         let lost = !process_event(RecordKind::Exit);
         // After the event, which the filter decides on; a later process
         // that reuses the pid is no descendant of anything followed.

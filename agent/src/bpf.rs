@@ -27,6 +27,7 @@ use tracing::{debug, warn};
 use self::program_log::{ProgramLog, ProgramLogError};
 use crate::{
     host::Host,
+    labels::ExclusionMap,
     privileges,
     sampler::{SamplingConfig, UnwindMode},
     unwind::{CopyMapError, CopySizeMap},
@@ -382,6 +383,18 @@ impl BpfSampler {
         Ok(BpfCopySizeMap { map })
     }
 
+    /// Takes the map of excluded processes out, for relabeling's filter
+    /// to own.
+    pub fn take_exclusion_map(&mut self) -> Result<BpfExclusionMap, BpfError> {
+        let name = names::EXCLUDED;
+        let map = self
+            .ebpf
+            .take_map(name)
+            .ok_or(BpfError::Missing { kind: "map", name })?;
+        let map = BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name, source })?;
+        Ok(BpfExclusionMap { map })
+    }
+
     /// Takes the map of interpreter processes out, for the Python runtime
     /// to own.
     pub fn take_python_map(&mut self) -> Result<BpfPythonMap, BpfError> {
@@ -703,6 +716,22 @@ impl CopySizeMap for BpfCopySizeMap {
 
     fn remove(&mut self, tgid: u32) {
         // Absent already (the process exited) is fine.
+        let _ = self.map.remove(&tgid);
+    }
+}
+
+/// `EXCLUDED`: processes whose samples the BPF program leaves out.
+pub struct BpfExclusionMap {
+    map: BpfHashMap<MapData, u32, u8>,
+}
+
+impl ExclusionMap for BpfExclusionMap {
+    fn exclude(&mut self, tgid: u32) -> bool {
+        self.map.insert(tgid, 1, 0).is_ok()
+    }
+
+    fn include(&mut self, tgid: u32) {
+        // Absent already (the process exited or executed) is fine.
         let _ = self.map.remove(&tgid);
     }
 }

@@ -15,7 +15,7 @@ use crate::{
     aggregate::{AggregateConfig, AggregatedProfile, Aggregator, ThreadName, UnwoundSample},
     bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
     host::Host,
-    labels::{MetadataLimits, MetadataReader},
+    labels::{MetadataConfig, MetadataLimits, MetadataReader, ProcessFilter},
     process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig, ProcessTableStats},
     runtimes::{
         JavaConfig, JavaRuntime, JavaSupport, NodeConfig, NodeRuntime, PythonConfig, PythonRuntime,
@@ -82,6 +82,10 @@ pub struct PipelineConfig {
     /// Label every sample with its thread's id and name (`thread_id`,
     /// `thread_name`), not only other threads' ids.
     pub thread_labels: bool,
+    /// Relabeling's configuration, when its keep and drop rules are
+    /// applied to each process on its first sample
+    /// (`labels::applies_early`).
+    pub exclusion: Option<MetadataConfig>,
 }
 
 /// The stages after the ring buffer, apart from it so they can be fed
@@ -102,6 +106,8 @@ pub struct Pipeline {
     last_sweep: Instant,
     host: Host,
     thread_labels: bool,
+    /// Relabeling's keep and drop rules, where they apply at once.
+    filter: Option<ProcessFilter>,
     /// Samples waiting for their process's maps (see `hold`).
     held: HeldSamples,
     page_size: u64,
@@ -150,6 +156,9 @@ impl Pipeline {
             .into_iter()
             .flatten()
             .collect(),
+            filter: config.exclusion.as_ref().map(|metadata| {
+                ProcessFilter::new(metadata, &config.host, max_processes, stats.clone())
+            }),
             stats,
             last_expire: Instant::now(),
             last_sweep: Instant::now(),
@@ -289,6 +298,9 @@ impl Pipeline {
         for runtime in &mut self.runtimes {
             runtime.forget(tgid);
         }
+        if let Some(filter) = &mut self.filter {
+            filter.forget(tgid);
+        }
     }
 
     pub fn sample(&mut self, sample: RawSample<'_>) {
@@ -309,6 +321,13 @@ impl Pipeline {
             {
                 self.processes.object(&image, index);
             }
+        }
+        // A process relabeling drops costs nothing more: not unwound, not
+        // symbolized, no runtime looks at it.
+        if let Some(filter) = &mut self.filter
+            && !filter.kept(&image, &metadata)
+        {
+            return;
         }
         let (native, image) = self.unwind(&sample, image);
         // Open every object (and debug file, and JIT perf map) now, while
@@ -515,6 +534,10 @@ impl Session {
         let mut pipeline = Pipeline::new(pipeline, stats)
             .with_unwind(policy)
             .with_exit_maps(captures);
+        if pipeline.filter.is_some() {
+            let map = bpf.take_exclusion_map()?;
+            pipeline.filter = pipeline.filter.map(|filter| filter.with_map(Box::new(map)));
+        }
         if let Some(python) = python {
             pipeline = pipeline.with_runtime(Box::new(PythonSupport::new(python)));
         }

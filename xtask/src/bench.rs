@@ -79,6 +79,12 @@ pub struct BenchArgs {
     /// built from this tree.
     #[arg(long = "firn", value_name = "PATH", requires = "agent_like")]
     pub firns: Vec<PathBuf>,
+    /// With `--agent`: the mixed host also starts this many short-lived
+    /// processes a second (a small C program without frame pointers that
+    /// runs about a millisecond, and `sh -c` pipelines), on top of its few
+    /// compilers and Python runs: firn's cost per new process.
+    #[arg(long, value_name = "PER_SECOND", requires = "agent")]
+    pub exec_rate: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

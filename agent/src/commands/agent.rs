@@ -12,7 +12,7 @@ use firn::{
     bpf::{BpfCounters, ProgramRunTime},
     config::{AgentConfig, DestinationConfig},
     http::{Health, HttpServer},
-    labels::{KubernetesWatcher, Labeler, PodIndex},
+    labels::{KubernetesWatcher, Labeler, PodIndex, applies_early},
     metrics::Metrics,
     output::{
         Exporter, FRAME_CACHE_BYTES, FanOut, FrameCache, LocalStore, build_batch,
@@ -20,7 +20,7 @@ use firn::{
         parca::ParcaExporter, pyroscope::PyroscopeExporter, symbolize_interval,
     },
     process::ProcessTableStats,
-    session::{Session, ShutdownSignal},
+    session::{PipelineConfig, Session, ShutdownSignal},
     stats::{
         Stats, StatsSnapshot,
         cpu::{self, CpuStage},
@@ -98,7 +98,7 @@ pub async fn run(config: &AgentConfig) -> Result<()> {
     let (drain_stage, build_stage) = watch_stages(config, &health, &stats)?;
     let mut session = Session::start(
         &config.sampling,
-        &config.pipeline,
+        &pipeline_config(config),
         &config.sampling.pids,
         stats.clone(),
     )?;
@@ -397,6 +397,15 @@ impl RunningBuilder {
     }
 }
 
+/// The pipeline's stages as configured, with relabeling's keep and drop
+/// rules applied on each process's first sample where they can be.
+fn pipeline_config(config: &AgentConfig) -> PipelineConfig {
+    PipelineConfig {
+        exclusion: applies_early(&config.metadata).then(|| config.metadata.clone()),
+        ..config.pipeline.clone()
+    }
+}
+
 fn log_totals(totals: &StatsSnapshot) {
     info!(
         profiles_written = totals.profiles_written,
@@ -410,6 +419,8 @@ fn log_totals(totals: &StatsSnapshot) {
         debuginfo_upload_failures = totals.debuginfo_upload_failures,
         debuginfo_uploads_skipped = totals.debuginfo_uploads_skipped,
         samples_dropped_relabel = totals.samples_dropped_relabel,
+        processes_excluded = totals.processes_excluded,
+        samples_excluded = totals.samples_excluded,
         kubernetes_watch_errors = totals.kubernetes_watch_errors,
         "firn agent stopped"
     );

@@ -15,11 +15,11 @@ use firn::{
     aggregate::AggregatedProfile,
     bpf::{BpfCounters, ProgramRunTime},
     config::RecordConfig,
-    labels::Labeler,
+    labels::{Labeler, applies_early},
     launch::{Held, LaunchConfig, Running, TargetUser, shell_status},
     output::{build_whole_profile, check_writable, write_flamegraph},
     report::{SampleFilter, Summary, render_summary},
-    session::{Session, ShutdownSignal},
+    session::{PipelineConfig, Session, ShutdownSignal},
     stats::Stats,
     symbolize::HostSymbolizer,
     watchdog::{self, Stage},
@@ -75,12 +75,11 @@ pub async fn run(config: &RecordConfig) -> Result<u8> {
     let mut sampling = config.sampling.clone();
     sampling.pids.extend(held.as_ref().map(Held::pid));
     // A failure here drops `held`: the command gives up without running.
-    let session = Session::start(
-        &sampling,
-        &config.pipeline,
-        &config.sampling.pids,
-        stats.clone(),
-    )?;
+    let pipeline = PipelineConfig {
+        exclusion: applies_early(&config.metadata).then(|| config.metadata.clone()),
+        ..config.pipeline.clone()
+    };
+    let session = Session::start(&sampling, &pipeline, &config.sampling.pids, stats.clone())?;
     let command = held
         .map(Held::release)
         .transpose()

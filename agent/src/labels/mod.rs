@@ -5,6 +5,7 @@
 //! the user's `relabel_configs`. Labels starting with `__` (the `__meta_*`
 //! ones among them) are discovery-only and removed after relabeling.
 
+mod filter;
 pub mod kubernetes;
 pub mod process;
 mod providers;
@@ -20,6 +21,7 @@ pub use agent_config::relabel::{self, LabelSet, Rule};
 pub use agent_proc::cgroup::{CgroupInfo, Container, ContainerRuntime};
 
 pub use self::{
+    filter::{ExclusionMap, ProcessFilter, applies_early},
     kubernetes::{KubernetesWatcher, PodIndex},
     process::{MetadataLimits, MetadataReader, ProcessMetadata},
 };

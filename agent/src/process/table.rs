@@ -143,7 +143,8 @@ impl ProcessImage {
             .clone()
     }
 
-    fn gone(tgid: u32, comm: String) -> Self {
+    /// The image of a process whose maps could not be read (it exited).
+    pub(crate) fn gone(tgid: u32, comm: String) -> Self {
         Self {
             gone: true,
             ..Self::new(tgid, comm, Vec::new())
@@ -261,7 +262,7 @@ impl ProcessTable {
     /// process settled) when they could be read, so it is alive and its
     /// samples can be placed with them.
     pub fn settle(&mut self, tgid: u32, comm: &str) -> bool {
-        let fresh = self.read_image(tgid, comm);
+        let fresh = self.read_image(tgid, comm, false);
         if fresh.gone || fresh.mappings.is_empty() {
             return false;
         }
@@ -308,7 +309,7 @@ impl ProcessTable {
                 return entry.image.clone();
             }
             let old = entry.image.clone();
-            let fresh = self.read_image(tgid, fallback_comm);
+            let fresh = self.read_image(tgid, fallback_comm, false);
             if fresh.gone {
                 return old;
             }
@@ -316,7 +317,7 @@ impl ProcessTable {
             self.insert(tgid, fresh.clone());
             return fresh;
         }
-        let image = Arc::new(self.read_image(tgid, fallback_comm));
+        let image = Arc::new(self.read_image(tgid, fallback_comm, false));
         self.insert(tgid, image.clone());
         image
     }
@@ -337,7 +338,7 @@ impl ProcessTable {
             return image;
         }
         Stats::inc(&self.stats.maps_refreshed);
-        let fresh = Arc::new(self.read_image(tgid, &image.comm));
+        let fresh = Arc::new(self.read_image(tgid, &image.comm, false));
         if fresh.gone {
             // Keep what we had: the old mappings still explain old samples.
             return image;
@@ -438,9 +439,10 @@ impl ProcessTable {
     }
 
     /// The process executed a new program: read its new image now, while it
-    /// is most likely still alive.
+    /// is most likely still alive. `comm` is the event's, taken after the
+    /// exec: the process's name, not read again.
     pub fn on_exec(&mut self, tgid: u32, comm: &str) {
-        let image = Arc::new(self.read_image(tgid, comm));
+        let image = Arc::new(self.read_image(tgid, comm, true));
         self.insert(tgid, image);
         if self.captures_exit_maps
             && let Some(entry) = self.processes.peek_mut(&tgid)
@@ -497,13 +499,21 @@ impl ProcessTable {
     /// that misses its deadline (or finds earlier reads still stuck) leaves
     /// an empty image, counted as a timed-out read and logged once; the
     /// process is read again after the exit grace period.
-    fn read_image(&mut self, tgid: u32, fallback_comm: &str) -> ProcessImage {
+    /// `comm_known`: `fallback_comm` is the process's name (from an exec
+    /// event), so `/proc/PID/comm` is not read: one file fewer for each
+    /// process, most of which are seen once.
+    fn read_image(&mut self, tgid: u32, fallback_comm: &str, comm_known: bool) -> ProcessImage {
         let proc_root = self.proc_root.clone();
         let read_maps = self.read_maps.clone();
         let read = self.maps_offload.run(move || {
-            let comm = std::fs::read_to_string(proc_root.join(tgid.to_string()).join("comm"))
-                .map(|text| text.trim_end_matches('\n').to_owned());
-            (comm.ok(), read_maps(&proc_root, tgid))
+            let comm = (!comm_known)
+                .then(|| {
+                    std::fs::read_to_string(proc_root.join(tgid.to_string()).join("comm"))
+                        .map(|text| text.trim_end_matches('\n').to_owned())
+                        .ok()
+                })
+                .flatten();
+            (comm, read_maps(&proc_root, tgid))
         });
         let (comm, maps) = match read {
             Ok((comm, maps)) => (comm.unwrap_or_else(|| fallback_comm.to_owned()), maps),

@@ -37,6 +37,38 @@ declare_metrics! {
             samples_dropped_relabel {},
         ],
     }
+    processes_excluded: Counter,
+        "Processes relabel_configs drop, found on their first sample: their samples are \
+        neither unwound nor symbolized (only where the rules read labels known at once; \
+        with Kubernetes or container runtime labels the output stage drops them)."
+    {
+        stats: [
+            /// Processes the keep/drop rules exclude, decided on their first sample.
+            processes_excluded {},
+        ],
+    }
+    samples_excluded: Counter,
+        "Samples of processes relabel_configs drop, left out before unwinding, by where (at): \
+        userspace (the process's first samples), bpf (the BPF program, told the process's \
+        tgid, stopped before copying its stack)."
+    {
+        stats: [
+            /// Samples of excluded processes left out before unwinding.
+            samples_excluded { at = "userspace" },
+        ],
+        bpf: [
+            Excluded { at = "bpf" },
+        ],
+    }
+    exclusion_map_full: Counter,
+        "Excluded processes the BPF map of excluded tgids had no room for (their samples \
+        are still left out, in userspace)."
+    {
+        stats: [
+            /// Excluded processes the BPF exclusion map refused.
+            exclusion_map_full {},
+        ],
+    }
     bpf_samples_seen: Counter,
         "Times the BPF sampling program ran (each tick of each CPU's clock)."
     {

@@ -5,6 +5,7 @@
 //! reported, not looked up again here: the pipeline re-reads the maps and
 //! unwinds again (`Pipeline::unwind`).
 
+mod learned;
 mod mode;
 
 use std::sync::Arc;

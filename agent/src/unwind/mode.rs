@@ -19,9 +19,12 @@ use agent_unwind::ObjectFrames;
 use lru::LruCache;
 use tracing::debug;
 
-use agent_common::{MAX_STACK_COPY, STACK_COPY_CHUNK};
+use agent_common::MAX_STACK_COPY;
 
-use super::{StackNeed, Unwinder};
+use super::{
+    StackNeed, Unwinder,
+    learned::{ExecutableKey, LearnedCopies, MIN_COPY, fitted},
+};
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
     sampler::UnwindMode,
@@ -100,8 +103,6 @@ struct Sizing {
 
 /// Complete unwinds seen before a copy is shrunk to fit them.
 const SHRINK_AFTER: u32 = 200;
-/// Smallest copy a process is shrunk to.
-const MIN_COPY: u32 = 2048;
 
 impl Sizing {
     /// The size to shrink to, once enough unwinds have been seen: the
@@ -111,9 +112,7 @@ impl Sizing {
             return None;
         }
         self.fitted = true;
-        let chunk = STACK_COPY_CHUNK as u64;
-        let want = (self.deepest + self.deepest / 4 + 1024).div_ceil(chunk) * chunk;
-        let want = u32::try_from(want).unwrap_or(u32::MAX).max(MIN_COPY);
+        let want = fitted(self.deepest).max(MIN_COPY);
         (want < current).then_some(want)
     }
 }
@@ -137,15 +136,11 @@ pub struct UnwindPolicy {
     leaf_copy_bytes: u32,
     map: Option<Box<dyn CopySizeMap>>,
     decisions: LruCache<u32, Decision>,
-    /// The copy size each executable's processes were fitted or grown
-    /// to: its next processes (a compiler run again and again) start
-    /// there instead of cutting stacks until they have learned it anew.
-    learned: LruCache<String, u32>,
+    /// The copy each executable's processes need, over all of them: its
+    /// next processes (a compiler run again and again) start there.
+    learned: LearnedCopies,
     stats: Arc<Stats>,
 }
-
-/// Executables whose copy size is remembered.
-const LEARNED_EXECUTABLES: NonZeroUsize = NonZeroUsize::new(1024).unwrap();
 
 impl UnwindPolicy {
     /// `capacity`: processes remembered (the process table's size).
@@ -156,7 +151,7 @@ impl UnwindPolicy {
             leaf_copy_bytes: 0,
             map: None,
             decisions: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
-            learned: LruCache::new(LEARNED_EXECUTABLES),
+            learned: LearnedCopies::default(),
             stats,
         }
     }
@@ -209,9 +204,8 @@ impl UnwindPolicy {
                 }
             }
             (_, previous) => {
-                let learned = image
-                    .executable()
-                    .and_then(|executable| self.learned.get(executable).copied())
+                let learned = ExecutableKey::of(image)
+                    .and_then(|key| self.learned.size(key, self.copy_bytes))
                     .filter(|_| unwinding == ProcessUnwinding::Dwarf);
                 let wanted = match unwinding {
                     ProcessUnwinding::Dwarf => learned.unwrap_or(self.copy_bytes),
@@ -310,12 +304,19 @@ impl UnwindPolicy {
         {
             return;
         }
+        let cut = matches!(need, StackNeed::MoreThanCopied)
+            && copied >= decision.copy as usize
+            && (decision.copy as usize) < MAX_STACK_COPY;
+        if let Some(key) = ExecutableKey::of(image) {
+            match need {
+                StackNeed::Used(bytes) => self.learned.used(key, bytes),
+                StackNeed::MoreThanCopied if cut => self.learned.grown(key),
+                StackNeed::MoreThanCopied => {}
+            }
+        }
         let resized = match need {
             // A copy that ended short (the top of the stack) needs no more.
-            StackNeed::MoreThanCopied
-                if copied >= decision.copy as usize
-                    && (decision.copy as usize) < MAX_STACK_COPY =>
-            {
+            StackNeed::MoreThanCopied if cut => {
                 Some((decision.sizing.grow(), &self.stats.unwind_copy_grown))
             }
             StackNeed::MoreThanCopied => None,
@@ -341,9 +342,6 @@ impl UnwindPolicy {
                 );
                 decision.copy = size;
                 Stats::inc(counter);
-                if let Some(executable) = image.executable() {
-                    self.learned.put(executable.to_owned(), size);
-                }
             }
             Err(error) => {
                 Stats::inc(&self.stats.unwind_copy_map_failures);
@@ -689,6 +687,41 @@ mod tests {
                 (first.0.id(), 8192),
                 (first.0.id(), max),
                 (second.0.id(), max)
+            ]
+        );
+    }
+
+    /// A copy fitted to one process would cut the first samples of the
+    /// next whose stacks run deeper: the next process starts with what
+    /// every earlier one needed, short ones that never fitted included.
+    #[test]
+    fn the_learned_copy_covers_every_earlier_process_of_the_executable() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let (mut policy, entries) = auto_policy(stats);
+        let short = Child::spawn(agent_fixtures::CHAIN_INLINE);
+        let image = processes.image(short.0.id(), "chain_inline");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        for _ in 0..10 {
+            policy.observe_stack(&image, StackNeed::Used(4000), 8192);
+        }
+        let long = Child::run(&short.path());
+        let image = processes.image(long.0.id(), "chain_inline");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        for _ in 0..SHRINK_AFTER {
+            policy.observe_stack(&image, StackNeed::Used(1000), 8192);
+        }
+        let next = Child::run(&short.path());
+        let image = processes.image(next.0.id(), "chain_inline");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        assert_eq!(
+            *entries.lock().expect("lock"),
+            [
+                (short.0.id(), 8192),
+                (long.0.id(), 8192),
+                // Its own stacks: 1000 + 250 + 1024, up to the next 512.
+                (long.0.id(), 2560),
+                // The short process's 4000 + 1000 + 1024, up to 512.
+                (next.0.id(), 6144),
             ]
         );
     }

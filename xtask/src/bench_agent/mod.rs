@@ -69,6 +69,7 @@ struct Plan {
     seconds: u64,
     deep: bool,
     binaries: Vec<Binary>,
+    exec_rate: Option<u32>,
 }
 
 impl Plan {
@@ -109,6 +110,7 @@ impl Plan {
             // The default run ends with the deep-stack case.
             deep: args.deep || args.workloads.is_empty(),
             binaries,
+            exec_rate: args.exec_rate,
         })
     }
 }
@@ -136,10 +138,17 @@ pub fn run(root: &Path, args: &BenchArgs, given: Given) -> Result<()> {
                     workload,
                     frequency,
                     seconds: plan.seconds,
+                    exec_rate: plan.exec_rate,
                 };
                 results.push(measure_one(&prepared, &work, &cell, binary)?);
             }
-            report::print_cell(workload, frequency, plan.seconds, &plan.binaries, &results);
+            let cell = Cell {
+                workload,
+                frequency,
+                seconds: plan.seconds,
+                exec_rate: plan.exec_rate,
+            };
+            report::print_cell(&cell, &plan.binaries, &results);
         }
     }
     if plan.deep {
@@ -149,10 +158,13 @@ pub fn run(root: &Path, args: &BenchArgs, given: Given) -> Result<()> {
 }
 
 /// One workload at one frequency.
+#[derive(Clone, Copy)]
 pub struct Cell {
     pub workload: AgentWorkload,
     pub frequency: u64,
     pub seconds: u64,
+    /// `--exec-rate`: extra short processes a second on the mixed host.
+    pub exec_rate: Option<u32>,
 }
 
 /// A fresh Parca, the workload, then firn for `cell.seconds`, watched.
@@ -166,7 +178,7 @@ fn measure_one(
     let mut parca = Parca::new(&scratch.dir.join("parca"), free_port()?)?;
     parca.start()?;
     // Longer than the run: the guard kills it when the run is over.
-    let running = prepared.start(cell.workload, cell.seconds + 120)?;
+    let running = prepared.start(cell.workload, cell.seconds + 120, cell.exec_rate)?;
     let args = vec![
         "--remote-store-address".to_owned(),
         parca.address(),

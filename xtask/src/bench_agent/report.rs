@@ -2,7 +2,7 @@
 //! firn binary.
 
 use super::{
-    AgentWorkload, Binary, FIRST_WINDOW_SECONDS,
+    AgentWorkload, Binary, Cell, FIRST_WINDOW_SECONDS,
     measure::{Measurement, STAGES, Window},
 };
 
@@ -28,16 +28,20 @@ fn us(value: Option<f64>) -> String {
     value.map_or_else(|| "n/a".to_owned(), |value| format!("{value:.2}"))
 }
 
-pub fn print_cell(
-    workload: AgentWorkload,
-    frequency: u64,
-    seconds: u64,
-    binaries: &[Binary],
-    results: &[Measurement],
-) {
+pub fn print_cell(cell: &Cell, binaries: &[Binary], results: &[Measurement]) {
+    let Cell {
+        workload,
+        frequency,
+        seconds,
+        exec_rate,
+    } = *cell;
+    let rate = match (workload, exec_rate) {
+        (AgentWorkload::Mixed, Some(rate)) => format!(", {rate} more exec/s"),
+        _ => String::new(),
+    };
     println!();
     println!(
-        "== agent, workload {}, {frequency} Hz, {seconds} s, pushing to Parca with upload on",
+        "== agent, workload {}{rate}, {frequency} Hz, {seconds} s, pushing to Parca with upload on",
         workload.name()
     );
     if binaries.len() > 1 {
