@@ -3,6 +3,7 @@
 mod bench;
 mod bench_agent;
 mod bench_java;
+mod bench_java_cost;
 mod bench_python;
 mod bench_unwind;
 mod capture;
