@@ -203,7 +203,7 @@ fn print_table(runs: &[(Profiler, Run)], baselines: &[Run], args: &BenchArgs) ->
     let ap_cpu = med(&ap, &|run| run.jvm_cpu) - alone_cpu;
     let samples = |runs: &[Run]| med(runs, &|run| run.jvm_cpu) * args.frequency as f64;
     let row = |title: &str, firn: String, ap: String| {
-        println!("{title:<40}{firn:>16}{ap:>18}");
+        println!("{title:<40}{firn:>16}{ap:>24}");
     };
     println!();
     row("", "firn".into(), "async-profiler".into());

@@ -121,13 +121,11 @@ impl Jvm {
         }
     }
 
-    /// Runs `iterations`; returns the seconds it took.
-    fn work(&mut self, iterations: u64) -> Result<f64> {
-        let start = Instant::now();
+    /// Runs `iterations`.
+    fn work(&mut self, iterations: u64) -> Result<()> {
         writeln!(self.stdin, "{iterations}")?;
         self.stdin.flush()?;
-        self.wait_for("done", Duration::from_secs(300))?;
-        Ok(start.elapsed().as_secs_f64())
+        self.wait_for("done", Duration::from_secs(300))
     }
 }
 
@@ -147,13 +145,17 @@ pub fn run(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<C
     );
     let mut jvm = Jvm::start(tools, java)?;
     let pid = jvm.child.id();
-    // About WORK_SECONDS of work, from a batch timed first.
+    // About WORK_SECONDS of the JVM's CPU, from a batch measured first (by
+    // CPU, not wall time: on a loaded machine the work waits for a CPU).
     let probe = 2000;
-    let seconds = jvm.work(probe)?;
+    let before = cpu_seconds(pid)?;
+    jvm.work(probe)?;
+    let seconds = cpu_seconds(pid)? - before;
     let iterations = ((probe as f64 * WORK_SECONDS / seconds.max(1e-3)) as u64).max(probe);
     let order = [Mode::Alone, Mode::AsyncProfiler, Mode::Firn];
     let mut costs = Costs::default();
     let mut spread = (Vec::new(), Vec::new());
+    let (mut alone_cpu, mut samples) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         let mut measured: Vec<(Mode, Work)> = Vec::new();
         for index in 0..order.len() {
@@ -182,6 +184,8 @@ pub fn run(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<C
             firn.jvm_cpu,
             firn.samples,
         );
+        alone_cpu.push(alone.jvm_cpu);
+        samples.push(ap.samples as f64);
         costs.async_profiler.push(ap_cost);
         costs.firn.push(firn_own + firn_bpf);
         spread.0.push(firn_own);
@@ -193,6 +197,15 @@ pub fn run(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<C
         summary(&costs.firn),
         summary(&spread.0),
         summary(&spread.1),
+    );
+    // What the JVM's CPU for the same work varies by alone, per sample:
+    // a difference in the JVM's CPU below this is noise.
+    let low = alone_cpu.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = alone_cpu.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    println!(
+        "  the JVM alone: {:.3} CPU s ({low:.3}–{high:.3}), a spread of {:.1} us per sample",
+        median(alone_cpu.iter().copied()),
+        (high - low) * 1e6 / median(samples.iter().copied()).max(1.0)
     );
     Ok(costs)
 }
