@@ -54,6 +54,19 @@ pub struct MemoryError {
 /// fails.
 pub trait Memory {
     fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError>;
+
+    /// Several reads, in order, up to the first that fails: how many were
+    /// read whole. A process's memory does them in one system call.
+    fn read_many(&mut self, reads: &mut [(u64, &mut [u8])]) -> usize {
+        let mut done = 0;
+        for (address, buf) in reads.iter_mut() {
+            if self.read(*address, buf).is_err() {
+                break;
+            }
+            done += 1;
+        }
+        done
+    }
 }
 
 /// Reads captured memory as a live process's: the tests' [`Memory`] over

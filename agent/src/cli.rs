@@ -141,8 +141,9 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub python: bool,
 
-    /// Unwind and name the Java frames of HotSpot JVMs (JDK 17), interpreted
-    /// and compiled, inlined methods as frames of their own
+    /// Unwind and name the Java frames of HotSpot JVMs (JDK 17 and 25
+    /// tested), interpreted and compiled, inlined methods as frames of
+    /// their own
     /// (`--java=false`: native frames only).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub java: bool,

@@ -74,14 +74,14 @@ struct Run {
     slowdown: f64,
 }
 
-struct Tools {
-    root: PathBuf,
-    firn: PathBuf,
-    library: PathBuf,
-    classes: PathBuf,
-    work: PathBuf,
+pub(crate) struct Tools {
+    pub root: PathBuf,
+    pub firn: PathBuf,
+    pub library: PathBuf,
+    pub classes: PathBuf,
+    pub work: PathBuf,
     /// JDK 17's jcmd: it attaches to a JDK 25 too.
-    jcmd: PathBuf,
+    pub jcmd: PathBuf,
 }
 
 pub fn run(root: &Path, firn: &Path, work: &Path, args: &BenchArgs) -> Result<()> {
@@ -108,7 +108,8 @@ pub fn run(root: &Path, firn: &Path, work: &Path, args: &BenchArgs) -> Result<()
             .arg("-d")
             .arg(&classes)
             .arg(sources.join("Chain.java"))
-            .arg(sources.join("ChainBench.java")),
+            .arg(sources.join("ChainBench.java"))
+            .arg(sources.join("ChainWork.java")),
     )?;
     let tools = Tools {
         root: root.to_path_buf(),
@@ -125,9 +126,13 @@ pub fn run(root: &Path, firn: &Path, work: &Path, args: &BenchArgs) -> Result<()
             crate::setup::jdk25_home()?.join("bin/java"),
         ),
     ];
+    let mut per_sample = Vec::new();
     for (name, java) in &jvms {
-        bench_jvm(&tools, name, java, args)?;
+        let firn = bench_jvm(&tools, name, java, args)?;
+        let cost = crate::bench_java_cost::run(&tools, name, java, args)?;
+        per_sample.push((name.clone(), firn, cost));
     }
+    crate::bench_java_cost::print_summary(&per_sample);
     println!(
         "\nasync-profiler {}: loaded with -agentpath, started and stopped with jcmd around the\n\
          window (event=cpu, interval=1/frequency); its CPU is the JVM's beyond the JVM's alone\n\
@@ -140,7 +145,8 @@ pub fn run(root: &Path, firn: &Path, work: &Path, args: &BenchArgs) -> Result<()
     Ok(())
 }
 
-fn bench_jvm(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<()> {
+/// Runs the rounds under one JVM; returns firn's CPU µs per JVM sample.
+fn bench_jvm(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<f64> {
     println!(
         "\nJava bench: ChainBench under {name} ({}), C2, {} Hz, {} rounds x {} s; each profiler \
          run sits between two runs of the workload alone",
@@ -170,11 +176,11 @@ fn bench_jvm(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result
         }
         println!("{}", line.trim_end_matches(" |"));
     }
-    print_table(&runs, &baselines, args);
-    Ok(())
+    Ok(print_table(&runs, &baselines, args))
 }
 
-fn print_table(runs: &[(Profiler, Run)], baselines: &[Run], args: &BenchArgs) {
+/// Prints the table; returns firn's CPU µs per JVM sample.
+fn print_table(runs: &[(Profiler, Run)], baselines: &[Run], args: &BenchArgs) -> f64 {
     let of = |profiler: Profiler| -> Vec<Run> {
         runs.iter()
             .filter(|(p, _)| *p == profiler)
@@ -197,7 +203,7 @@ fn print_table(runs: &[(Profiler, Run)], baselines: &[Run], args: &BenchArgs) {
     let ap_cpu = med(&ap, &|run| run.jvm_cpu) - alone_cpu;
     let samples = |runs: &[Run]| med(runs, &|run| run.jvm_cpu) * args.frequency as f64;
     let row = |title: &str, firn: String, ap: String| {
-        println!("{title:<40}{firn:>16}{ap:>18}");
+        println!("{title:<40}{firn:>16}{ap:>24}");
     };
     println!();
     row("", "firn".into(), "async-profiler".into());
@@ -232,11 +238,13 @@ fn print_table(runs: &[(Profiler, Run)], baselines: &[Run], args: &BenchArgs) {
         format!("{firn_cpu:.3}"),
         format!("{ap_cpu:.3}"),
     );
+    let firn_per_sample = firn_cpu * 1e6 / samples(&firn).max(1.0);
     row(
         "profiler CPU us per JVM sample",
-        format!("{:.1}", firn_cpu * 1e6 / samples(&firn).max(1.0)),
-        format!("{:.1}", ap_cpu * 1e6 / samples(&ap).max(1.0)),
+        format!("{firn_per_sample:.1}"),
+        format!("{:.1} (lower bound)", ap_cpu * 1e6 / samples(&ap).max(1.0)),
     );
+    firn_per_sample
 }
 
 /// The workload, its stdin (a line asks for its progress) and its stdout's
@@ -331,7 +339,7 @@ fn async_profiler_output(tools: &Tools) -> PathBuf {
 /// command (quoted, or jcmd's parser takes `start,event=cpu` for an option
 /// of its own). jcmd exits 0 whatever the agent answers: the answer is in
 /// its output.
-fn async_profiler_command(tools: &Tools, pid: u32, options: &str) -> Result<()> {
+pub(crate) fn async_profiler_command(tools: &Tools, pid: u32, options: &str) -> Result<()> {
     let output = Command::new(&tools.jcmd)
         .arg(pid.to_string())
         .arg("JVMTI.agent_load")

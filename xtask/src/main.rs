@@ -3,6 +3,7 @@
 mod bench;
 mod bench_agent;
 mod bench_java;
+mod bench_java_cost;
 mod bench_node;
 mod bench_offcpu;
 mod bench_python;

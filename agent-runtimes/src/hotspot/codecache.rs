@@ -7,7 +7,11 @@
 //! hop back towards the block's first. A block is a `HeapBlock` header
 //! followed by the `CodeBlob`.
 
-use std::{cell::RefCell, collections::HashMap, ops::Range};
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, HashMap},
+    ops::Range,
+};
 
 use super::{
     HotSpotError, invalid,
@@ -32,6 +36,10 @@ const MAX_BLOB_SIZE: u64 = 64 << 20;
 
 /// Blob names remembered.
 const MAX_NAMES: usize = 256;
+
+/// Blobs remembered where they were found, to be checked again by their
+/// header alone.
+const MAX_FOUND: usize = 1024;
 
 /// A segment map byte for a free segment.
 const FREE_SEGMENT: u8 = 0xff;
@@ -99,6 +107,20 @@ pub struct CodeCache {
     /// Blob names by address: they point at a few static strings of
     /// libjvm (`nmethod`, the stubs'), not worth a read per frame.
     names: RefCell<HashMap<u64, String>>,
+    /// Blobs found, by start: the next lookup of a pc in one reads its
+    /// header again instead of walking the segment map, and believes it
+    /// only if the header still says the same (a blob freed and another
+    /// compiled there has another compile id, a free block is not used).
+    found: RefCell<BTreeMap<u64, CodeBlob>>,
+    counts: std::cell::Cell<BlobCounts>,
+}
+
+/// How the lookups of blobs fared: `hits` were checked by their header
+/// alone, `misses` walked the segment map.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlobCounts {
+    pub hits: u64,
+    pub misses: u64,
 }
 
 impl CodeCache {
@@ -156,6 +178,8 @@ impl CodeCache {
             call_stub_return,
             header_bytes: last as usize + 8,
             names: RefCell::new(HashMap::new()),
+            found: RefCell::new(BTreeMap::new()),
+            counts: Default::default(),
         })
     }
 
@@ -216,6 +240,11 @@ impl CodeCache {
         Ok(blobs)
     }
 
+    /// How the lookups fared since the last call.
+    pub fn take_counts(&self) -> BlobCounts {
+        self.counts.take()
+    }
+
     /// The blob holding `pc`: `Ok(None)` when `pc` is in no heap or in a
     /// free block.
     pub fn find(
@@ -227,18 +256,139 @@ impl CodeCache {
         let Some(heap) = self.heaps.iter().find(|heap| heap.code.contains(&pc)) else {
             return Ok(None);
         };
+        if let Some(blob) = self.found_again(memory, layout, pc) {
+            let mut counts = self.counts.get();
+            counts.hits += 1;
+            self.counts.set(counts);
+            return Ok(Some(blob));
+        }
+        let mut counts = self.counts.get();
+        counts.misses += 1;
+        self.counts.set(counts);
         let Some(block) = block_start(memory, heap, pc)? else {
             return Ok(None);
         };
+        let blob = self.read_blob(memory, layout, block, pc)?;
+        if let Some(blob) = &blob {
+            let mut found = self.found.borrow_mut();
+            if found.len() >= MAX_FOUND {
+                found.clear();
+            }
+            found.insert(blob.start, blob.clone());
+        }
+        Ok(blob)
+    }
+
+    /// The blob remembered around `pc`, if its header read again says the
+    /// same as when it was found; forgotten if not.
+    fn found_again(&self, memory: &mut dyn Memory, layout: &Layout, pc: u64) -> Option<CodeBlob> {
+        let start = {
+            let found = self.found.borrow();
+            let (&start, blob) = found.range(..=pc).next_back()?;
+            if pc >= blob.end {
+                return None;
+            }
+            start
+        };
+        let block = start.wrapping_sub(layout.heap_block_size);
+        let again = self.read_blob(memory, layout, block, pc).ok().flatten();
+        let mut found = self.found.borrow_mut();
+        match again {
+            Some(blob) if found.get(&start) == Some(&blob) => Some(blob),
+            _ => {
+                found.remove(&start);
+                None
+            }
+        }
+    }
+
+    /// The blob remembered around `pc`, not read again: its header is to
+    /// be checked ([`Self::check`]) before what was made of it is
+    /// believed.
+    pub fn remembered(&self, pc: u64) -> Option<CodeBlob> {
+        let found = self.found.borrow();
+        let (_, blob) = found.range(..=pc).next_back()?;
+        let same_kind = (blob.kind == BlobKind::Interpreter) == self.is_interpreter(pc);
+        (pc < blob.end && same_kind).then(|| blob.clone())
+    }
+
+    /// Checks blobs [`Self::remembered`] at their pcs against their headers
+    /// as they are now, all read at once: the index of the first that no
+    /// longer says the same (forgotten, as is any after it), if any.
+    pub fn check(
+        &self,
+        memory: &mut dyn Memory,
+        layout: &Layout,
+        blobs: &[(u64, &CodeBlob)],
+    ) -> Option<usize> {
+        if blobs.is_empty() {
+            return None;
+        }
+        let size = layout.heap_block_size as usize + self.header_bytes;
+        let mut bytes = vec![0; size * blobs.len()];
+        let mut reads: Vec<(u64, &mut [u8])> = bytes
+            .chunks_mut(size)
+            .zip(blobs)
+            .map(|(chunk, (_, blob))| (blob.start.wrapping_sub(layout.heap_block_size), chunk))
+            .collect();
+        let read = memory.read_many(&mut reads);
+        drop(reads);
+        let mut counts = self.counts.get();
+        let mut bad = None;
+        for (index, ((pc, blob), chunk)) in blobs.iter().zip(bytes.chunks(size)).enumerate() {
+            let block = blob.start.wrapping_sub(layout.heap_block_size);
+            let same = index < read
+                && self
+                    .parse_blob(memory, layout, block, chunk, *pc)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|now| now == **blob);
+            if !same {
+                bad = Some(index);
+                let mut found = self.found.borrow_mut();
+                for (_, blob) in &blobs[index..] {
+                    found.remove(&blob.start);
+                }
+                break;
+            }
+            counts.hits += 1;
+        }
+        self.counts.set(counts);
+        bad
+    }
+
+    /// The blob whose block starts at `block`, read and checked; `None`
+    /// when the block is free or ends before `pc`.
+    fn read_blob(
+        &self,
+        memory: &mut dyn Memory,
+        layout: &Layout,
+        block: u64,
+        pc: u64,
+    ) -> Result<Option<CodeBlob>, HotSpotError> {
         // The block's header and the blob's, in one read.
         let skip = layout.heap_block_size as usize;
         let mut both = vec![0; skip + self.header_bytes];
         read(memory, block, &mut both)?;
-        if field(&both, layout.heap_block_used, 1) == 0 {
+        self.parse_blob(memory, layout, block, &both, pc)
+    }
+
+    /// The blob whose block (its header and the blob's, `both`) starts at
+    /// `block`; `None` when the block is free or ends before `pc`.
+    fn parse_blob(
+        &self,
+        memory: &mut dyn Memory,
+        layout: &Layout,
+        block: u64,
+        both: &[u8],
+        pc: u64,
+    ) -> Result<Option<CodeBlob>, HotSpotError> {
+        let skip = layout.heap_block_size as usize;
+        if field(both, layout.heap_block_used, 1) == 0 {
             return Ok(None);
         }
         let start = block + layout.heap_block_size;
-        let header = &both[skip..];
+        let header = both.get(skip..).unwrap_or_default();
         let size = field_i32(header, layout.code_blob_size);
         let size = u64::try_from(size)
             .ok()

@@ -36,7 +36,7 @@ mod unwind;
 #[cfg(test)]
 mod tests;
 
-pub use codecache::{BlobKind, CodeBlob, CodeCache};
+pub use codecache::{BlobCounts, BlobKind, CodeBlob, CodeCache};
 pub use layout::{Layout, LayoutError};
 pub use method::{JavaMethod, MethodNamer, NamerCounts};
 pub use names::{FrameKind, JavaNamer, NamedJavaFrame};

@@ -13,23 +13,26 @@
 
 use std::{
     collections::HashMap,
+    num::NonZeroUsize,
     path::Path,
     sync::{Arc, atomic::AtomicU64},
-    time::{Duration, Instant},
 };
 
 use agent_elf::ContentKey;
 use agent_runtimes::{
     Memory,
     hotspot::{
-        CodeCache, FrameKind, FrameRegs, HotSpotError, JavaFrame, JavaNamer, JvmObject, Layout,
-        ObjectLayout, ThreadLayout, VmTables, inspect_object, java_threads, step,
+        CodeBlob, CodeCache, FrameKind, FrameRegs, HotSpotError, JavaFrame, JavaNamer, JvmObject,
+        Layout, ThreadLayout, VmTables, inspect_object, step,
     },
 };
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
+use lru::LruCache;
 use tracing::{debug, info};
 
-use super::{InterpretedFrame, JavaKind, ProcessMemory, Runtime, UserFrame};
+use super::{
+    InterpretedFrame, JavaKind, ProcessMemory, Runtime, UserFrame, java_threads::JvmThreads,
+};
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
     stats::Stats,
@@ -63,70 +66,104 @@ struct Jvm {
     layout: Layout,
     cache: CodeCache,
     namer: JavaNamer,
+    /// Compiled frames as spliced, by their nmethod's code start and
+    /// compile id and the frame's pc (and whether it is a return
+    /// address). The sample's unwind found that nmethod by its header,
+    /// compile id included, after the sample: the same compilation, alive,
+    /// keeping its methods alive, so its frames' names hold without
+    /// reading the methods again.
+    compiled: LruCache<CompiledAt, Arc<[(FrameKind, UserFrame)]>>,
     threads: Option<JvmThreads>,
 }
 
-/// Most thread names remembered of one JVM.
-const MAX_THREAD_NAMES: usize = 4096;
+/// Most compiled frames' names remembered of one JVM.
+const MAX_COMPILED_FRAMES: usize = 4096;
 
-/// How long a JVM's thread names are believed (a thread may rename
-/// itself), and how soon after a read an unknown thread reads them again.
-const THREAD_NAMES_FRESH: Duration = Duration::from_secs(10);
-const THREAD_NAMES_RETRY: Duration = Duration::from_secs(1);
+/// A compiled frame: its nmethod's code start and compile id, its pc and
+/// whether the pc is a return address.
+type CompiledAt = (u64, i32, u64, bool);
 
-/// The Java names of one JVM's threads, as last read.
-struct JvmThreads {
-    layout: ThreadLayout,
-    /// Read once the JVM has loaded `Thread` and `String`.
-    objects: Option<ObjectLayout>,
-    names: HashMap<u32, Arc<str>>,
-    read_at: Option<Instant>,
+impl Jvm {
+    /// Appends the frames `frame`, found at `address`, stands for.
+    fn name(
+        &mut self,
+        memory: &mut ProcessMemory,
+        stats: &Stats,
+        frame: &JavaFrame,
+        address: u64,
+        out: &mut Vec<UserFrame>,
+    ) {
+        if let JavaFrame::Stub { name } = frame {
+            // Generated code of the JVM: named by its blob, a frame of the
+            // JVM rather than of Java.
+            out.push(UserFrame::Interpreted(Arc::new(InterpretedFrame {
+                runtime: Runtime::Java(JavaKind::Generated),
+                function: format!("[{name}]").into(),
+                file: "".into(),
+                line: 0,
+            })));
+            return;
+        }
+        let at = match *frame {
+            JavaFrame::Compiled {
+                code,
+                compile_id,
+                pc,
+                exact,
+                ..
+            } => Some((code, compile_id, pc, exact)),
+            _ => None,
+        };
+        if let Some(named) = at.and_then(|at| self.compiled.get(&at)) {
+            for (kind, frame) in named.iter() {
+                Stats::inc(frame_counter(stats, *kind));
+                out.push(frame.clone());
+            }
+            return;
+        }
+        match self.namer.name(memory, &self.layout, &self.cache, frame) {
+            Ok(named) if named.is_empty() => out.push(UserFrame::Native(address)),
+            Ok(named) => {
+                let named: Arc<[(FrameKind, UserFrame)]> = named
+                    .into_iter()
+                    .map(|named| {
+                        let frame = UserFrame::Interpreted(Arc::new(InterpretedFrame {
+                            runtime: Runtime::Java(kind_of(named.kind)),
+                            function: named.method.function().into(),
+                            file: named.method.file.clone(),
+                            line: named.line,
+                        }));
+                        (named.kind, frame)
+                    })
+                    .collect();
+                for (kind, frame) in named.iter() {
+                    Stats::inc(frame_counter(stats, *kind));
+                    out.push(frame.clone());
+                }
+                if let Some(at) = at {
+                    self.compiled.put(at, named);
+                }
+            }
+            Err(error) => {
+                debug!(%error, ?frame, "Java frame not named");
+                Stats::inc(match is_stale(&error) {
+                    true => &stats.java_name_stale,
+                    false => &stats.java_name_failures,
+                });
+                out.push(unknown());
+            }
+        }
+    }
 }
 
-impl JvmThreads {
-    fn name(&mut self, tgid: u32, tid: u32) -> Option<Arc<str>> {
-        let age = self.read_at.map(|at| at.elapsed());
-        let stale = match age {
-            None => true,
-            Some(age) => {
-                age > THREAD_NAMES_FRESH
-                    || (!self.names.contains_key(&tid) && age > THREAD_NAMES_RETRY)
-            }
-        };
-        if stale {
-            self.read_at = Some(Instant::now());
-            self.names.clear();
-            if let Err(error) = self.read(tgid) {
-                debug!(tgid, %error, "Java thread names not read");
-            }
-        }
-        self.names.get(&tid).cloned()
-    }
-
-    fn read(&mut self, tgid: u32) -> Result<(), HotSpotError> {
-        let mut memory = ProcessMemory::new(tgid);
-        let objects = match &self.objects {
-            Some(objects) => objects,
-            None => self
-                .objects
-                .insert(ObjectLayout::read(&mut memory, &self.layout)?),
-        };
-        for (tid, thread) in java_threads(&mut memory, &self.layout)? {
-            if self.names.len() >= MAX_THREAD_NAMES {
-                break;
-            }
-            if thread == 0 {
-                continue;
-            }
-            match objects.thread_name(&mut memory, &self.layout, thread) {
-                Ok(name) => {
-                    self.names.insert(tid, name.into());
-                }
-                Err(error) => debug!(tgid, tid, %error, "Java thread name not read"),
-            }
-        }
-        Ok(())
-    }
+/// A Java frame that could not be named.
+fn unknown() -> UserFrame {
+    UserFrame::Interpreted(Arc::new(InterpretedFrame {
+        runtime: Runtime::Java(JavaKind::Generated),
+        function: "<unknown>".into(),
+        file: "".into(),
+        line: 0,
+    }))
 }
 
 enum State {
@@ -162,7 +199,17 @@ pub struct JavaRuntime {
 /// The Java frames one unwind found, by their index among its frames.
 #[derive(Default)]
 pub struct JavaFrames {
-    frames: Vec<(usize, u64, JavaFrame)>,
+    frames: Vec<Found>,
+}
+
+/// A Java frame an unwind found.
+struct Found {
+    depth: usize,
+    ip: u64,
+    frame: JavaFrame,
+    /// The blob remembered from earlier samples that the frame was unwound
+    /// with, unread: its header is checked before the frame is named.
+    unchecked: Option<CodeBlob>,
 }
 
 /// One process's JVM as the unwinder asks about its frames.
@@ -188,17 +235,22 @@ impl JvmUnwinder<'_> {
         } else {
             frame.ip.wrapping_sub(1)
         };
-        let blob = match jvm.cache.find(&mut self.memory, &jvm.layout, lookup) {
-            Ok(Some(blob)) => blob,
-            Ok(None) => {
-                Stats::inc(&self.stats.java_unwind_failures);
-                return Some(ForeignStep::Stop);
-            }
-            Err(error) => {
-                debug!(%error, "no code blob for a Java frame");
-                Stats::inc(&self.stats.java_unwind_failures);
-                return Some(ForeignStep::Stop);
-            }
+        // A blob remembered is taken as it was and checked with the
+        // sample's others in one read when the frames are named.
+        let (blob, unchecked) = match jvm.cache.remembered(lookup) {
+            Some(blob) => (blob, true),
+            None => match jvm.cache.find(&mut self.memory, &jvm.layout, lookup) {
+                Ok(Some(blob)) => (blob, false),
+                Ok(None) => {
+                    Stats::inc(&self.stats.java_unwind_failures);
+                    return Some(ForeignStep::Stop);
+                }
+                Err(error) => {
+                    debug!(%error, "no code blob for a Java frame");
+                    Stats::inc(&self.stats.java_unwind_failures);
+                    return Some(ForeignStep::Stop);
+                }
+            },
         };
         let regs = FrameRegs {
             ip: frame.ip,
@@ -214,7 +266,12 @@ impl JvmUnwinder<'_> {
             &|address| stack.word(address),
         ) {
             Ok(step) => {
-                self.found.frames.push((frame.depth, frame.ip, step.frame));
+                self.found.frames.push(Found {
+                    depth: frame.depth,
+                    ip: frame.ip,
+                    frame: step.frame,
+                    unchecked: unchecked.then_some(blob),
+                });
                 Some(ForeignStep::Caller {
                     ip: step.caller.ip,
                     sp: step.caller.sp,
@@ -330,12 +387,7 @@ impl JavaRuntime {
             "unwinding the Java frames of a JVM"
         );
         let threads = match ThreadLayout::new(&tables) {
-            Ok(layout) => Some(JvmThreads {
-                layout,
-                objects: None,
-                names: HashMap::new(),
-                read_at: None,
-            }),
+            Ok(layout) => Some(JvmThreads::new(layout)),
             Err(error) => {
                 debug!(tgid = image.tgid, %error, "Java thread names are not read");
                 None
@@ -345,6 +397,9 @@ impl JavaRuntime {
             layout,
             cache,
             namer: JavaNamer::new(),
+            compiled: LruCache::new(
+                NonZeroUsize::new(MAX_COMPILED_FRAMES).unwrap_or(NonZeroUsize::MIN),
+            ),
             threads,
         }))
     }
@@ -438,61 +493,50 @@ impl JavaRuntime {
             return native.into_iter().map(UserFrame::Native).collect();
         };
         let mut memory = ProcessMemory::new(tgid);
-        let mut out = Vec::with_capacity(native.len() + found.frames.len());
+        // The frames of the unwind that was kept: recorded at the depth and
+        // address of a frame of `native` (others belong to an attempt that
+        // was not kept).
         let mut recorded = found.frames.iter().peekable();
-        for (depth, &address) in native.iter().enumerate() {
-            // Frames recorded at a depth whose address is not this one's
-            // belong to an unwind that was not kept.
-            let Some((_, _, frame)) =
-                recorded.next_if(|(at, ip, _)| *at == depth && *ip == address)
-            else {
-                out.push(UserFrame::Native(address));
-                continue;
-            };
-            if let JavaFrame::Stub { name } = frame {
-                // Generated code of the JVM: named by its blob, a frame of
-                // the JVM rather than of Java.
-                out.push(UserFrame::Interpreted(Arc::new(InterpretedFrame {
-                    runtime: Runtime::Java(JavaKind::Generated),
-                    function: format!("[{name}]").into(),
-                    file: "".into(),
-                    line: 0,
-                })));
-                continue;
+        let kept: Vec<Option<&Found>> = native
+            .iter()
+            .enumerate()
+            .map(|(depth, &address)| {
+                recorded.next_if(|found| found.depth == depth && found.ip == address)
+            })
+            .collect();
+        // The blobs taken unread, checked at once: from the first that
+        // changed on, the unwind went by what is no longer there.
+        let unchecked: Vec<(usize, (u64, &CodeBlob))> = kept
+            .iter()
+            .enumerate()
+            .filter_map(|(depth, found)| {
+                let found = (*found)?;
+                Some((depth, (found.ip, found.unchecked.as_ref()?)))
+            })
+            .collect();
+        let blobs: Vec<(u64, &CodeBlob)> = unchecked.iter().map(|(_, blob)| *blob).collect();
+        let changed = jvm
+            .cache
+            .check(&mut memory, &jvm.layout, &blobs)
+            .map_or(usize::MAX, |index| unchecked[index].0);
+        let mut out = Vec::with_capacity(native.len() + found.frames.len());
+        for (depth, (&address, found)) in native.iter().zip(&kept).enumerate() {
+            if depth >= changed {
+                Stats::inc(&self.stats.java_name_stale);
+                out.push(unknown());
+                break;
             }
-            match jvm.namer.name(&mut memory, &jvm.layout, &jvm.cache, frame) {
-                Ok(named) if named.is_empty() => out.push(UserFrame::Native(address)),
-                Ok(named) => {
-                    for frame in &named {
-                        Stats::inc(frame_counter(&self.stats, frame.kind));
-                    }
-                    out.extend(named.into_iter().map(|named| {
-                        UserFrame::Interpreted(Arc::new(InterpretedFrame {
-                            runtime: Runtime::Java(kind_of(named.kind)),
-                            function: named.method.function().into(),
-                            file: named.method.file.clone(),
-                            line: named.line,
-                        }))
-                    }));
-                }
-                Err(error) => {
-                    debug!(tgid, %error, ?frame, "Java frame not named");
-                    Stats::inc(match is_stale(&error) {
-                        true => &self.stats.java_name_stale,
-                        false => &self.stats.java_name_failures,
-                    });
-                    out.push(UserFrame::Interpreted(Arc::new(InterpretedFrame {
-                        runtime: Runtime::Java(JavaKind::Generated),
-                        function: "<unknown>".into(),
-                        file: "".into(),
-                        line: 0,
-                    })));
-                }
+            match found {
+                Some(found) => jvm.name(&mut memory, &self.stats, &found.frame, address, &mut out),
+                None => out.push(UserFrame::Native(address)),
             }
         }
         let counts = jvm.namer.take_counts();
         Stats::add(&self.stats.java_method_cache_hits, counts.hits);
         Stats::add(&self.stats.java_method_cache_misses, counts.misses);
+        let blobs = jvm.cache.take_counts();
+        Stats::add(&self.stats.java_blob_cache_hits, blobs.hits);
+        Stats::add(&self.stats.java_blob_cache_misses, blobs.misses);
         out
     }
 

@@ -7,6 +7,7 @@
 //! each through one trait, [`RuntimeSupport`] (`support`).
 
 mod java;
+mod java_threads;
 mod memory;
 mod node;
 mod python;

@@ -913,7 +913,8 @@ declare_metrics! {
         "Java frames that could not be made sense of, by stage: unwind (no code blob at \
         the frame's pc, or its frame did not lead back into Java code; the stack ends \
         there), name (its method or debug information could not be read or did not check \
-        out), stale (its compiled method was gone or replaced by the time firn named it); \
+        out), stale (its compiled method gone or replaced by the time firn named it, or a \
+        code blob the unwind took as remembered changed: the stack ends there); \
         a frame not named is shown as <unknown>, never misnamed."
     {
         stats: [
@@ -934,6 +935,18 @@ declare_metrics! {
             java_method_cache_hits { result = "hit" },
             /// Java method cache misses.
             java_method_cache_misses { result = "miss" },
+        ],
+    }
+    java_blob_cache: Counter,
+        "Lookups of the code blob holding a Java frame's pc, by result: hit (a blob found \
+        before, believed after its header was read again and said the same), miss (found \
+        through the code heap's segment map)."
+    {
+        stats: [
+            /// Code blobs checked by their header alone.
+            java_blob_cache_hits { result = "hit" },
+            /// Code blobs found through the segment map.
+            java_blob_cache_misses { result = "miss" },
         ],
     }
     node_processes: Counter,

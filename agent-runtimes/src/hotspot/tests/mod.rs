@@ -324,6 +324,50 @@ fn compiled_methods_are_found_and_their_scopes_named() {
 }
 
 #[test]
+fn a_blob_found_again_is_believed_only_while_its_header_says_the_same() {
+    for capture in CAPTURES {
+        let mut loaded = load(capture);
+        let (_, layout) = layout_of(&mut loaded);
+        let cache = CodeCache::read(&mut loaded.memory, &layout).expect("the code heaps");
+        let nmethod = loaded.nmethods[0];
+        let find = |loaded: &mut Loaded, pc: u64| {
+            cache
+                .find(&mut loaded.memory, &layout, pc)
+                .expect("readable")
+                .expect("a blob")
+        };
+        let blob = find(&mut loaded, nmethod);
+        assert_eq!(cache.take_counts(), BlobCounts { hits: 0, misses: 1 });
+        assert_eq!(find(&mut loaded, nmethod + 0x10), blob);
+        assert_eq!(cache.take_counts(), BlobCounts { hits: 1, misses: 0 });
+        // Another compilation at the same place: the header says so, and
+        // the segment map is walked again.
+        let other = blob.compile_id + 1;
+        loaded
+            .memory
+            .write(blob.start + layout.nmethod.compile_id, &other.to_le_bytes());
+        let again = find(&mut loaded, nmethod + 0x10);
+        assert_eq!(again.compile_id, other, "{}", capture.name);
+        assert_eq!(cache.take_counts(), BlobCounts { hits: 0, misses: 1 });
+        assert_eq!(find(&mut loaded, nmethod), again);
+        assert_eq!(cache.take_counts(), BlobCounts { hits: 1, misses: 0 });
+        // Taken unread, then checked with the sample's others.
+        let remembered = cache.remembered(nmethod + 0x20).expect("remembered");
+        assert_eq!(remembered, again);
+        let pcs = [(nmethod + 0x20, &remembered), (nmethod, &remembered)];
+        assert_eq!(cache.check(&mut loaded.memory, &layout, &pcs), None);
+        assert_eq!(cache.take_counts(), BlobCounts { hits: 2, misses: 0 });
+        loaded.memory.write(
+            blob.start + layout.nmethod.compile_id,
+            &blob.compile_id.to_le_bytes(),
+        );
+        assert_eq!(cache.check(&mut loaded.memory, &layout, &pcs), Some(0));
+        assert_eq!(cache.remembered(nmethod), None, "forgotten");
+        assert_eq!(find(&mut loaded, nmethod), blob);
+    }
+}
+
+#[test]
 fn a_method_whose_pool_is_not_its_class_is_refused() {
     for capture in captures("c1") {
         a_method_whose_pool_is_not_its_class_is_refused_in(capture);

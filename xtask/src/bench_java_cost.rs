@@ -1,0 +1,358 @@
+//! What each profiler's sample costs, measured on fixed work
+//! (`tests/workloads/java/ChainWork.java`): the same number of iterations of
+//! the chain on one thread, run alone, under async-profiler and under firn
+//! in turn, rounds after rounds in one JVM (the order rotating each round).
+//!
+//! async-profiler's signal handler runs in the sampled threads, so its work
+//! is CPU time of the JVM: the same work takes more of it. Its cost per
+//! sample is (the JVM's CPU for the work with it − without) / the samples
+//! it recorded. It samples every 1 ms here (ten times the main bench's
+//! rate) so that its cost stands well above the round-to-round noise of the
+//! JVM's CPU. firn's cost per sample is its own CPU over the work (and a
+//! moment after, as it drains what was sampled) plus what the JVM took
+//! beyond working alone (the BPF program runs in the sampled thread too),
+//! over the samples it recorded of the JVM, at 1000 Hz. The workload is one
+//! thread: the other CPU is free for firn, so neither profiler's cost turns
+//! into lost throughput instead of CPU time.
+
+use std::{
+    fs,
+    io::{BufRead, BufReader, Write},
+    path::Path,
+    process::{Child, ChildStdin, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+
+use crate::{
+    bench::{BenchArgs, median},
+    bench_java::{Tools, async_profiler_command},
+    bench_python::probes::cpu_seconds,
+};
+
+/// At least this many rounds, whatever `--rounds` says: the spread is
+/// reported.
+const MIN_ROUNDS: usize = 5;
+/// Seconds of work in each measurement.
+const WORK_SECONDS: f64 = 4.0;
+/// Sampling period of both profilers here.
+const RATE_HZ: u64 = 1000;
+/// How long firn is given after the work to drain what it sampled.
+const DRAIN: Duration = Duration::from_millis(300);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Alone,
+    AsyncProfiler,
+    Firn,
+}
+
+/// One measurement of the fixed work.
+#[derive(Clone, Copy, Debug, Default)]
+struct Work {
+    /// The JVM's CPU seconds for the work.
+    jvm_cpu: f64,
+    /// firn's own CPU seconds over it; 0 for the others.
+    firn_cpu: f64,
+    /// Samples the profiler recorded.
+    samples: u64,
+}
+
+/// µs per sample of each profiler under one JVM, each round's.
+#[derive(Clone, Debug, Default)]
+pub struct Costs {
+    async_profiler: Vec<f64>,
+    firn: Vec<f64>,
+}
+
+/// The fixed-work JVM: its stdin takes a batch size, its stdout says when
+/// a batch is done.
+struct Jvm {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Jvm {
+    fn start(tools: &Tools, java: &Path) -> Result<Self> {
+        let mut child = Command::new(java)
+            .arg(format!("-agentpath:{}", tools.library.display()))
+            .arg("-cp")
+            .arg(&tools.classes)
+            .args(["ChainWork", "5"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("could not start {}", java.display()))?;
+        let stdin = child.stdin.take().context("the workload's stdin")?;
+        let stdout = child.stdout.take().context("the workload's stdout")?;
+        let (sender, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let jvm = Self {
+            child,
+            stdin,
+            lines,
+        };
+        jvm.wait_for("ready", Duration::from_secs(70))?;
+        Ok(jvm)
+    }
+
+    fn wait_for(&self, word: &str, wait: Duration) -> Result<()> {
+        let deadline = Instant::now() + wait;
+        loop {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) if line == word => return Ok(()),
+                // async-profiler says hello on stdout.
+                Ok(_) => {}
+                Err(error) => bail!("the fixed-work JVM did not say {word}: {error}"),
+            }
+        }
+    }
+
+    /// Runs `iterations`.
+    fn work(&mut self, iterations: u64) -> Result<()> {
+        writeln!(self.stdin, "{iterations}")?;
+        self.stdin.flush()?;
+        self.wait_for("done", Duration::from_secs(300))
+    }
+}
+
+impl Drop for Jvm {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Measures both profilers' CPU per sample on the fixed work under `java`.
+pub fn run(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<Costs> {
+    let rounds = args.rounds.max(MIN_ROUNDS);
+    println!(
+        "\nCPU per sample on fixed work under {name}: one thread, {rounds} rounds of alone, \
+         async-profiler and firn (order rotating), both at {RATE_HZ} Hz"
+    );
+    let mut jvm = Jvm::start(tools, java)?;
+    let pid = jvm.child.id();
+    // About WORK_SECONDS of the JVM's CPU, from a batch measured first (by
+    // CPU, not wall time: on a loaded machine the work waits for a CPU).
+    let probe = 2000;
+    let before = cpu_seconds(pid)?;
+    jvm.work(probe)?;
+    let seconds = cpu_seconds(pid)? - before;
+    let iterations = ((probe as f64 * WORK_SECONDS / seconds.max(1e-3)) as u64).max(probe);
+    let order = [Mode::Alone, Mode::AsyncProfiler, Mode::Firn];
+    let mut costs = Costs::default();
+    let mut spread = (Vec::new(), Vec::new());
+    let (mut alone_cpu, mut samples) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let mut measured: Vec<(Mode, Work)> = Vec::new();
+        for index in 0..order.len() {
+            let mode = order[(index + round) % order.len()];
+            measured.push((mode, measure(tools, &mut jvm, pid, mode, iterations)?));
+        }
+        let get = |mode: Mode| {
+            measured
+                .iter()
+                .find(|(m, _)| *m == mode)
+                .map(|(_, work)| *work)
+                .unwrap_or_default()
+        };
+        let (alone, ap, firn) = (get(Mode::Alone), get(Mode::AsyncProfiler), get(Mode::Firn));
+        let ap_cost = (ap.jvm_cpu - alone.jvm_cpu) * 1e6 / ap.samples.max(1) as f64;
+        let firn_bpf = (firn.jvm_cpu - alone.jvm_cpu) * 1e6 / firn.samples.max(1) as f64;
+        let firn_own = firn.firn_cpu * 1e6 / firn.samples.max(1) as f64;
+        println!(
+            "  round {}: JVM {:.3} CPU s alone, {:.3} with async-profiler ({} samples: {ap_cost:.1} \
+             us each), {:.3} with firn ({} samples: {firn_own:.1} us in firn + {firn_bpf:.1} us \
+             in the JVM each)",
+            round + 1,
+            alone.jvm_cpu,
+            ap.jvm_cpu,
+            ap.samples,
+            firn.jvm_cpu,
+            firn.samples,
+        );
+        alone_cpu.push(alone.jvm_cpu);
+        samples.push(ap.samples as f64);
+        costs.async_profiler.push(ap_cost);
+        costs.firn.push(firn_own + firn_bpf);
+        spread.0.push(firn_own);
+        spread.1.push(firn_bpf);
+    }
+    println!(
+        "  per sample: async-profiler {}, firn {} ({} in firn, {} in the JVM)",
+        summary(&costs.async_profiler),
+        summary(&costs.firn),
+        summary(&spread.0),
+        summary(&spread.1),
+    );
+    // What the JVM's CPU for the same work varies by alone, per sample:
+    // a difference in the JVM's CPU below this is noise.
+    let low = alone_cpu.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = alone_cpu.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    println!(
+        "  the JVM alone: {:.3} CPU s ({low:.3}–{high:.3}), a spread of {:.1} us per sample",
+        median(alone_cpu.iter().copied()),
+        (high - low) * 1e6 / median(samples.iter().copied()).max(1.0)
+    );
+    Ok(costs)
+}
+
+/// `median us (min–max)`.
+fn summary(values: &[f64]) -> String {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "{:.1} us ({min:.1}–{max:.1})",
+        median(values.iter().copied())
+    )
+}
+
+fn measure(tools: &Tools, jvm: &mut Jvm, pid: u32, mode: Mode, iterations: u64) -> Result<Work> {
+    let output = tools.work.join("java-cost-async-profiler.txt");
+    let mut firn = None;
+    match mode {
+        Mode::Alone => {}
+        Mode::AsyncProfiler => async_profiler_command(
+            tools,
+            pid,
+            &format!("start,event=cpu,interval={}us", 1_000_000 / RATE_HZ.max(1)),
+        )?,
+        Mode::Firn => firn = Some(Firn::start(tools, pid)?),
+    }
+    let firn_cpu = |firn: &Option<Firn>| firn.as_ref().map_or(Ok(0.0), |f| cpu_seconds(f.pid()));
+    // A first batch, not measured, so that what a profiler does once per
+    // process (firn reads the JVM's tables and code heaps) is not charged
+    // to the samples; its samples are taken out of the count in proportion
+    // to the JVM's CPU.
+    let warm_start = cpu_seconds(pid)?;
+    jvm.work(iterations / 10)?;
+    let (jvm_before, firn_before) = (cpu_seconds(pid)?, firn_cpu(&firn)?);
+    jvm.work(iterations)?;
+    let jvm_after = cpu_seconds(pid)?;
+    let mut work = Work {
+        jvm_cpu: jvm_after - jvm_before,
+        ..Work::default()
+    };
+    let samples = match mode {
+        Mode::Alone => 0,
+        Mode::AsyncProfiler => {
+            async_profiler_command(
+                tools,
+                pid,
+                &format!("stop,file={},collapsed", output.display()),
+            )?;
+            let text = fs::read_to_string(&output)
+                .with_context(|| format!("async-profiler wrote no {}", output.display()))?;
+            text.lines()
+                .filter_map(|line| line.rsplit_once(' ')?.1.parse::<u64>().ok())
+                .sum()
+        }
+        Mode::Firn => {
+            thread::sleep(DRAIN);
+            work.firn_cpu = firn_cpu(&firn)? - firn_before;
+            firn.context("firn started")?.stop()?
+        }
+    };
+    let share = work.jvm_cpu / (jvm_after - warm_start).max(1e-9);
+    work.samples = (samples as f64 * share).round() as u64;
+    Ok(work)
+}
+
+/// firn recording the JVM until stopped.
+struct Firn {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Firn {
+    fn start(tools: &Tools, pid: u32) -> Result<Self> {
+        let log = tools.work.join("java-cost-firn.log");
+        let child = Command::new(&tools.firn)
+            .args(["record", "--pid", &pid.to_string(), "--frequency"])
+            .arg(RATE_HZ.to_string())
+            .args(["--duration", "600s", "--output"])
+            .arg(tools.work.join("java-cost-firn.pb.gz"))
+            .stdout(Stdio::null())
+            .stderr(
+                fs::File::create(&log)
+                    .with_context(|| format!("could not create {}", log.display()))?,
+            )
+            .spawn()
+            .context("could not start firn")?;
+        let firn = Self { child, log };
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !fs::read_to_string(&firn.log)
+            .unwrap_or_default()
+            .contains("recording")
+        {
+            if Instant::now() > deadline {
+                bail!("firn did not start sampling: see {}", firn.log.display());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        Ok(firn)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Stops firn (SIGINT: it writes its profile); returns the samples it
+    /// recorded, from its last line.
+    fn stop(mut self) -> Result<u64> {
+        // SAFETY: signalling our own child, which has not been waited for.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("firn failed ({status}); see {}", self.log.display());
+        }
+        let text = fs::read_to_string(&self.log)?;
+        text.lines()
+            .rev()
+            .find(|line| line.contains("profile written"))
+            .and_then(|line| {
+                line.split_whitespace()
+                    .find_map(|field| field.strip_prefix("samples=")?.parse().ok())
+            })
+            .with_context(|| format!("firn wrote no profile: see {}", self.log.display()))
+    }
+}
+
+impl Drop for Firn {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The last lines of the Java bench: CPU per sample side by side.
+pub fn print_summary(per_jvm: &[(String, f64, Costs)]) {
+    println!(
+        "\nCPU per sample, fixed work at {RATE_HZ} Hz (median over rounds, min–max): \
+         async-profiler's handler time in the JVM, firn's own CPU plus its BPF time in the JVM"
+    );
+    for (name, window, costs) in per_jvm {
+        let ap = median(costs.async_profiler.iter().copied());
+        let firn = median(costs.firn.iter().copied());
+        println!(
+            "  {name:<8} async-profiler {}, firn {} (ratio firn/async-profiler {:.2}); firn in \
+             the main bench's window: {window:.1} us",
+            summary(&costs.async_profiler),
+            summary(&costs.firn),
+            firn / ap
+        );
+    }
+}
