@@ -247,6 +247,31 @@ fn print_table(runs: &[(Profiler, Run)], baselines: &[Run], args: &BenchArgs) ->
     firn_per_sample
 }
 
+/// `command` (running `program`) with its stdin piped and its stdout's
+/// lines on a channel, read by a thread of their own so that a wait for
+/// one can time out.
+pub fn spawn_talking(
+    command: &mut Command,
+    program: &Path,
+) -> Result<(Child, ChildStdin, mpsc::Receiver<String>)> {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("could not start {}", program.display()))?;
+    let stdin = child.stdin.take().context("the workload's stdin")?;
+    let stdout = child.stdout.take().context("the workload's stdout")?;
+    let (sender, lines) = mpsc::channel();
+    thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    Ok((child, stdin, lines))
+}
+
 /// The workload, its stdin (a line asks for its progress) and its stdout's
 /// lines.
 struct Workload {
@@ -261,24 +286,11 @@ impl Workload {
         if agent {
             command.arg(format!("-agentpath:{}", tools.library.display()));
         }
-        let mut child = command
+        command
             .arg("-cp")
             .arg(&tools.classes)
-            .args(["ChainBench", &WARMUP_SECONDS.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("could not start {}", java.display()))?;
-        let stdin = child.stdin.take().context("the workload's stdin")?;
-        let stdout = child.stdout.take().context("the workload's stdout")?;
-        let (sender, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if sender.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+            .args(["ChainBench", &WARMUP_SECONDS.to_string()]);
+        let (child, stdin, lines) = spawn_talking(&mut command, java)?;
         let workload = Self {
             child,
             stdin,

@@ -17,7 +17,7 @@
 
 use std::{
     fs,
-    io::{BufRead, BufReader, Write},
+    io::Write,
     path::Path,
     process::{Child, ChildStdin, Command, Stdio},
     sync::mpsc,
@@ -29,7 +29,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::{
     bench::{BenchArgs, median},
-    bench_java::{Tools, async_profiler_command},
+    bench_java::{Tools, async_profiler_command, spawn_talking},
     bench_python::probes::cpu_seconds,
 };
 
@@ -78,25 +78,14 @@ struct Jvm {
 
 impl Jvm {
     fn start(tools: &Tools, java: &Path) -> Result<Self> {
-        let mut child = Command::new(java)
-            .arg(format!("-agentpath:{}", tools.library.display()))
-            .arg("-cp")
-            .arg(&tools.classes)
-            .args(["ChainWork", "5"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("could not start {}", java.display()))?;
-        let stdin = child.stdin.take().context("the workload's stdin")?;
-        let stdout = child.stdout.take().context("the workload's stdout")?;
-        let (sender, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if sender.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let (child, stdin, lines) = spawn_talking(
+            Command::new(java)
+                .arg(format!("-agentpath:{}", tools.library.display()))
+                .arg("-cp")
+                .arg(&tools.classes)
+                .args(["ChainWork", "5"]),
+            java,
+        )?;
         let jvm = Self {
             child,
             stdin,
