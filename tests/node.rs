@@ -175,25 +175,8 @@ struct Frame {
 /// The samples of `pid`'s main thread (those under `node::Start`), leaf
 /// first, with their counts.
 fn main_thread(profile: &Profile, pid: u32) -> Vec<(Vec<Frame>, i64)> {
-    let pid = pid.to_string();
-    Reader::new(profile)
-        .samples()
-        .filter(|sample| sample.label("pid") == Some(pid.as_str()))
-        .map(|sample| {
-            let frames = sample
-                .frames()
-                .iter()
-                .map(|frame| Frame {
-                    name: frame.display_name(),
-                    file: frame.file.to_owned(),
-                    line: frame.line,
-                    javascript: frame
-                        .mapping
-                        .is_some_and(|mapping| mapping.filename == JS_MAPPING),
-                })
-                .collect::<Vec<_>>();
-            (frames, sample.count())
-        })
+    all_threads(profile, pid)
+        .into_iter()
         .filter(|(frames, _)| frames.iter().any(|frame| frame.name == "node::Start"))
         .collect()
 }
