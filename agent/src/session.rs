@@ -28,6 +28,7 @@ use crate::{
 };
 
 mod hold;
+mod loading;
 use hold::{HeldSamples, Released, mirror_exit_maps, page_size};
 
 /// The reader drains at least this often: the BPF side only wakes it once
@@ -454,6 +455,7 @@ impl Pipeline {
     }
 
     fn housekeeping(&mut self) {
+        self.read_loading();
         self.release_waiting();
         let now = Instant::now();
         if now.duration_since(self.last_expire) >= EXPIRE_INTERVAL {
@@ -593,6 +595,12 @@ impl Session {
         tokio::pin!(until);
         let mut pending = false;
         loop {
+            // A process a runtime waits for is read again when due, not at
+            // the next drain.
+            let loading = self.pipeline.next_loading();
+            let read_loading = tokio::time::sleep_until(
+                loading.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std),
+            );
             tokio::select! {
                 // The deadline first: it must win over a busy ring buffer.
                 biased;
@@ -608,6 +616,7 @@ impl Session {
                     pending = self.drain(DRAIN_SLICE);
                 }
                 _ = drain.tick() => pending = self.drain(DRAIN_SLICE),
+                () = read_loading, if loading.is_some() => pending = self.drain(DRAIN_SLICE),
             }
         }
     }
