@@ -5,6 +5,7 @@
 
 use agent_common::{COMM_LEN, Counter, LOG_TARGET, ProcessRecord, RecordKind};
 use aya_ebpf::{
+    bindings::BPF_RB_FORCE_WAKEUP,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_probe_read_kernel,
         generated::bpf_ktime_get_ns,
@@ -151,6 +152,13 @@ fn process_event(kind: RecordKind) -> bool {
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
     });
-    entry.submit(wakeup_flag(&config));
+    // A new image wakes the reader at once: the daemon reads its maps and
+    // registers an interpreter with its walker, which it can only do while
+    // the process lives, and before its first samples are taken.
+    let flag = match kind {
+        RecordKind::Exec => BPF_RB_FORCE_WAKEUP as u64,
+        _ => wakeup_flag(&config),
+    };
+    entry.submit(flag);
     true
 }

@@ -15,7 +15,7 @@ use agent_common::{
 };
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_F_USER_STACK, pt_regs},
+    bindings::{BPF_F_USER_STACK, BPF_RB_FORCE_WAKEUP, pt_regs},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid,
         generated::{
@@ -329,7 +329,12 @@ unsafe fn submit(
         true => (Counter::OffCpuWritten, Counter::OffCpuLostRingFull),
         false => (Counter::SamplesWritten, Counter::SamplesLostRingFull),
     };
-    match EVENTS.output::<[u8]>(bytes, wakeup_flag(config)) {
+    // SAFETY: as above.
+    let flag = match unsafe { wakes_at_once(scratch) } {
+        true => BPF_RB_FORCE_WAKEUP as u64,
+        false => wakeup_flag(config),
+    };
+    match EVENTS.output::<[u8]>(bytes, flag) {
         Ok(()) => {
             count(written);
             Ok(())
@@ -339,6 +344,26 @@ unsafe fn submit(
             Err((len, error))
         }
     }
+}
+
+/// Whether the sample in `scratch` carries the interpreter frames of a
+/// process the daemon asked to hear of at once (`wake_until_ms`): one that
+/// just started, whose frames can only be named while it lives.
+///
+/// # Safety
+///
+/// As [`submit`].
+#[inline(always)]
+unsafe fn wakes_at_once(scratch: *const SampleScratch) -> bool {
+    // SAFETY (both): fields of the valid scratch slot; the walk's layout
+    // is this sample's whenever it recorded frames.
+    if unsafe { read_volatile(addr_of!((*scratch).record.interpreter_frames)) } == 0 {
+        return false;
+    }
+    let until = unsafe { read_volatile(addr_of!((*scratch).walk.layout.wake_until_ms)) };
+    // SAFETY: a helper without arguments or preconditions.
+    let now = (unsafe { bpf_ktime_get_ns() } / 1_000_000) as u32;
+    until != 0 && (until.wrapping_sub(now) as i32) > 0
 }
 
 /// Walks the interpreter stack of the sample `sample_cpu` handed over
