@@ -3,7 +3,7 @@
 
 use std::{num::NonZeroUsize, sync::Arc};
 
-use agent_cache::ByteBoundedCache;
+use agent_cache::{ByteBoundedCache, Found, ResidentCache};
 use agent_elf::{self as elf, BuildId, Bytes, ContentKey, ObjectKey, SymbolTable, debug_files};
 use lru::LruCache;
 use tracing::debug;
@@ -41,7 +41,11 @@ pub struct Symbolizer {
     /// Names where DWARF gives none: a Go binary's own table, else the
     /// ELF symbols.
     symbols: ByteBoundedCache<ContentKey, Arc<FunctionNames>>,
-    dwarf: ByteBoundedCache<ContentKey, DwarfInfo>,
+    /// Contexts used in the last two profiles stay: a profile that needs
+    /// more than the budget rebuilds only what does not fit, not every
+    /// context (least-recently-used order would evict each one just before
+    /// the next profile needs it).
+    dwarf: ResidentCache<ContentKey, DwarfInfo>,
     /// Objects without DWARF, with DWARF too large for the cache, or with
     /// DWARF that failed to index. Kept apart from `dwarf`, so that a
     /// context that outgrows the cache does not push them out: each would
@@ -70,7 +74,7 @@ impl Symbolizer {
             kernel_build_id,
             demangle: config.demangle,
             symbols: ByteBoundedCache::new(config.symbol_cache_bytes),
-            dwarf: ByteBoundedCache::new(config.debuginfo_cache_bytes),
+            dwarf: ResidentCache::new(config.debuginfo_cache_bytes),
             without_dwarf: LruCache::new(
                 NonZeroUsize::new(WITHOUT_DWARF).unwrap_or(NonZeroUsize::MIN),
             ),
@@ -245,7 +249,7 @@ impl Symbolizer {
             self.counts.debuginfo.hits += 1;
             return Vec::new();
         }
-        if self.dwarf.get(&key).is_some() {
+        if self.dwarf.get_mut(&key).is_some() {
             self.counts.debuginfo.hits += 1;
         } else {
             self.counts.debuginfo.misses += 1;
@@ -261,7 +265,7 @@ impl Symbolizer {
             let evicted = self.dwarf.insert(key.clone(), info, bytes);
             self.counts.debuginfo.evictions += evicted as u64;
         }
-        let Some(info) = self.dwarf.get_mut(&key) else {
+        let Some(info) = self.dwarf.get_mut(&key).map(Found::into_value) else {
             return Vec::new();
         };
         let result = info.frames(vaddr);
@@ -369,10 +373,10 @@ impl FrameSymbolizer for Symbolizer {
         self.kernel_build_id.as_ref()
     }
 
-    /// A context that grew past the whole cache while one profile was
-    /// built (its units parsed) is kept for that build only.
+    /// A context that did not fit beside those in use (or grew past the
+    /// whole cache) while one profile was built is kept for that build only.
     fn end_of_profile(&mut self) {
-        let evicted = self.dwarf.trim();
+        let evicted = self.dwarf.end_round();
         self.counts.debuginfo.evictions += evicted as u64;
         // What a profile's lookups read stays parsed in the heap; the file
         // pages behind it need not stay in the caller's RSS until the next.
