@@ -40,7 +40,9 @@ pub struct Symbolizer {
     demangle: DemangleMode,
     /// Names where DWARF gives none: a Go binary's own table, else the
     /// ELF symbols.
-    symbols: ByteBoundedCache<ContentKey, Arc<FunctionNames>>,
+    /// Kept like the DWARF contexts: libc's table is not pushed out by
+    /// the tables of a few compilers that came and went.
+    symbols: ResidentCache<ContentKey, Arc<FunctionNames>>,
     /// Contexts used in the last two profiles stay: a profile that needs
     /// more than the budget rebuilds only what does not fit, not every
     /// context (least-recently-used order would evict each one just before
@@ -73,7 +75,7 @@ impl Symbolizer {
             kernel,
             kernel_build_id,
             demangle: config.demangle,
-            symbols: ByteBoundedCache::new(config.symbol_cache_bytes),
+            symbols: ResidentCache::new(config.symbol_cache_bytes),
             dwarf: ResidentCache::new(config.debuginfo_cache_bytes),
             without_dwarf: LruCache::new(
                 NonZeroUsize::new(WITHOUT_DWARF).unwrap_or(NonZeroUsize::MIN),
@@ -146,9 +148,9 @@ impl Symbolizer {
 
     fn names(&mut self, object: &dyn ObjectSource) -> Option<Arc<FunctionNames>> {
         let key = ContentKey::of(object.key(), object.layout());
-        if let Some(names) = self.symbols.get(&key) {
+        if let Some(names) = self.symbols.get_mut(&key) {
             self.counts.symbols.hits += 1;
-            return Some(names.clone());
+            return Some(names.into_value().clone());
         }
         self.counts.symbols.misses += 1;
         let bytes = match object.bytes() {
@@ -378,6 +380,8 @@ impl FrameSymbolizer for Symbolizer {
     fn end_of_profile(&mut self) {
         let evicted = self.dwarf.end_round();
         self.counts.debuginfo.evictions += evicted as u64;
+        let evicted = self.symbols.end_round();
+        self.counts.symbols.evictions += evicted as u64;
         // What a profile's lookups read stays parsed in the heap; the file
         // pages behind it need not stay in the caller's RSS until the next.
         for info in self.dwarf.values() {
