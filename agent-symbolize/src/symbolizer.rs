@@ -165,6 +165,11 @@ impl Symbolizer {
             None => FunctionNames::symbols(self.symbol_table(object, bytes)),
         };
         let names = Arc::new(names);
+        debug!(
+            path = object.path(),
+            bytes = names.heap_bytes(),
+            "symbol table read"
+        );
         let evicted = self
             .symbols
             .insert(key, names.clone(), names.heap_bytes() + 64);
