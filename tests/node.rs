@@ -4,7 +4,8 @@
 //! `--no-opt` where V8 lacks it) and optimized (TurboFan, after warm-up,
 //! inlining off so each function keeps its frame): the chain in order with
 //! its script file, a class method (by its class) and a closure, an async
-//! function resumed after `await`; with `--nodejs=false`,
+//! function resumed after `await`, a function TurboFan inlined into its
+//! caller as a frame of its own (inlining on); with `--nodejs=false`,
 //! native stacks as before. Each check runs on Debian's Node 20
 //! (`/usr/bin/node`) and on every Node named by `FIRN_NODE_18`,
 //! `FIRN_NODE_22` and `FIRN_NODE_24` (`cargo xtask setup` installs them,
@@ -77,6 +78,9 @@ enum Tier {
     Unoptimized,
     /// TurboFan code for the whole chain, each function its own frame.
     Optimized,
+    /// TurboFan code with its inlining, no on-stack replacement (the
+    /// chain's caller stays unoptimized), inlining decisions traced.
+    Inlined,
 }
 
 impl Tier {
@@ -91,6 +95,7 @@ impl Tier {
                 }
                 flags
             }
+            Self::Inlined => vec!["--no-use-osr", "--trace-opt", "--trace-turbo-inlining"],
         }
     }
 }
@@ -121,13 +126,14 @@ impl NodeProcess {
             Duration::from_millis(500),
             Duration::from_secs(60),
         );
-        if let Tier::Optimized = tier {
+        if let Tier::Optimized | Tier::Inlined = tier {
             wait_for(
                 "TurboFan to compile the chain",
                 Duration::from_secs(60),
                 || {
                     let trace = process.trace();
                     functions.iter().all(|function| optimized(&trace, function))
+                        && (!matches!(tier, Tier::Inlined) || inlined(&trace, INLINED.0, INLINED.1))
                 },
                 || process.trace(),
             );
@@ -160,6 +166,19 @@ fn optimized(trace: &str, function: &str) -> bool {
         line.contains(&object)
             && line.contains("TURBOFAN")
             && (line.starts_with("[optimizing") || line.starts_with("[completed optimizing"))
+    })
+}
+
+/// Whether V8's `--trace-turbo-inlining` output says TurboFan inlined
+/// `callee` into `caller`.
+fn inlined(trace: &str, callee: &str, caller: &str) -> bool {
+    let callee = format!("<SharedFunctionInfo {callee}>");
+    let caller = format!("<SharedFunctionInfo {caller}>");
+    trace.lines().any(|line| {
+        line.starts_with("Inlining ")
+            && line
+                .split_once(" into ")
+                .is_some_and(|(inlined, into)| inlined.contains(&callee) && into.contains(&caller))
     })
 }
 
@@ -297,6 +316,15 @@ const METHOD_CHAIN: &[(&[&str], &str)] = &[
 /// `pump -> accumulate` on the resumed stack.
 const ASYNC_CHAIN: &[(&[&str], &str)] = &[(&["accumulate"], "accumulate"), (&["pump"], "pump")];
 
+/// The function TurboFan inlines in mode `inline`, and its caller.
+const INLINED: (&str, &str) = ("blend", "mix");
+
+const INLINE_CHAIN: &[(&[&str], &str)] = &[
+    (&["blend"], "blend"),
+    (&["mix"], "mix"),
+    (&["main"], "main"),
+];
+
 /// Records each Node running chain.js in `mode` at `tier` and checks the
 /// share of the main thread's samples holding `chain`.
 fn chain_is_named(tier: Tier, mode: &str, chain: &[(&[&str], &str)], compiled: &[&str]) {
@@ -370,6 +398,13 @@ fn optimized_async_function_resumed_after_await_is_named() {
         ASYNC_CHAIN,
         &["accumulate", "pump"],
     );
+}
+
+/// blend, which TurboFan inlined into mix, named as a frame of its own
+/// above mix, on the stack where mix runs it.
+#[test]
+fn function_inlined_by_turbofan_is_a_frame_of_its_own() {
+    chain_is_named(Tier::Inlined, "inline", INLINE_CHAIN, &["mix"]);
 }
 
 /// `--nodejs=false`: no JavaScript frame, the JIT code's frames as the

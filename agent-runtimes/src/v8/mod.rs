@@ -19,7 +19,9 @@
 //! JSFunction in a fixed slot below its frame pointer
 //! ([`FrameSlots::function`]), the root of everything that names it.
 
+mod code;
 pub(crate) mod heap;
+mod inlined;
 mod layout;
 mod namer;
 mod object;
@@ -32,6 +34,8 @@ mod walk;
 #[cfg(test)]
 mod tests;
 
+pub use code::{CodeKind, CodeLayout, DeoptIndexes, MAX_CODE_BYTES};
+pub use inlined::InlineError;
 pub use layout::{
     Fields, FrameSlots, Layout, LayoutError, Receivers, ScopeInfoSlots, StringTags, Tagging, Types,
 };

@@ -14,7 +14,9 @@ use agent_cache::ByteBoundedCache;
 
 use super::{
     ChainFrame, Layout,
+    code::CodeFinder,
     heap::{instance_type, is_string, read_string, tagged_field},
+    inlined::{InlineError, Inliner},
     position::{LINE_CACHE_BYTES, LineCache, Position, line_and_column, start_position},
     receiver::{CLASS_CACHE_BYTES, ClassCache, class_constructor, class_key, qualified},
     scope::scope_info_name,
@@ -106,6 +108,8 @@ pub struct V8Namer {
     classes: ClassCache,
     lines: LineCache,
     counts: NamerCounts,
+    /// Where the build says enough to find a frame's code.
+    code: Option<(CodeFinder, Inliner)>,
 }
 
 impl V8Namer {
@@ -117,6 +121,9 @@ impl V8Namer {
             classes: ClassCache::new(CLASS_CACHE_BYTES),
             lines: LineCache::new(LINE_CACHE_BYTES),
             counts: NamerCounts::default(),
+            code: layout
+                .code
+                .map(|code| (CodeFinder::new(code), Inliner::new(code))),
         }
     }
 
@@ -170,23 +177,33 @@ impl V8Namer {
             layout.types.shared_function_info,
             "SharedFunctionInfo",
         )?;
-        let sfi = layout.tagging.untag(shared);
-        let name_or_scope =
-            tagged_field(memory, &layout, sfi, layout.fields.sfi_name_or_scope_info)?;
-        let script = tagged_field(memory, &layout, sfi, layout.fields.sfi_script)?;
-        let key = (shared, name_or_scope, script);
         let map = tagged_field(
             memory,
             &layout,
             layout.tagging.untag(function),
             layout.fields.heap_object_map,
         )?;
-        let seen_key = [function, map, shared, name_or_scope, script];
+        let (named, [name_or_scope, script]) = self.shared(memory, shared)?;
+        self.remember([function, map, shared, name_or_scope, script], &named);
+        Ok(named)
+    }
+
+    /// The function whose SharedFunctionInfo is `shared` (tagged, checked
+    /// already), with the two fields it is named from.
+    fn shared(
+        &mut self,
+        memory: &mut dyn Memory,
+        shared: u64,
+    ) -> Result<(JsFunction, [u64; 2]), NameError> {
+        let layout = self.layout;
+        let sfi = layout.tagging.untag(shared);
+        let name_or_scope =
+            tagged_field(memory, &layout, sfi, layout.fields.sfi_name_or_scope_info)?;
+        let script = tagged_field(memory, &layout, sfi, layout.fields.sfi_script)?;
+        let key = (shared, name_or_scope, script);
         if let Some(named) = self.cache.get(&key) {
             self.counts.hits += 1;
-            let named = named.clone();
-            self.remember(seen_key, &named);
-            return Ok(named);
+            return Ok((named.clone(), [name_or_scope, script]));
         }
         self.counts.misses += 1;
         let name = function_name(memory, &layout, name_or_scope)?;
@@ -201,8 +218,7 @@ impl V8Namer {
         };
         let weight = named.weight();
         self.cache.insert(key, named.clone(), weight);
-        self.remember(seen_key, &named);
-        Ok(named)
+        Ok((named, [name_or_scope, script]))
     }
 
     /// What keys a function already named: the JSFunction, its map and
@@ -233,6 +249,47 @@ impl V8Namer {
 }
 
 impl V8Namer {
+    /// The functions inlined into an optimized frame's code at its pc,
+    /// innermost first (empty when none is, or when the frame runs
+    /// baseline code): `function`, the frame's function slot as
+    /// [`V8Namer::name`] takes it; `pc`, the sample's instruction pointer
+    /// for the innermost frame (`leaf`), else the frame's return address.
+    /// Meant for frames [`V8Namer::tier`] finds optimized; an interpreted
+    /// frame's pc is in V8's builtins, where no code object is found.
+    pub fn inlined(
+        &mut self,
+        memory: &mut dyn Memory,
+        function: u64,
+        pc: u64,
+        leaf: bool,
+    ) -> Result<Vec<JsFunction>, InlineError> {
+        let layout = self.layout;
+        let Some((finder, inliner)) = self.code.as_mut() else {
+            return Ok(Vec::new());
+        };
+        // A return address is just past its call, which may be the last
+        // instruction of an inlined function.
+        let pc = if leaf { pc } else { pc.wrapping_sub(1) };
+        let found = finder
+            .find(memory, &layout, pc)?
+            .ok_or(InlineError::NoCode { pc })?;
+        if found.baseline {
+            return Ok(Vec::new());
+        }
+        let shared = tagged_field(
+            memory,
+            &layout,
+            layout.tagging.untag(function),
+            layout.fields.js_function_shared,
+        )?;
+        let inlined = inliner.inlined(memory, &layout, &found, shared, pc - found.start)?;
+        let mut named = Vec::with_capacity(inlined.len());
+        for shared in inlined {
+            named.push(self.shared(memory, shared)?.0);
+        }
+        Ok(named)
+    }
+
     /// [`V8Namer::name`], with a method called on an instance of a
     /// script's class (or on the class, static) named `Class.method`, as
     /// V8's stack traces name it (see [`super::receiver`]). `receiver`: the

@@ -20,7 +20,9 @@
 use std::{collections::HashMap, path::Path, sync::Arc};
 
 use agent_elf::ContentKey;
-use agent_runtimes::v8::{Layout, NameError, V8Namer, inspect_object};
+use agent_runtimes::v8::{
+    ChainFrame, InlineError, JsFunction, Layout, NameError, Tier, V8Namer, inspect_object,
+};
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
 use tracing::{debug, info};
 
@@ -102,6 +104,9 @@ struct Recorded {
     context: u64,
     /// The receiver (`this`), which names a method's class.
     receiver: Option<u64>,
+    /// The bytecode array and offset slots, which tell unoptimized
+    /// frames from optimized ones.
+    bytecode: [Option<u64>; 2],
 }
 
 /// The V8 processes firn has seen.
@@ -223,37 +228,48 @@ impl NodeRuntime {
         });
     }
 
-    /// The named frame for one recorded V8 frame: `None` keeps the native
-    /// frame (V8's own frames, and functions without a script: builtins,
-    /// named by their symbols).
+    /// The named frames for one recorded V8 frame, pushed on `out`
+    /// innermost first (the functions inlined into an optimized frame's
+    /// code, then its own); `false` keeps the native frame (V8's own
+    /// frames, and functions without a script: builtins, named by their
+    /// symbols).
     fn name(
         namer: &mut V8Namer,
         memory: &mut ProcessMemory,
         recorded: &Recorded,
         stats: &Stats,
-    ) -> Option<InterpretedFrame> {
+        out: &mut Vec<UserFrame>,
+    ) -> bool {
         let tagging = namer.layout().tagging;
         // Entry, exit, stub and internal frames hold a frame type marker
         // (a Smi) where JavaScript frames hold their context.
         if !tagging.is_heap_object(recorded.context) {
-            return None;
+            return false;
         }
+        let frame = |named: &JsFunction| {
+            UserFrame::Interpreted(Arc::new(InterpretedFrame {
+                runtime: Runtime::JavaScript,
+                function: named.name.clone(),
+                file: named.file.clone(),
+                // Where the function starts, as V8's profiler gives it.
+                line: named.position.map_or(0, |position| position.line),
+            }))
+        };
         match namer.name_method(memory, recorded.function, recorded.receiver) {
             Ok(named) => {
                 Stats::inc(&stats.node_frames);
-                Some(InterpretedFrame {
-                    runtime: Runtime::JavaScript,
-                    function: named.name,
-                    file: named.file,
-                    // Where the function starts, as V8's profiler gives it.
-                    line: named.position.map_or(0, |position| position.line),
-                })
+                for inlined in Self::inlined(namer, memory, recorded, stats) {
+                    Stats::inc(&stats.node_inlined_frames);
+                    out.push(frame(&inlined));
+                }
+                out.push(frame(&named));
+                true
             }
             // A builtin with JavaScript linkage (`Array.prototype.map`): its
             // symbol names it.
             Err(NameError::WrongType {
                 expected: "Script", ..
-            }) => None,
+            }) => false,
             Err(error) => {
                 debug!(%error, "JavaScript frame not named");
                 Stats::inc(match error {
@@ -263,12 +279,49 @@ impl NodeRuntime {
                     | NameError::WrongType { .. } => &stats.node_name_stale,
                     _ => &stats.node_name_failures,
                 });
-                Some(InterpretedFrame {
+                out.push(UserFrame::Interpreted(Arc::new(InterpretedFrame {
                     runtime: Runtime::JavaScript,
                     function: "<unknown>".into(),
                     file: "".into(),
                     line: 0,
-                })
+                })));
+                true
+            }
+        }
+    }
+
+    /// The functions inlined into an optimized frame at its pc; none for
+    /// interpreted and baseline frames, or when they cannot be read
+    /// (counted).
+    fn inlined(
+        namer: &mut V8Namer,
+        memory: &mut ProcessMemory,
+        recorded: &Recorded,
+        stats: &Stats,
+    ) -> Vec<JsFunction> {
+        let chain = ChainFrame {
+            pc: recorded.ip,
+            fp: 0,
+            function: Some(recorded.function),
+            bytecode: recorded.bytecode,
+        };
+        // Without the builtins' range, code entered by on-stack
+        // replacement is taken for interpreted.
+        if !matches!(namer.tier(memory, &chain, &[]), Ok(Tier::Optimized)) {
+            return Vec::new();
+        }
+        match namer.inlined(memory, recorded.function, recorded.ip, recorded.depth == 0) {
+            Ok(inlined) => inlined,
+            Err(error) => {
+                debug!(%error, "inlined functions not read");
+                Stats::inc(match error {
+                    InlineError::NoCode { .. } => &stats.node_inline_no_code,
+                    InlineError::NoDeoptimizationData => &stats.node_inline_no_deoptimization_data,
+                    InlineError::BadTable { .. } => &stats.node_inline_bad_table,
+                    InlineError::Name(NameError::Read { .. }) => &stats.node_inline_read,
+                    InlineError::Name(_) => &stats.node_inline_stale,
+                });
+                Vec::new()
             }
         }
     }
@@ -348,6 +401,7 @@ fn file_name(path: &str) -> &str {
 struct V8Unwinder<'a> {
     function: i64,
     context: i64,
+    bytecode: [i64; 2],
     receiver: Option<i64>,
     found: &'a mut Vec<Recorded>,
 }
@@ -373,12 +427,16 @@ impl ForeignUnwind for V8Unwinder<'_> {
             let receiver = self
                 .receiver
                 .and_then(|slot| stack.word(bp.wrapping_add_signed(slot)));
+            let bytecode = self
+                .bytecode
+                .map(|slot| stack.word(bp.wrapping_add_signed(slot)));
             self.found.push(Recorded {
                 depth: frame.depth,
                 ip: frame.ip,
                 function,
                 context,
                 receiver,
+                bytecode,
             });
         }
         // The unwinder follows the frame pointer, as for any JIT code.
@@ -446,6 +504,7 @@ impl RuntimeSupport for NodeRuntime {
         Some(Box::new(V8Unwinder {
             function: frame.function,
             context: frame.context,
+            bytecode: [frame.bytecode_array, frame.bytecode_offset],
             receiver: layout.receivers.map(|receivers| receivers.slot),
             found: &mut self.found,
         }))
@@ -463,20 +522,19 @@ impl RuntimeSupport for NodeRuntime {
         let found = std::mem::take(&mut self.found);
         let mut memory = ProcessMemory::new(tgid);
         let mut recorded = found.iter().peekable();
-        let frames = native
-            .into_iter()
-            .enumerate()
-            .map(|(depth, address)| {
-                // Frames recorded at a depth whose address is not this
-                // one's belong to an unwind that was not kept.
-                recorded
-                    .next_if(|recorded| recorded.depth == depth && recorded.ip == address)
-                    .and_then(|recorded| Self::name(namer, &mut memory, recorded, &self.stats))
-                    .map_or(UserFrame::Native(address), |named| {
-                        UserFrame::Interpreted(Arc::new(named))
-                    })
-            })
-            .collect();
+        let mut frames = Vec::with_capacity(native.len());
+        for (depth, address) in native.into_iter().enumerate() {
+            // Frames recorded at a depth whose address is not this one's
+            // belong to an unwind that was not kept.
+            let named = recorded
+                .next_if(|recorded| recorded.depth == depth && recorded.ip == address)
+                .is_some_and(|recorded| {
+                    Self::name(namer, &mut memory, recorded, &self.stats, &mut frames)
+                });
+            if !named {
+                frames.push(UserFrame::Native(address));
+            }
+        }
         let counts = namer.counts();
         debug!(hits = counts.hits, misses = counts.misses, "V8 namer cache");
         Spliced::Named(frames)
@@ -502,6 +560,7 @@ mod tests {
             function: 0,
             context: 0,
             receiver: None,
+            bytecode: [None; 2],
         }
     }
 
@@ -511,6 +570,7 @@ mod tests {
         let mut unwinder = V8Unwinder {
             function: -16,
             context: -8,
+            bytecode: [-32, -40],
             receiver: Some(16),
             found: &mut found,
         };
