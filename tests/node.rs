@@ -1,7 +1,7 @@
 //! End to end: JavaScript frames of Node.js processes named from V8's heap
 //! by the real `firn` binary (no `--perf-basic-prof`), for
-//! `tests/workloads/node/chain.js` run unoptimized (`--max-opt=0`, or
-//! `--no-opt` where V8 lacks it) and optimized (TurboFan, after warm-up,
+//! `tests/workloads/node/chain.js` run by the interpreter (`--max-opt=0`,
+//! or `--no-opt --no-sparkplug` where V8 lacks it) and optimized (TurboFan, after warm-up,
 //! inlining off so each function keeps its frame): the chain in order with
 //! its script file, a class method (by its class) and a closure, an async
 //! function resumed after `await`, a function TurboFan inlined into its
@@ -87,6 +87,10 @@ impl Tier {
     fn flags(self, node: &Path) -> Vec<&'static str> {
         match self {
             Self::Unoptimized if knows_flag(node, "max-opt") => vec!["--max-opt=0"],
+            // `--max-opt=0` runs the interpreter alone; so do these.
+            Self::Unoptimized if knows_flag(node, "sparkplug") => {
+                vec!["--no-opt", "--no-sparkplug"]
+            }
             Self::Unoptimized => vec!["--no-opt"],
             Self::Optimized => {
                 let mut flags = vec!["--no-turbo-inlining", "--trace-opt"];
@@ -255,6 +259,30 @@ fn holds(frames: &[Frame], chain: &[(&[&str], &str)]) -> bool {
         })
 }
 
+/// Whether `frames` hold `chain` with each frame but the outermost (main,
+/// whose loop Sparkplug compiles) past its function's first line and at
+/// most at its marked line: the line being run, not where the function
+/// starts. (An interpreted leaf's offset is the one it last saved in its
+/// frame, at a call or a loop's back edge: its loop's header, or the line
+/// before it.)
+fn runs_marked_lines(frames: &[Frame], chain: &[(&[&str], &str)]) -> bool {
+    holds(frames, chain) && {
+        let (leaf_names, _) = chain[0];
+        let leaf = frames
+            .iter()
+            .position(|frame| leaf_names.contains(&frame.name.as_str()))
+            .expect("held");
+        let inner = &chain[..chain.len() - 1];
+        frames[leaf..]
+            .iter()
+            .zip(inner)
+            .all(|(frame, (_, marker))| {
+                let declaration = *function_lines(marker).start();
+                (declaration + 1..=marked_line(marker)).contains(&frame.line)
+            })
+    }
+}
+
 #[test]
 fn function_lines_run_from_the_declaration() {
     let declared = |text: &str| {
@@ -326,7 +354,9 @@ const INLINE_CHAIN: &[(&[&str], &str)] = &[
 ];
 
 /// Records each Node running chain.js in `mode` at `tier` and checks the
-/// share of the main thread's samples holding `chain`.
+/// share of the main thread's samples holding `chain`, and the share of
+/// those whose frames carry the lines being run (interpreted frames by
+/// their bytecode offset, optimized ones by their pc).
 fn chain_is_named(tier: Tier, mode: &str, chain: &[(&[&str], &str)], compiled: &[&str]) {
     require_root();
     let _serial = serial();
@@ -348,6 +378,21 @@ fn chain_is_named(tier: Tier, mode: &str, chain: &[(&[&str], &str)], compiled: &
         if total < ENOUGH || share < MOST {
             failures.push(format!(
                 "{name} {tier:?} {mode}: {named} of {total} samples hold the chain:\n{}",
+                describe_frames(&samples)
+            ));
+        }
+        let running: i64 = samples
+            .iter()
+            .filter(|(frames, _)| runs_marked_lines(frames, chain))
+            .map(|(_, count)| count)
+            .sum();
+        let running_share = running as f64 / named.max(1) as f64;
+        println!(
+            "{name} {tier:?} {mode}: {running} of {named} at the lines being run ({running_share:.3})"
+        );
+        if running_share < MOST {
+            failures.push(format!(
+                "{name} {tier:?} {mode}: {running} of {named} samples at the lines being run:\n{}",
                 describe_frames(&samples)
             ));
         }

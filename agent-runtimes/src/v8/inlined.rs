@@ -80,14 +80,16 @@ struct Tables {
 
 impl Tables {
     /// The literal array indexes of the functions inlined at pc offset
-    /// `offset`, innermost first.
-    fn chain(&self, offset: u64) -> Result<Vec<i32>, InlineError> {
+    /// `offset`, innermost first, each with the source position it runs,
+    /// and the position the outermost function runs (`None` when no
+    /// entry covers the offset).
+    fn chain(&self, offset: u64) -> Result<Chain, InlineError> {
         // The last entry at or before the offset.
         let at = self
             .positions
             .partition_point(|&(pc_offset, _)| pc_offset <= offset);
         let Some(&(_, mut position)) = at.checked_sub(1).map(|index| &self.positions[index]) else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         };
         let mut chain = Vec::new();
         let mut id = inlining_id(position);
@@ -103,7 +105,7 @@ impl Tables {
                     .ok_or(InlineError::BadTable {
                         what: "inlining id",
                     })?;
-            chain.push(function);
+            chain.push((function, position));
             position = caller;
             let next = inlining_id(position);
             // Callers were inlined before their callees.
@@ -114,13 +116,27 @@ impl Tables {
             }
             id = next;
         }
-        Ok(chain)
+        Ok((chain, Some(position)))
     }
 
     fn weight(&self) -> usize {
         std::mem::size_of::<Self>() + self.positions.len() * 16 + self.inlinings.len() * 16
     }
 }
+
+/// What an optimized frame runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OptimizedRun {
+    /// The functions inlined at its pc (SharedFunctionInfos, tagged),
+    /// innermost first, each with the source position it runs.
+    pub inlined: Vec<(u64, u64)>,
+    /// The source position the frame's own function runs.
+    pub position: Option<u64>,
+}
+
+/// Inlined functions' literal indexes with their source positions,
+/// innermost first, and the outermost function's position.
+type Chain = (Vec<(i32, u64)>, Option<u64>);
 
 /// Offsets in Code found in the process's own objects.
 #[derive(Clone, Copy, Debug, Default)]
@@ -146,27 +162,27 @@ impl Inliner {
         }
     }
 
-    /// The SharedFunctionInfos (tagged) of the functions inlined at
-    /// `offset` (the pc's offset in `found`'s instructions) into code of
-    /// the function whose SharedFunctionInfo is `shared`, innermost first;
-    /// empty when none is.
-    pub fn inlined(
+    /// What an optimized frame runs at `offset` (the pc's offset in
+    /// `found`'s instructions), in code of the function whose
+    /// SharedFunctionInfo is `shared`.
+    pub fn run(
         &mut self,
         memory: &mut dyn Memory,
         layout: &Layout,
         found: &FoundCode,
         shared: u64,
         offset: u64,
-    ) -> Result<Vec<u64>, InlineError> {
+    ) -> Result<OptimizedRun, InlineError> {
         let code = layout.tagging.untag(found.code);
         let deopt_field = self.deoptimization_field(memory, layout, code, shared)?;
-        let data = tagged_field(memory, layout, code, deopt_field)?;
-        let data_object = layout.tagging.untag(data);
+        let data = layout
+            .tagging
+            .untag(tagged_field(memory, layout, code, deopt_field)?);
         let slot = |index: u64| {
             layout.fields.fixed_array_data + index * u64::from(layout.tagging.tagged_size)
         };
         let indexes = self.layout.deopt;
-        let count = tagged_field(memory, layout, data_object, slot(indexes.inlined_count))?;
+        let count = tagged_field(memory, layout, data, slot(indexes.inlined_count))?;
         let count = layout
             .tagging
             .smi(count)
@@ -174,9 +190,6 @@ impl Inliner {
             .ok_or(InlineError::BadTable {
                 what: "inlined function count",
             })?;
-        if count == 0 {
-            return Ok(Vec::new());
-        }
         let positions_field = self
             .layout
             .source_positions
@@ -187,51 +200,58 @@ impl Inliner {
             .or(self.learned.shared)
             .ok_or(InlineError::NoDeoptimizationData)?;
         let inlining_positions = indexes.inlining_positions.unwrap_or(shared_index + 1);
-        let inlinings = tagged_field(memory, layout, data_object, slot(inlining_positions))?;
+        let inlinings = tagged_field(memory, layout, data, slot(inlining_positions))?;
         let key = (found.code, positions, inlinings);
         let tables = match self.tables.get(&key) {
             Some(tables) => tables.clone(),
             None => {
-                let tables = std::sync::Arc::new(
-                    self.read_tables(memory, layout, positions, inlinings, found.size)?,
-                );
+                let tables = std::sync::Arc::new(self.read_tables(
+                    memory,
+                    layout,
+                    positions,
+                    (count > 0).then_some(inlinings),
+                    found.size,
+                )?);
                 self.tables.insert(key, tables.clone(), tables.weight());
                 tables
             }
         };
-        let literals = tagged_field(memory, layout, data_object, slot(indexes.literal_array))?;
-        if !layout.tagging.is_heap_object(literals) {
-            return Err(InlineError::BadTable {
-                what: "literal array",
-            });
-        }
-        let literal_count = array_length(memory, layout, literals)?;
-        let mut inlined = Vec::new();
-        for function in tables.chain(offset)? {
-            let function = usize::try_from(function)
-                .ok()
-                .filter(|&function| function < count && function < literal_count)
-                .ok_or(InlineError::BadTable {
-                    what: "inlined function index",
-                })?;
-            let sfi = tagged_field(
-                memory,
-                layout,
-                layout.tagging.untag(literals),
-                slot(function as u64),
-            )?;
-            let kind = instance_type(memory, layout, sfi)?;
-            if kind != layout.types.shared_function_info {
-                return Err(NameError::WrongType {
-                    object: sfi,
-                    expected: "SharedFunctionInfo",
-                    found: kind,
-                }
-                .into());
+        let (chain, position) = tables.chain(offset)?;
+        let mut inlined = Vec::with_capacity(chain.len());
+        if !chain.is_empty() {
+            let literals = tagged_field(memory, layout, data, slot(indexes.literal_array))?;
+            if !layout.tagging.is_heap_object(literals) {
+                return Err(InlineError::BadTable {
+                    what: "literal array",
+                });
             }
-            inlined.push(sfi);
+            let literal_count = array_length(memory, layout, literals)?;
+            for (function, position) in chain {
+                let function = usize::try_from(function)
+                    .ok()
+                    .filter(|&function| function < count && function < literal_count)
+                    .ok_or(InlineError::BadTable {
+                        what: "inlined function index",
+                    })?;
+                let sfi = tagged_field(
+                    memory,
+                    layout,
+                    layout.tagging.untag(literals),
+                    slot(function as u64),
+                )?;
+                let kind = instance_type(memory, layout, sfi)?;
+                if kind != layout.types.shared_function_info {
+                    return Err(NameError::WrongType {
+                        object: sfi,
+                        expected: "SharedFunctionInfo",
+                        found: kind,
+                    }
+                    .into());
+                }
+                inlined.push((sfi, position));
+            }
         }
-        Ok(inlined)
+        Ok(OptimizedRun { inlined, position })
     }
 
     /// The Code's field holding its deoptimization data, checked to be
@@ -316,11 +336,14 @@ impl Inliner {
         memory: &mut dyn Memory,
         layout: &Layout,
         positions: u64,
-        inlinings: u64,
+        inlinings: Option<u64>,
         size: Option<u64>,
     ) -> Result<Tables, InlineError> {
         let positions = self.byte_array(memory, layout, positions, "source position table")?;
-        let inlinings = self.byte_array(memory, layout, inlinings, "inlining positions")?;
+        let inlinings = match inlinings {
+            Some(inlinings) => self.byte_array(memory, layout, inlinings, "inlining positions")?,
+            None => Vec::new(),
+        };
         if inlinings.len() % INLINING_POSITION_BYTES != 0 {
             return Err(InlineError::BadTable {
                 what: "inlining positions' length",
@@ -394,8 +417,7 @@ pub(crate) fn inlining_id(position: u64) -> u16 {
 
 /// A SourcePosition's script offset (bits 1 to 30, stored plus one), or
 /// `None` for an external position or none.
-#[cfg(test)]
-fn script_offset(position: u64) -> Option<u64> {
+pub(crate) fn script_offset(position: u64) -> Option<u64> {
     if position & 1 == 1 {
         return None;
     }
@@ -403,9 +425,10 @@ fn script_offset(position: u64) -> Option<u64> {
 }
 
 /// A source position table: pairs of zigzag VLQ deltas, the pc offset's
-/// (negative when the entry is a statement) and the position's, from pc
-/// offset -1 and position 0. Checked: pc offsets in order and within the
-/// code (`size`, where known), inlining ids among the `inlinings`.
+/// (negative for an expression, not a statement) and the position's,
+/// from pc offset -1 and position 0 (an entry left at -1 is skipped).
+/// Checked: pc offsets in order and within the code (`size`, where
+/// known), inlining ids among the `inlinings`.
 pub(crate) fn decode_positions(
     bytes: &[u8],
     size: Option<u64>,
@@ -420,6 +443,11 @@ pub(crate) fn decode_positions(
         let delta = vlq(bytes, &mut at).ok_or(bad("position table entry"))?;
         pc += if delta >= 0 { delta } else { -(delta + 1) };
         position = position.wrapping_add(vlq(bytes, &mut at).ok_or(bad("position table entry"))?);
+        // Bytecode tables may start with the function entry's position
+        // (V8's `kFunctionEntryBytecodeOffset`, -1), no bytecode's.
+        if pc == -1 {
+            continue;
+        }
         let (Ok(pc_offset), Ok(value)) = (u64::try_from(pc), u64::try_from(position)) else {
             return Err(bad("position table values"));
         };

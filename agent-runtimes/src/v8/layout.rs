@@ -165,6 +165,9 @@ pub struct Layout {
     /// `None` when the build lacks a constant it needs: optimized frames
     /// are then named without the functions inlined into them.
     pub code: Option<CodeLayout>,
+    /// `BytecodeArray::data`, the bytecodes' offset in their array, which
+    /// turns an interpreted frame's offset slot into a bytecode offset.
+    pub bytecode_data: Option<u64>,
 }
 
 /// JSFunction's subtypes at most, where the build does not export their
@@ -268,6 +271,10 @@ impl Layout {
             scope_info,
             receivers: receivers(constants),
             code: CodeLayout::new(constants),
+            bytecode_data: constants
+                .with_prefix("class_BytecodeArray__data__")
+                .next()
+                .and_then(|(_, value)| u64::try_from(value).ok()),
         })
     }
 }

@@ -27,6 +27,7 @@ mod namer;
 mod object;
 mod position;
 mod receiver;
+mod running;
 mod scope;
 mod tier;
 mod walk;
@@ -39,7 +40,7 @@ pub use inlined::InlineError;
 pub use layout::{
     Fields, FrameSlots, Layout, LayoutError, Receivers, ScopeInfoSlots, StringTags, Tagging, Types,
 };
-pub use namer::{JsFunction, NameError, NamerCounts, V8Namer};
+pub use namer::{JsFunction, NameError, NamerCounts, OptimizedFrame, V8Namer};
 pub use object::{Constants, FileMapping, ObjectError, V8Object, inspect_object};
 pub use position::Position;
 pub use tier::Tier;

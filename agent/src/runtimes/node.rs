@@ -21,7 +21,8 @@ use std::{collections::HashMap, path::Path, sync::Arc};
 
 use agent_elf::ContentKey;
 use agent_runtimes::v8::{
-    ChainFrame, InlineError, JsFunction, Layout, NameError, Tier, V8Namer, inspect_object,
+    ChainFrame, InlineError, JsFunction, Layout, NameError, OptimizedFrame, Position, Tier,
+    V8Namer, inspect_object,
 };
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
 use tracing::{debug, info};
@@ -246,23 +247,30 @@ impl NodeRuntime {
         if !tagging.is_heap_object(recorded.context) {
             return false;
         }
-        let frame = |named: &JsFunction| {
+        // The line being run where V8 says, else where the function
+        // starts (as V8's profiler gives it).
+        let frame = |named: &JsFunction, line: Option<Position>| {
             UserFrame::Interpreted(Arc::new(InterpretedFrame {
                 runtime: Runtime::JavaScript,
                 function: named.name.clone(),
                 file: named.file.clone(),
-                // Where the function starts, as V8's profiler gives it.
-                line: named.position.map_or(0, |position| position.line),
+                line: line.or(named.position).map_or(0, |position| position.line),
             }))
         };
         match namer.name_method(memory, recorded.function, recorded.receiver) {
             Ok(named) => {
                 Stats::inc(&stats.node_frames);
-                for inlined in Self::inlined(namer, memory, recorded, stats) {
+                let run = Self::run(namer, memory, recorded, stats);
+                for (inlined, line) in &run.inlined {
                     Stats::inc(&stats.node_inlined_frames);
-                    out.push(frame(&inlined));
+                    out.push(frame(inlined, *line));
                 }
-                out.push(frame(&named));
+                Stats::inc(if run.line.is_some() {
+                    &stats.node_lines_run
+                } else {
+                    &stats.node_lines_start
+                });
+                out.push(frame(&named, run.line));
                 true
             }
             // A builtin with JavaScript linkage (`Array.prototype.map`): its
@@ -290,15 +298,16 @@ impl NodeRuntime {
         }
     }
 
-    /// The functions inlined into an optimized frame at its pc; none for
-    /// interpreted and baseline frames, or when they cannot be read
-    /// (counted).
-    fn inlined(
+    /// What a JavaScript frame runs: for an optimized frame, the
+    /// functions inlined at its pc and the lines; for an interpreted
+    /// frame, the line of its bytecode offset; nothing for a baseline one
+    /// or when they cannot be read (counted).
+    fn run(
         namer: &mut V8Namer,
         memory: &mut ProcessMemory,
         recorded: &Recorded,
         stats: &Stats,
-    ) -> Vec<JsFunction> {
+    ) -> OptimizedFrame {
         let chain = ChainFrame {
             pc: recorded.ip,
             fp: 0,
@@ -307,11 +316,18 @@ impl NodeRuntime {
         };
         // Without the builtins' range, code entered by on-stack
         // replacement is taken for interpreted.
-        if !matches!(namer.tier(memory, &chain, &[]), Ok(Tier::Optimized)) {
-            return Vec::new();
+        match namer.tier(memory, &chain, &[]) {
+            Ok(Tier::Optimized) => {}
+            Ok(Tier::Interpreted) => {
+                return OptimizedFrame {
+                    inlined: Vec::new(),
+                    line: namer.interpreted_line(memory, recorded.function, recorded.bytecode),
+                };
+            }
+            _ => return OptimizedFrame::default(),
         }
-        match namer.inlined(memory, recorded.function, recorded.ip, recorded.depth == 0) {
-            Ok(inlined) => inlined,
+        match namer.optimized(memory, recorded.function, recorded.ip, recorded.depth == 0) {
+            Ok(run) => run,
             Err(error) => {
                 debug!(%error, "inlined functions not read");
                 Stats::inc(match error {
@@ -321,7 +337,7 @@ impl NodeRuntime {
                     InlineError::Name(NameError::Read { .. }) => &stats.node_inline_read,
                     InlineError::Name(_) => &stats.node_inline_stale,
                 });
-                Vec::new()
+                OptimizedFrame::default()
             }
         }
     }

@@ -986,6 +986,18 @@ declare_metrics! {
             node_frames {},
         ],
     }
+    node_lines: Counter,
+        "JavaScript frames named, by the line they carry: run (the line being run, from an \
+        interpreted frame's bytecode offset or an optimized frame's pc), start (where the \
+        function starts: baseline frames, and frames whose tables firn could not read)."
+    {
+        stats: [
+            /// JavaScript frames with the line being run.
+            node_lines_run { line = "run" },
+            /// JavaScript frames with the line their function starts at.
+            node_lines_start { line = "start" },
+        ],
+    }
     node_inlined_frames: Counter,
         "JavaScript functions TurboFan or Maglev inlined into an optimized frame, named as \
         frames of their own."
