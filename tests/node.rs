@@ -26,6 +26,10 @@ use common::*;
 /// The mapping of every JavaScript frame's location.
 const JS_MAPPING: &str = "[javascript]";
 
+/// The mapping of functions TurboFan or Maglev inlined into the frame
+/// below.
+const INLINED_MAPPING: &str = "[javascript:inlined]";
+
 /// Share of the main thread's samples that must hold the whole chain.
 const MOST: f64 = 0.9;
 
@@ -192,7 +196,10 @@ struct Frame {
     name: String,
     file: String,
     line: i64,
+    /// In either JavaScript mapping.
     javascript: bool,
+    /// Inlined into the frame below it.
+    inlined: bool,
 }
 
 /// The samples of `pid`'s main thread (those under `node::Start`), leaf
@@ -314,6 +321,9 @@ fn describe_frames(samples: &[(Vec<Frame>, i64)]) -> String {
             let names: Vec<String> = frames
                 .iter()
                 .map(|frame| match frame.javascript {
+                    true if frame.inlined => {
+                        format!("{}@{}:{} (inlined)", frame.name, frame.file, frame.line)
+                    }
                     true => format!("{}@{}:{}", frame.name, frame.file, frame.line),
                     false => frame.name.clone(),
                 })
@@ -368,9 +378,29 @@ fn chain_is_named(tier: Tier, mode: &str, chain: &[(&[&str], &str)], compiled: &
         let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
         let samples = main_thread(&profile, process.pid());
         let total: i64 = samples.iter().map(|(_, count)| count).sum();
+        // With inlining on, the leaf is the function inlined, the rest
+        // frames of their own; else none is inlined.
+        let inlined = |frames: &[Frame]| {
+            let Some(leaf) = frames
+                .iter()
+                .position(|frame| chain[0].0.contains(&frame.name.as_str()))
+            else {
+                return false;
+            };
+            let inlined: Vec<&str> = frames[leaf..]
+                .iter()
+                .take(chain.len())
+                .filter(|frame| frame.inlined)
+                .map(|frame| frame.name.as_str())
+                .collect();
+            match tier {
+                Tier::Inlined => inlined == chain[0].0[..1],
+                _ => inlined.is_empty(),
+            }
+        };
         let named: i64 = samples
             .iter()
-            .filter(|(frames, _)| holds(frames, chain))
+            .filter(|(frames, _)| holds(frames, chain) && inlined(frames))
             .map(|(_, count)| count)
             .sum();
         let share = named as f64 / total.max(1) as f64;
@@ -584,9 +614,12 @@ fn all_threads(profile: &Profile, pid: u32) -> Vec<(Vec<Frame>, i64)> {
                     name: frame.display_name(),
                     file: frame.file.to_owned(),
                     line: frame.line,
-                    javascript: frame
+                    javascript: frame.mapping.is_some_and(|mapping| {
+                        mapping.filename == JS_MAPPING || mapping.filename == INLINED_MAPPING
+                    }),
+                    inlined: frame
                         .mapping
-                        .is_some_and(|mapping| mapping.filename == JS_MAPPING),
+                        .is_some_and(|mapping| mapping.filename == INLINED_MAPPING),
                 })
                 .collect::<Vec<_>>();
             (frames, sample.count())

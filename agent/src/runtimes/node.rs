@@ -249,9 +249,9 @@ impl NodeRuntime {
         }
         // The line being run where V8 says, else where the function
         // starts (as V8's profiler gives it).
-        let frame = |named: &JsFunction, line: Option<Position>| {
+        let frame = |named: &JsFunction, line: Option<Position>, runtime| {
             UserFrame::Interpreted(Arc::new(InterpretedFrame {
-                runtime: Runtime::JavaScript,
+                runtime,
                 function: named.name.clone(),
                 file: named.file.clone(),
                 line: line.or(named.position).map_or(0, |position| position.line),
@@ -263,14 +263,14 @@ impl NodeRuntime {
                 let run = Self::run(namer, memory, recorded, stats);
                 for (inlined, line) in &run.inlined {
                     Stats::inc(&stats.node_inlined_frames);
-                    out.push(frame(inlined, *line));
+                    out.push(frame(inlined, *line, Runtime::JavaScriptInlined));
                 }
                 Stats::inc(if run.line.is_some() {
                     &stats.node_lines_run
                 } else {
                     &stats.node_lines_start
                 });
-                out.push(frame(&named, run.line));
+                out.push(frame(&named, run.line, Runtime::JavaScript));
                 true
             }
             // A builtin with JavaScript linkage (`Array.prototype.map`): its
