@@ -209,8 +209,9 @@ struct Learned {
 pub(crate) struct CodeFinder {
     layout: CodeLayout,
     learned: Learned,
-    /// pc -> (object start, Code), checked again on every hit.
-    by_pc: ByteBoundedCache<u64, (u64, u64)>,
+    /// pc -> (object start, Code), checked again on every hit; `None`: no
+    /// code there (not walked back again).
+    by_pc: ByteBoundedCache<u64, Option<(u64, u64)>>,
 }
 
 impl CodeFinder {
@@ -223,18 +224,25 @@ impl CodeFinder {
     }
 
     /// The Code `pc` lies in, or `None` when no object that links back
-    /// starts within [`MAX_CODE_BYTES`] below it.
+    /// starts within [`MAX_CODE_BYTES`] below it (remembered: a pc
+    /// without code is not walked back from again).
     pub fn find(
         &mut self,
         memory: &mut dyn Memory,
         layout: &Layout,
         pc: u64,
     ) -> Result<Option<FoundCode>, NameError> {
-        if let Some(&(object, code)) = self.by_pc.get(&pc)
-            && let Ok(Some(found)) = self.check(memory, layout, object, pc)
-            && found.code == code
-        {
-            return Ok(Some(found));
+        let weight = std::mem::size_of::<(u64, Option<(u64, u64)>)>();
+        match self.by_pc.get(&pc) {
+            Some(None) => return Ok(None),
+            Some(&Some((object, code))) => {
+                if let Ok(Some(found)) = self.check(memory, layout, object, pc)
+                    && found.code == code
+                {
+                    return Ok(Some(found));
+                }
+            }
+            None => {}
         }
         let lowest = pc.saturating_sub(MAX_CODE_BYTES);
         let mut start = pc & !(CODE_ALIGNMENT - 1);
@@ -249,7 +257,7 @@ impl CodeFinder {
                 let mut bytes = vec![0; CHUNK as usize];
                 if memory.read(base, &mut bytes).is_err() {
                     // Below the first page of code there is nothing.
-                    return Ok(None);
+                    break;
                 }
                 chunk = Some((base, bytes));
             }
@@ -259,12 +267,12 @@ impl CodeFinder {
             if self.maybe_stream_map(memory, layout, word, object)
                 && let Some(found) = self.check(memory, layout, object, pc)?
             {
-                let weight = std::mem::size_of::<(u64, (u64, u64))>();
-                self.by_pc.insert(pc, (object, found.code), weight);
+                self.by_pc.insert(pc, Some((object, found.code)), weight);
                 return Ok(Some(found));
             }
             start -= CODE_ALIGNMENT;
         }
+        self.by_pc.insert(pc, None, weight);
         Ok(None)
     }
 
