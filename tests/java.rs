@@ -106,38 +106,13 @@ fn start_chain_on(java: &Path, dir: &Path, flags: &[&str], compiled: Option<u32>
     process
 }
 
-/// One frame of a sample.
-#[derive(Debug)]
-struct Frame {
-    name: String,
-    file: String,
-    line: i64,
-    java: bool,
-}
-
 /// The samples of `pid`'s main thread (those holding the launcher's
 /// `JavaMain`), leaf first, with their counts.
-fn main_thread(profile: &Profile, pid: u32) -> Vec<(Vec<Frame>, i64)> {
-    let pid = pid.to_string();
-    Reader::new(profile)
-        .samples()
-        .filter(|sample| sample.label("pid") == Some(pid.as_str()))
-        .map(|sample| {
-            let frames = sample
-                .frames()
-                .iter()
-                .map(|frame| Frame {
-                    name: frame.display_name(),
-                    file: frame.file.to_owned(),
-                    line: frame.line,
-                    java: frame
-                        .mapping
-                        .is_some_and(|mapping| mapping.filename.starts_with(JAVA_MAPPING)),
-                })
-                .collect::<Vec<_>>();
-            (frames, sample.count())
-        })
-        .filter(|(frames, _)| frames.iter().any(|frame| frame.name == "JavaMain"))
+fn main_thread(profile: &Profile, pid: u32) -> Vec<(Vec<JFrame>, i64)> {
+    jvm_samples(profile, pid)
+        .into_iter()
+        .filter(|sample| sample.has("JavaMain"))
+        .map(|sample| (sample.frames, sample.count))
         .collect()
 }
 
@@ -156,7 +131,7 @@ fn marked_line(name: &str) -> i64 {
 /// Whether `frames` hold accumulate (any line of its body) <- reconcile
 /// <- settle <- main at their call lines, Java frames of Chain.java, then
 /// the call stub and the JVM's native frames below main.
-fn holds_chain(frames: &[Frame]) -> bool {
+fn holds_chain(frames: &[JFrame]) -> bool {
     let body = marked_line("accumulate") - 3..=marked_line("accumulate") + 3;
     let Some(leaf) = frames
         .iter()
@@ -173,7 +148,7 @@ fn holds_chain(frames: &[Frame]) -> bool {
     chain.len() > wanted.len() + 1
         && chain[..=wanted.len()]
             .iter()
-            .all(|frame| frame.java && frame.file == "Chain.java")
+            .all(|frame| frame.java() && frame.file == "Chain.java")
         && body.contains(&chain[0].line)
         && chain[1..=wanted.len()]
             .iter()
@@ -185,7 +160,7 @@ fn holds_chain(frames: &[Frame]) -> bool {
             .any(|frame| frame.name == "JavaCalls::call_helper")
 }
 
-fn describe_frames(samples: &[(Vec<Frame>, i64)]) -> String {
+fn describe_frames(samples: &[(Vec<JFrame>, i64)]) -> String {
     let mut sorted: Vec<_> = samples.iter().collect();
     sorted.sort_by_key(|(_, count)| -count);
     sorted
@@ -194,7 +169,7 @@ fn describe_frames(samples: &[(Vec<Frame>, i64)]) -> String {
         .map(|(frames, count)| {
             let names: Vec<String> = frames
                 .iter()
-                .map(|frame| match frame.java {
+                .map(|frame| match frame.java() {
                     true => format!("{}:{}", frame.name, frame.line),
                     false => frame.name.clone(),
                 })

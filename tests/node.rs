@@ -163,13 +163,12 @@ fn optimized(trace: &str, function: &str) -> bool {
     })
 }
 
-/// One frame of a sample.
-#[derive(Debug)]
-struct Frame {
-    name: String,
-    file: String,
-    line: i64,
-    javascript: bool,
+type Frame = SampleFrame;
+
+impl SampleFrame {
+    fn javascript(&self) -> bool {
+        self.mapping == JS_MAPPING
+    }
 }
 
 /// The samples of `pid`'s main thread (those under `node::Start`), leaf
@@ -229,7 +228,7 @@ fn holds(frames: &[Frame], chain: &[(&[&str], &str)]) -> bool {
     let run = &frames[leaf..];
     run.len() >= chain.len()
         && run.iter().zip(chain).all(|(frame, (names, marker))| {
-            frame.javascript
+            frame.javascript()
                 && names.contains(&frame.name.as_str())
                 && frame.file.ends_with("node/chain.js")
                 && function_lines(marker).contains(&frame.line)
@@ -266,7 +265,7 @@ fn describe_frames(samples: &[(Vec<Frame>, i64)]) -> String {
         .map(|(frames, count)| {
             let names: Vec<String> = frames
                 .iter()
-                .map(|frame| match frame.javascript {
+                .map(|frame| match frame.javascript() {
                     true => format!("{}@{}:{}", frame.name, frame.file, frame.line),
                     false => frame.name.clone(),
                 })
@@ -492,25 +491,9 @@ fn node_processes_before_and_after_firn_are_counted_by_v8_version() {
 
 /// Samples of `pid` (all threads), leaf first, as frames.
 fn all_threads(profile: &Profile, pid: u32) -> Vec<(Vec<Frame>, i64)> {
-    let pid = pid.to_string();
-    Reader::new(profile)
-        .samples()
-        .filter(|sample| sample.label("pid") == Some(pid.as_str()))
-        .map(|sample| {
-            let frames = sample
-                .frames()
-                .iter()
-                .map(|frame| Frame {
-                    name: frame.display_name(),
-                    file: frame.file.to_owned(),
-                    line: frame.line,
-                    javascript: frame
-                        .mapping
-                        .is_some_and(|mapping| mapping.filename == JS_MAPPING),
-                })
-                .collect::<Vec<_>>();
-            (frames, sample.count())
-        })
+    process_samples(profile, pid)
+        .into_iter()
+        .map(|sample| (sample.frames, sample.count))
         .collect()
 }
 
@@ -533,16 +516,16 @@ fn native_frames_of_zlib_sit_above_their_javascript_caller() {
             .iter()
             .filter(|(frames, _)| {
                 let Some(caller) = frames.iter().position(|frame| {
-                    frame.javascript
+                    frame.javascript()
                         && frame.name == "compress"
                         && frame.file.ends_with("node/chain.js")
                 }) else {
                     return false;
                 };
-                frames[caller + 1].javascript
+                frames[caller + 1].javascript()
                     && frames[caller + 1].name == "main"
                     && frames[..caller].iter().any(|frame| {
-                        !frame.javascript
+                        !frame.javascript()
                             && (frame.name.contains("deflate") || frame.name.contains("Zlib"))
                     })
             })
@@ -579,7 +562,7 @@ fn worker_thread_names_its_own_functions() {
             .filter(|(frames, _)| {
                 frames.iter().any(|frame| frame.name == "spin")
                     || frames.iter().all(|frame| frame.name != "node::Start")
-                        && frames.iter().any(|frame| frame.javascript)
+                        && frames.iter().any(|frame| frame.javascript())
             })
             .collect();
         let total: i64 = worker.iter().map(|(_, count)| count).sum();

@@ -14,7 +14,7 @@ use std::{path::Path, time::Duration};
 
 use agent_pprof::proto::Profile;
 use common::*;
-use python_support::{expect::*, frames::*, scripts::*, *};
+use python_support::{brief::*, expect::*, frames::*, scripts::*, *};
 
 /// `firn record` of `processes` for `seconds`, with `extra` arguments.
 fn record_processes(
@@ -303,6 +303,50 @@ fn processes_started_before_and_after_firn_are_named() {
         })());
     }
     assert_all("before and after", checks);
+}
+
+/// brief.py, a process of about 50 ms of CPU, run again and again under
+/// Debian's 3.11 (the interpreter in the executable) and pyenv's 3.13 (in
+/// `libpython3.13.so`, mapped by the loader after the exec) while firn
+/// records the whole system at `frequency`: nearly every sample taken
+/// while the script runs names its chain in order, from the first. Only
+/// the interpreter's own start-up and shutdown, whole and outside the
+/// script, are left out; every other sample of every run counts.
+fn brief_processes_are_named_at(frequency: &str, runs: usize) {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let all = interpreters();
+    let script = script("brief.py");
+    let mut recording = Recording::start(
+        dir.path(),
+        &["--duration", "300s", "--frequency", frequency],
+    );
+    recording.wait_until_sampling();
+    let runs: Vec<BriefRuns> = [interpreter(&all, "Debian"), interpreter(&all, "pyenv 3.13")]
+        .into_iter()
+        .map(|interpreter| BriefRuns::run(interpreter, &script, "0.05", runs))
+        .collect();
+    let (_, profile) = recording.interrupt();
+    let hz: f64 = frequency.parse().expect("a number");
+    let checks = runs
+        .iter()
+        .map(|runs| runs.check(&profile, hz, BRIEF_NAMED))
+        .collect();
+    assert_all("brief", checks);
+}
+
+/// The share of a short-lived script's samples that must name its chain.
+const BRIEF_NAMED: f64 = 0.9;
+
+#[test]
+fn a_python_script_of_50_ms_is_named_from_its_first_samples() {
+    brief_processes_are_named_at("100", 30);
+}
+
+#[test]
+fn a_python_script_of_50_ms_is_named_from_its_first_samples_at_1000_hz() {
+    brief_processes_are_named_at("1000", 10);
 }
 
 /// Samples whose Python walk the BPF walker program never ran for.

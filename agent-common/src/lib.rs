@@ -320,7 +320,13 @@ pub struct PythonProcess {
     pub instruction: u8,
     /// [`PythonEntry`] as u8.
     pub entry: u8,
-    pub reserved: [u8; 6],
+    pub reserved: [u8; 2],
+    /// Until when (the low 32 bits of `bpf_ktime_get_ns` in milliseconds,
+    /// compared with wrapping) a sample carrying this process's frames
+    /// wakes the reader at once: a process that just started may be gone
+    /// by the next timed drain, and its frames can only be named from its
+    /// memory. 0: never.
+    pub wake_until_ms: u32,
 }
 
 /// A process event (exec or exit of a whole process).

@@ -63,7 +63,11 @@ use aya_ebpf::{
     programs::RawTracePointContext,
 };
 
-use crate::{KernelStack, config, count, record_sample, walk_python, wanted};
+use crate::{
+    config, count,
+    sample::{KernelStack, record_sample, walk_python},
+    wanted,
+};
 
 /// Frames of the tracepoint's own machinery at the top of a kernel stack
 /// walked from `sched_switch` (this program and `bpf_trace_run4`),

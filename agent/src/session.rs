@@ -177,6 +177,12 @@ impl Session {
         tokio::pin!(until);
         let mut pending = false;
         loop {
+            // A process a runtime waits for is read again when due, not at
+            // the next drain.
+            let loading = self.pipeline.next_loading();
+            let read_loading = tokio::time::sleep_until(
+                loading.map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std),
+            );
             tokio::select! {
                 // The deadline first: it must win over a busy ring buffer.
                 biased;
@@ -192,6 +198,7 @@ impl Session {
                     pending = self.drain(DRAIN_SLICE);
                 }
                 _ = drain.tick() => pending = self.drain(DRAIN_SLICE),
+                () = read_loading, if loading.is_some() => pending = self.drain(DRAIN_SLICE),
             }
         }
     }

@@ -15,9 +15,12 @@ use std::{
 use agent_pprof::{self as pprof, Reader, proto::Profile};
 
 mod run;
+mod samples;
 // Each test binary compiles this module and uses only part of it.
 #[allow(unused_imports)]
 pub use run::*;
+#[allow(unused_imports)]
+pub use samples::*;
 
 /// The chain every workload test looks for, leaf first.
 pub const CHAIN: [&str; 5] = ["burn_leaf", "level_three", "level_two", "level_one", "main"];

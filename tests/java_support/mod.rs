@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use agent_pprof::{Reader, proto::Profile};
+use agent_pprof::proto::Profile;
 
 use crate::common::*;
 
@@ -18,19 +18,13 @@ use crate::common::*;
 /// generated code, `[java:KIND]` for Java methods by how they ran.
 pub const JAVA_MAPPING_PREFIX: &str = "[java";
 
-/// One frame of a sample.
-#[derive(Clone, Debug)]
-pub struct JFrame {
-    pub name: String,
-    pub file: String,
-    pub line: i64,
-    /// Empty when the location has no mapping.
-    pub mapping: String,
-    /// Named at all (not an address).
-    pub named: bool,
-}
+/// A frame of a JVM's sample, read by the shared reader.
+pub type JFrame = SampleFrame;
 
-impl JFrame {
+/// A sample of a JVM, leaf first.
+pub type JSample = ProcessSample;
+
+impl SampleFrame {
     pub fn java(&self) -> bool {
         self.mapping.starts_with(JAVA_MAPPING_PREFIX)
     }
@@ -44,52 +38,9 @@ impl JFrame {
     }
 }
 
-/// One sample of a JVM, leaf first.
-#[derive(Clone, Debug)]
-pub struct JSample {
-    pub frames: Vec<JFrame>,
-    pub count: i64,
-    pub thread_id: Option<String>,
-    pub thread_name: Option<String>,
-}
-
-impl JSample {
-    /// The first frame named `name`, by index.
-    pub fn position(&self, name: &str) -> Option<usize> {
-        self.frames.iter().position(|frame| frame.name == name)
-    }
-
-    pub fn has(&self, name: &str) -> bool {
-        self.position(name).is_some()
-    }
-}
-
 /// Every sample of `pid` in `profile`.
 pub fn jvm_samples(profile: &Profile, pid: u32) -> Vec<JSample> {
-    let pid = pid.to_string();
-    Reader::new(profile)
-        .samples()
-        .filter(|sample| sample.label("pid") == Some(pid.as_str()))
-        .map(|sample| JSample {
-            frames: sample
-                .frames()
-                .iter()
-                .map(|frame| JFrame {
-                    name: frame.display_name(),
-                    file: frame.file.to_owned(),
-                    line: frame.line,
-                    mapping: frame
-                        .mapping
-                        .map(|mapping| mapping.filename.to_owned())
-                        .unwrap_or_default(),
-                    named: frame.name.is_some(),
-                })
-                .collect(),
-            count: sample.count(),
-            thread_id: sample.label("thread_id").map(str::to_owned),
-            thread_name: sample.label("thread_name").map(str::to_owned),
-        })
-        .collect()
+    process_samples(profile, pid)
 }
 
 /// The sum of the counts of `samples`.

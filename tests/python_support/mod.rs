@@ -5,6 +5,7 @@
 // Each test uses its own part of the support code.
 #![allow(dead_code)]
 
+pub mod brief;
 pub mod expect;
 pub mod frames;
 pub mod scripts;

@@ -299,6 +299,7 @@ pub fn walker_layout(
         code_stamp: layout.code.stamp as u16,
         instruction: instruction as u8,
         entry: layout.entry as u8,
-        reserved: [0; 6],
+        reserved: [0; 2],
+        wake_until_ms: 0,
     })
 }

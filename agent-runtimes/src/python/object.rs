@@ -185,8 +185,10 @@ fn read_u64(
     })
 }
 
-/// Whether the ELF file `elf` needs a `libpython3.*` library (`DT_NEEDED`).
-fn loads_libpython(elf: &[u8]) -> bool {
+/// Whether the ELF file `elf` needs a `libpython3.*` library (`DT_NEEDED`):
+/// an executable whose interpreter is that library, mapped by the dynamic
+/// loader after the exec.
+pub fn loads_libpython(elf: &[u8]) -> bool {
     let Ok(file) = ElfFile64::<Endianness>::parse(elf) else {
         return false;
     };

@@ -274,6 +274,32 @@ impl ProcessTable {
         true
     }
 
+    /// Reads `tgid`'s maps again now, for a runtime waiting for its loader
+    /// to map what it looks for; whether its samples wait stays as it was.
+    /// `None` when they could not be read (the process is gone).
+    pub fn read_again(&mut self, tgid: u32) -> Option<Arc<ProcessImage>> {
+        let entry = self.processes.peek(&tgid)?;
+        let (comm, unsettled) = (entry.image.comm.clone(), entry.unsettled);
+        let fresh = self.read_image(tgid, &comm, true);
+        if fresh.gone || fresh.mappings.is_empty() {
+            return None;
+        }
+        let fresh = Arc::new(fresh);
+        self.insert(tgid, fresh.clone());
+        if let Some(entry) = self.processes.peek_mut(&tgid) {
+            entry.unsettled = unsettled;
+        }
+        Some(fresh)
+    }
+
+    /// A runtime found what it needs in `tgid`'s maps as they are (an
+    /// interpreter registered): its samples need not wait for others.
+    pub fn settled(&mut self, tgid: u32) {
+        if let Some(entry) = self.processes.peek_mut(&tgid) {
+            entry.unsettled = false;
+        }
+    }
+
     /// The mappings the kernel captured as `tgid` exited replace what
     /// firn read: they are the process's last and whole address space.
     pub fn install_captured(&mut self, tgid: u32, comm: &str, specs: Vec<MappingSpec>) {

@@ -4,7 +4,7 @@
 //! recorded into the native stack. Each runtime's own module keeps its
 //! internals; the adapters here fit them to this shape.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Instant};
 
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
 
@@ -66,6 +66,18 @@ pub trait RuntimeSupport {
     /// The runtime's own name of thread `tid` of `tgid`, where longer than
     /// the OS thread's (asked only with thread labels on).
     fn thread_name(&mut self, _tgid: u32, _tid: u32) -> Option<Arc<str>> {
+        None
+    }
+
+    /// Processes whose maps the runtime wants read again at `now` (their
+    /// loader had not mapped what it looks for), each asked for once; the
+    /// images read are observed.
+    fn loading_due(&mut self, _now: Instant) -> Vec<u32> {
+        Vec::new()
+    }
+
+    /// When [`Self::loading_due`] next has any.
+    fn next_loading(&self) -> Option<Instant> {
         None
     }
 }
@@ -160,5 +172,13 @@ impl RuntimeSupport for PythonSupport {
         };
         let named = self.runtime.name(sample.tgid, &sample.interpreter);
         Spliced::Named(splice(&native, &named, std::slice::from_ref(&eval_loop)))
+    }
+
+    fn loading_due(&mut self, now: Instant) -> Vec<u32> {
+        self.runtime.loading_due(now)
+    }
+
+    fn next_loading(&self) -> Option<Instant> {
+        self.runtime.next_loading()
     }
 }

@@ -12,6 +12,8 @@ use agent_common::MAX_STACK_DEPTH;
 use tracing::debug;
 
 use super::hold::{HeldSamples, Released, page_size};
+
+mod loading;
 use crate::{
     aggregate::{AggregateConfig, AggregatedProfile, Aggregator, ThreadName, UnwoundSample},
     host::Host,
@@ -428,6 +430,7 @@ impl Pipeline {
     }
 
     pub(super) fn housekeeping(&mut self) {
+        self.read_loading();
         self.release_waiting();
         let now = Instant::now();
         if now.duration_since(self.last_expire) >= EXPIRE_INTERVAL {

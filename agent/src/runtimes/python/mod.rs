@@ -1,25 +1,28 @@
 //! CPython: finds interpreter processes in their images, hands the BPF
 //! walker each one's layout (`PYTHON_PROCESSES`), and names the frames it
 //! recorded from the process's memory, through `agent_runtimes::python`.
+//! A process caught before its loader ran is read again shortly (`loading`).
 
-use std::{
-    collections::HashMap,
-    ops::Range,
-    path::Path,
-    sync::{Arc, OnceLock},
-};
+mod loading;
+mod thread_pointer;
+
+use std::{collections::HashMap, ops::Range, path::Path, sync::Arc, time::Instant};
 
 use agent_common::{InterpreterFrame, PythonProcess, interpreter_frame_flags};
 use agent_elf::ContentKey;
 use agent_runtimes::{
     libc::{LibcKind, glibc_thread_specific_offset, libc_kind},
-    python::{NameError, PythonNamer, PythonObject, PythonVersion, inspect_object, walker_layout},
+    python::{
+        NameError, PythonNamer, PythonObject, PythonVersion, inspect_object, loads_libpython,
+        walker_layout,
+    },
 };
-use tracing::{debug, info, warn};
+use loading::{Loading, WAKE_FOR, loader_pending, wake_until_ms};
+pub use thread_pointer::ThreadPointerLookup;
+use tracing::{debug, info};
 
 use super::{InterpretedFrame, NamedFrame, ProcessMemory, Runtime};
 use crate::{
-    bpf::btf,
     process::{MappingKind, ProcessImage, ProcessTable},
     stats::Stats,
 };
@@ -74,6 +77,11 @@ enum ProcessState {
     NotPython,
     Python(Registered),
     Skipped,
+    /// An interpreter (or an executable that loads `libpython`) whose
+    /// loader had not run: read again `reads` times since.
+    Loading {
+        reads: u32,
+    },
 }
 
 struct Registered {
@@ -107,6 +115,9 @@ pub struct PythonRuntime {
     max_processes: usize,
     interpreters: HashMap<ContentKey, Result<Option<PythonObject>, SkipReason>>,
     libcs: HashMap<ContentKey, Result<u32, SkipReason>>,
+    /// Executables that load `libpython3.*`, by object.
+    launchers: HashMap<ContentKey, bool>,
+    loading: Loading,
     namer: PythonNamer,
     next_key: u64,
     stats: Arc<Stats>,
@@ -127,6 +138,8 @@ impl PythonRuntime {
             max_processes,
             interpreters: HashMap::new(),
             libcs: HashMap::new(),
+            launchers: HashMap::new(),
+            loading: Loading::default(),
             namer: PythonNamer::new(config.code_cache_bytes),
             next_key: 1,
             stats,
@@ -153,19 +166,30 @@ impl PythonRuntime {
         if !self.processes.contains_key(&tgid) && self.processes.len() >= self.max_processes {
             // Keep the interpreters (at most the BPF map's size, far below
             // the table's); forget the rest, they are cheap to look at again.
-            self.processes
-                .retain(|_, entry| matches!(entry.state, ProcessState::Python(_)));
+            self.processes.retain(|_, entry| {
+                matches!(
+                    entry.state,
+                    ProcessState::Python(_) | ProcessState::Loading { .. }
+                )
+            });
         }
         // The image before this one was registered under its own key: its
         // cached code objects are of no use to the new one.
-        if let Some(Entry {
-            state: ProcessState::Python(old),
-            ..
-        }) = self.processes.remove(&tgid)
-        {
-            self.namer.forget(old.key);
-        }
-        let state = self.inspect(image, processes, thread_pointer);
+        let reads = match self.processes.remove(&tgid) {
+            Some(Entry {
+                state: ProcessState::Python(old),
+                ..
+            }) => {
+                self.namer.forget(old.key);
+                0
+            }
+            Some(Entry {
+                state: ProcessState::Loading { reads },
+                ..
+            }) => reads,
+            _ => 0,
+        };
+        let state = self.inspect(image, processes, thread_pointer, reads);
         if !matches!(state, ProcessState::Python(_)) {
             // An entry of an earlier image must not walk this one.
             self.map.remove(tgid);
@@ -184,8 +208,12 @@ impl PythonRuntime {
         image: &ProcessImage,
         processes: &mut ProcessTable,
         thread_pointer: Option<u32>,
+        reads: u32,
     ) -> ProcessState {
         let Some((index, object)) = self.find_interpreter(image, processes) else {
+            if loader_pending(image) && self.launches_libpython(image, processes) {
+                return self.wait_for_loader(image.tgid, reads);
+            }
             return ProcessState::NotPython;
         };
         let object = match object {
@@ -195,6 +223,9 @@ impl PythonRuntime {
         let Some(thread_pointer) = thread_pointer else {
             return self.skip(image, SkipReason::NoThreadPointer, Some(object.version));
         };
+        if loader_pending(image) {
+            return self.wait_for_loader(image.tgid, reads);
+        }
         let tsd_first_block = match self.find_libc(image, processes) {
             Ok(offset) => offset,
             Err(reason) => return self.skip(image, reason, Some(object.version)),
@@ -210,6 +241,7 @@ impl PythonRuntime {
         ) {
             Ok(layout) => PythonProcess {
                 task_thread_pointer: thread_pointer,
+                wake_until_ms: wake_until_ms(WAKE_FOR),
                 ..layout
             },
             Err(_) => {
@@ -221,6 +253,10 @@ impl PythonRuntime {
             return self.skip(image, SkipReason::MapFull, Some(object.version));
         }
         self.count_version(object.version);
+        // Its samples need not wait for better maps: what the walker and
+        // the namer need is mapped, and its frames are named only while it
+        // lives.
+        processes.settled(image.tgid);
         debug!(
             tgid = image.tgid,
             comm = image.comm,
@@ -235,6 +271,48 @@ impl PythonRuntime {
                 ..object.eval_loop.end.wrapping_add(bias),
             key,
         })
+    }
+
+    /// The process is read again shortly (`loading`), unless it was
+    /// read often enough.
+    fn wait_for_loader(&mut self, tgid: u32, reads: u32) -> ProcessState {
+        match self.loading.wait(tgid, reads, Instant::now()) {
+            true => ProcessState::Loading { reads: reads + 1 },
+            false => ProcessState::NotPython,
+        }
+    }
+
+    /// Whether the image's executable loads `libpython3.*`, where its
+    /// interpreter is.
+    fn launches_libpython(&mut self, image: &ProcessImage, processes: &mut ProcessTable) -> bool {
+        let Some(index) = image
+            .mappings
+            .iter()
+            .position(|m| Some(m.spec.path.as_str()) == image.executable())
+        else {
+            return false;
+        };
+        let Some(object) = processes.object(image, index) else {
+            return false;
+        };
+        let key = object.content_key();
+        if let Some(&launches) = self.launchers.get(&key) {
+            return launches;
+        }
+        let launches = object.data().is_ok_and(|data| loads_libpython(&data));
+        remember(&mut self.launchers, key, launches);
+        launches
+    }
+
+    /// Processes caught before their loader ran whose maps are due to be
+    /// read again at `now` (each handed out once).
+    pub fn loading_due(&mut self, now: Instant) -> Vec<u32> {
+        self.loading.take_due(now)
+    }
+
+    /// When the next such read is due.
+    pub fn next_loading(&self) -> Option<Instant> {
+        self.loading.next()
     }
 
     /// The mapping of the image's CPython interpreter (the executable or a
@@ -456,6 +534,7 @@ impl PythonRuntime {
     /// The process executed a new image (the BPF program dropped its entry
     /// already) or exited.
     pub fn forget(&mut self, tgid: u32) {
+        self.loading.forget(tgid);
         if let Some(Entry {
             state: ProcessState::Python(registered),
             ..
@@ -463,53 +542,6 @@ impl PythonRuntime {
         {
             self.namer.forget(registered.key);
         }
-    }
-}
-
-/// `task_struct`'s thread pointer offset, read from the kernel's BTF on a
-/// thread of its own from the start, beside the BPF programs'
-/// verification. Not when the first interpreter is found: the processes
-/// started meanwhile would go without Python frames for as long as the
-/// lookup takes (measured: a fifth of a short-lived process's samples on a
-/// loaded machine), against a few milliseconds of CPU saved on a host
-/// without Python.
-#[derive(Clone)]
-pub struct ThreadPointerLookup(Arc<OnceLock<Option<u32>>>);
-
-impl ThreadPointerLookup {
-    /// Starts the lookup (here if no thread can be started).
-    pub fn start() -> Self {
-        let cell = Arc::new(OnceLock::new());
-        let filler = cell.clone();
-        let look_up = move || {
-            let offset = match btf::task_thread_pointer_offset(Path::new(btf::VMLINUX_BTF)) {
-                Ok(offset) => Some(offset),
-                Err(error) => {
-                    warn!(
-                        error = %crate::logging::error_chain(&error),
-                        "Python frames are off: where a task's thread pointer is in the kernel's task_struct is unknown"
-                    );
-                    None
-                }
-            };
-            let _ = filler.set(offset);
-        };
-        if let Err(error) = std::thread::Builder::new().name("firn-btf".into()).spawn({
-            let look_up = look_up.clone();
-            move || {
-                crate::stats::cpu::account_thread(crate::stats::cpu::CpuStage::Sample);
-                look_up();
-            }
-        }) {
-            debug!(%error, "no thread for the BTF lookup; done here");
-            look_up();
-        }
-        Self(cell)
-    }
-
-    /// The offset once looked up: `Some(None)` if the BTF did not tell.
-    pub fn get(&self) -> Option<Option<u32>> {
-        self.0.get().copied()
     }
 }
 
