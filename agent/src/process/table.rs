@@ -523,15 +523,8 @@ impl ProcessTable {
         image
     }
 
-    /// The process exited: keep it resolvable for the grace period. One
-    /// that was never sampled (its maps never read) is forgotten at once:
-    /// on a host starting hundreds of processes a second, keeping each for
-    /// the grace period would fill the table with nothing.
+    /// The process exited: keep it resolvable for the grace period.
     pub fn on_exit(&mut self, tgid: u32) {
-        if self.unread(tgid) {
-            self.processes.pop(&tgid);
-            return;
-        }
         if let Some(entry) = self.processes.peek_mut(&tgid) {
             entry.exited_at.get_or_insert_with(Instant::now);
             entry.exit_seen = true;
