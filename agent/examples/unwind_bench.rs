@@ -63,6 +63,10 @@ enum Command {
         /// the `[python]` mapping), all of them.
         #[arg(long)]
         python: bool,
+        /// Prints up to this many of the samples that miss the chain, one
+        /// frame a line (name, mapping, line), to see what they are.
+        #[arg(long, default_value_t = 0)]
+        misses: usize,
     },
     Capture {
         #[arg(long)]
@@ -87,7 +91,8 @@ fn main() -> Result<()> {
             chain,
             within,
             python,
-        } => share(&profile, &comm, &chain, within.as_deref(), python),
+            misses,
+        } => share(&profile, &comm, &chain, within.as_deref(), python, misses),
         Command::Capture { pid, output } => capture(pid, &output),
     }
 }
@@ -151,6 +156,7 @@ fn share(
     chain: &[String],
     within: Option<&str>,
     python: bool,
+    mut misses: usize,
 ) -> Result<()> {
     let bytes =
         std::fs::read(profile).with_context(|| format!("could not read {}", profile.display()))?;
@@ -171,10 +177,27 @@ fn share(
         };
         if holds {
             complete += sample.count();
+        } else if misses > 0 {
+            misses -= 1;
+            print_miss(&sample);
         }
     }
     println!("complete={complete} total={total}");
     Ok(())
+}
+
+/// A sample that missed the chain, leaf first.
+fn print_miss(sample: &agent_pprof::SampleView<'_>) {
+    println!("miss: {} sample(s)", sample.count());
+    for frame in sample.frames() {
+        println!(
+            "  {:#x} {} [{}] line {}",
+            frame.address,
+            frame.display_name(),
+            frame.mapping.map_or("", |m| m.filename),
+            frame.line
+        );
+    }
 }
 
 /// The names of the sample's Python frames, innermost first.

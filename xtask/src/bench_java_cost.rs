@@ -6,16 +6,22 @@
 //! async-profiler's signal handler runs in the sampled threads, so its work
 //! is CPU time of the JVM: the same work takes more of it. Its cost per
 //! sample is (the JVM's CPU for the work with it − without) / the samples
-//! it recorded. It samples every 1 ms here (ten times the main bench's
-//! rate) so that its cost stands well above the round-to-round noise of the
-//! JVM's CPU. firn's cost per sample is its own CPU over the work (and a
+//! it recorded. firn's cost per sample is its own CPU over the work (and a
 //! moment after, as it drains what was sampled) plus what the JVM took
-//! beyond working alone (the BPF program runs in the sampled thread too),
-//! over the samples it recorded of the JVM, at 1000 Hz. The workload is one
-//! thread: the other CPU is free for firn, so neither profiler's cost turns
-//! into lost throughput instead of CPU time.
+//! beyond working alone (the BPF program and the kernel's sampling run in
+//! the sampled thread too), over the samples it recorded of the JVM.
+//! firn's BPF time is also read from the kernel's statistics of its
+//! program (`run_time_ns` in the fdinfo of firn's program descriptors),
+//! which no noise of the JVM's touches. Both sample at 10 kHz (a hundred
+//! times the main bench's rate): the JVM's CPU for the same work varies
+//! between rounds by some 5% on a busy machine, 50 µs per sample at
+//! 1 kHz, as much as the costs measured; at 10 kHz that is 5 µs, and the
+//! medians of paired rounds take most of the rest. The workload is one
+//! thread: the other CPU is free for firn, so neither profiler's cost
+//! turns into lost throughput instead of CPU time.
 
 use std::{
+    collections::BTreeMap,
     fs,
     io::Write,
     path::Path,
@@ -35,11 +41,12 @@ use crate::{
 
 /// At least this many rounds, whatever `--rounds` says: the spread is
 /// reported.
-const MIN_ROUNDS: usize = 5;
+const MIN_ROUNDS: usize = 7;
 /// Seconds of work in each measurement.
-const WORK_SECONDS: f64 = 4.0;
-/// Sampling period of both profilers here.
-const RATE_HZ: u64 = 1000;
+const WORK_SECONDS: f64 = 3.0;
+/// Sampling rate of both profilers here: firn's most, async-profiler's
+/// `interval=100us`.
+const RATE_HZ: u64 = 10_000;
 /// How long firn is given after the work to drain what it sampled.
 const DRAIN: Duration = Duration::from_millis(300);
 
@@ -57,6 +64,9 @@ struct Work {
     jvm_cpu: f64,
     /// firn's own CPU seconds over it; 0 for the others.
     firn_cpu: f64,
+    /// Nanoseconds firn's BPF programs ran over it, by the kernel's
+    /// statistics; 0 for the others.
+    bpf_ns: f64,
     /// Samples the profiler recorded.
     samples: u64,
 }
@@ -66,6 +76,10 @@ struct Work {
 pub struct Costs {
     async_profiler: Vec<f64>,
     firn: Vec<f64>,
+    /// firn over async-profiler, round by round.
+    ratio: Vec<f64>,
+    /// firn's BPF time per sample, by the kernel's statistics.
+    bpf: Vec<f64>,
 }
 
 /// The fixed-work JVM: its stdin takes a batch size, its stdout says when
@@ -162,30 +176,38 @@ pub fn run(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<C
         let ap_cost = (ap.jvm_cpu - alone.jvm_cpu) * 1e6 / ap.samples.max(1) as f64;
         let firn_bpf = (firn.jvm_cpu - alone.jvm_cpu) * 1e6 / firn.samples.max(1) as f64;
         let firn_own = firn.firn_cpu * 1e6 / firn.samples.max(1) as f64;
+        let kernel_bpf = firn.bpf_ns / 1e3 / firn.samples.max(1) as f64;
         println!(
             "  round {}: JVM {:.3} CPU s alone, {:.3} with async-profiler ({} samples: {ap_cost:.1} \
              us each), {:.3} with firn ({} samples: {firn_own:.1} us in firn + {firn_bpf:.1} us \
-             in the JVM each)",
+             in the JVM each, BPF {kernel_bpf:.1} us by the kernel's count); firn/async-profiler \
+             {:.2}",
             round + 1,
             alone.jvm_cpu,
             ap.jvm_cpu,
             ap.samples,
             firn.jvm_cpu,
             firn.samples,
+            (firn_own + firn_bpf) / ap_cost,
         );
         alone_cpu.push(alone.jvm_cpu);
         samples.push(ap.samples as f64);
         costs.async_profiler.push(ap_cost);
         costs.firn.push(firn_own + firn_bpf);
+        costs.ratio.push((firn_own + firn_bpf) / ap_cost);
+        costs.bpf.push(kernel_bpf);
         spread.0.push(firn_own);
         spread.1.push(firn_bpf);
     }
     println!(
-        "  per sample: async-profiler {}, firn {} ({} in firn, {} in the JVM)",
+        "  per sample: async-profiler {}, firn {} ({} in firn, {} in the JVM; its BPF programs \
+         {} by the kernel's count); firn/async-profiler {}",
         summary(&costs.async_profiler),
         summary(&costs.firn),
         summary(&spread.0),
         summary(&spread.1),
+        summary(&costs.bpf),
+        ratio_summary(&costs.ratio),
     );
     // What the JVM's CPU for the same work varies by alone, per sample:
     // a difference in the JVM's CPU below this is noise.
@@ -197,6 +219,13 @@ pub fn run(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<C
         (high - low) * 1e6 / median(samples.iter().copied()).max(1.0)
     );
     Ok(costs)
+}
+
+/// `median (min–max)` of ratios.
+fn ratio_summary(values: &[f64]) -> String {
+    let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("{:.2} ({min:.2}–{max:.2})", median(values.iter().copied()))
 }
 
 /// `median us (min–max)`.
@@ -228,9 +257,12 @@ fn measure(tools: &Tools, jvm: &mut Jvm, pid: u32, mode: Mode, iterations: u64) 
     // to the JVM's CPU.
     let warm_start = cpu_seconds(pid)?;
     jvm.work(iterations / 10)?;
+    let bpf_ns = |firn: &Option<Firn>| firn.as_ref().map_or(0, |f| bpf_run_time(f.pid()));
     let (jvm_before, firn_before) = (cpu_seconds(pid)?, firn_cpu(&firn)?);
+    let bpf_before = bpf_ns(&firn);
     jvm.work(iterations)?;
     let jvm_after = cpu_seconds(pid)?;
+    let bpf_after = bpf_ns(&firn);
     let mut work = Work {
         jvm_cpu: jvm_after - jvm_before,
         ..Work::default()
@@ -252,12 +284,55 @@ fn measure(tools: &Tools, jvm: &mut Jvm, pid: u32, mode: Mode, iterations: u64) 
         Mode::Firn => {
             thread::sleep(DRAIN);
             work.firn_cpu = firn_cpu(&firn)? - firn_before;
+            work.bpf_ns = bpf_after.saturating_sub(bpf_before) as f64;
             firn.context("firn started")?.stop()?
         }
     };
     let share = work.jvm_cpu / (jvm_after - warm_start).max(1e-9);
     work.samples = (samples as f64 * share).round() as u64;
     Ok(work)
+}
+
+/// Nanoseconds the perf event programs `pid` holds have run, from the
+/// kernel's statistics in their descriptors' fdinfo (kept while
+/// `kernel.bpf_stats_enabled` is on, which firn turns on while it runs);
+/// programs reached by tail call count in the program that called them.
+/// Every run counts, those on other processes' samples (filtered out at
+/// once) too.
+fn bpf_run_time(pid: u32) -> u64 {
+    /// `BPF_PROG_TYPE_PERF_EVENT`.
+    const PERF_EVENT: &str = "7";
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    let mut total = 0;
+    for fd in fds.flatten() {
+        let is_program = fs::read_link(fd.path())
+            .is_ok_and(|target| target.to_string_lossy() == "anon_inode:bpf-prog");
+        if !is_program {
+            continue;
+        }
+        let Ok(info) = fs::read_to_string(format!(
+            "/proc/{pid}/fdinfo/{}",
+            fd.file_name().to_string_lossy()
+        )) else {
+            continue;
+        };
+        let fields: BTreeMap<&str, &str> = info
+            .lines()
+            .filter_map(|line| {
+                let (key, value) = line.split_once(':')?;
+                Some((key.trim(), value.trim()))
+            })
+            .collect();
+        if fields.get("prog_type") == Some(&PERF_EVENT) {
+            total += fields
+                .get("run_time_ns")
+                .and_then(|ns| ns.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    total
 }
 
 /// firn recording the JVM until stopped.
@@ -331,17 +406,17 @@ impl Drop for Firn {
 pub fn print_summary(per_jvm: &[(String, f64, Costs)]) {
     println!(
         "\nCPU per sample, fixed work at {RATE_HZ} Hz (median over rounds, min–max): \
-         async-profiler's handler time in the JVM, firn's own CPU plus its BPF time in the JVM"
+         async-profiler's time in the JVM, firn's own CPU plus its time in the JVM; the ratio \
+         firn/async-profiler round by round"
     );
     for (name, window, costs) in per_jvm {
-        let ap = median(costs.async_profiler.iter().copied());
-        let firn = median(costs.firn.iter().copied());
         println!(
-            "  {name:<8} async-profiler {}, firn {} (ratio firn/async-profiler {:.2}); firn in \
-             the main bench's window: {window:.1} us",
+            "  {name:<8} async-profiler {}, firn {} (its BPF programs {} by the kernel's count); \
+             firn/async-profiler {}; firn in the main bench's window: {window:.1} us",
             summary(&costs.async_profiler),
             summary(&costs.firn),
-            firn / ap
+            summary(&costs.bpf),
+            ratio_summary(&costs.ratio),
         );
     }
 }

@@ -11,6 +11,7 @@ use std::{
     cell::RefCell,
     collections::{BTreeMap, HashMap},
     ops::Range,
+    sync::Arc,
 };
 
 use super::{
@@ -19,6 +20,8 @@ use super::{
     read::{c_string, field, field_i32, field_u64, i32_at, read, u64_at},
 };
 use crate::Memory;
+
+mod check;
 
 /// Most code heaps believed (HotSpot has at most 3).
 const MAX_HEAPS: usize = 8;
@@ -75,7 +78,7 @@ pub struct CodeBlob {
     pub code: Range<u64>,
     pub kind: BlobKind,
     /// The blob's name: `nmethod`, `Interpreter`, a stub's.
-    pub name: String,
+    pub name: Arc<str>,
     /// Frame size in bytes, return address and saved rbp included; 0 for
     /// blobs whose frames are rbp-based or that have none.
     pub frame_size: u64,
@@ -106,12 +109,14 @@ pub struct CodeCache {
     header_bytes: usize,
     /// Blob names by address: they point at a few static strings of
     /// libjvm (`nmethod`, the stubs'), not worth a read per frame.
-    names: RefCell<HashMap<u64, String>>,
+    names: RefCell<HashMap<u64, Arc<str>>>,
     /// Blobs found, by start: the next lookup of a pc in one reads its
     /// header again instead of walking the segment map, and believes it
     /// only if the header still says the same (a blob freed and another
     /// compiled there has another compile id, a free block is not used).
-    found: RefCell<BTreeMap<u64, CodeBlob>>,
+    /// Each with when it was last read (the caller's clock, 0: unknown): a
+    /// sample taken before that read needs no other.
+    found: RefCell<BTreeMap<u64, (CodeBlob, u64)>>,
     counts: std::cell::Cell<BlobCounts>,
 }
 
@@ -199,11 +204,11 @@ impl CodeCache {
     }
 
     /// The name at `address`, read once.
-    fn name(&self, memory: &mut dyn Memory, address: u64) -> Result<String, HotSpotError> {
+    fn name(&self, memory: &mut dyn Memory, address: u64) -> Result<Arc<str>, HotSpotError> {
         if let Some(name) = self.names.borrow().get(&address) {
             return Ok(name.clone());
         }
-        let name = c_string(memory, address, MAX_BLOB_NAME)?;
+        let name: Arc<str> = c_string(memory, address, MAX_BLOB_NAME)?.into();
         let mut names = self.names.borrow_mut();
         if names.len() >= MAX_NAMES {
             names.clear();
@@ -253,10 +258,22 @@ impl CodeCache {
         layout: &Layout,
         pc: u64,
     ) -> Result<Option<CodeBlob>, HotSpotError> {
+        self.find_at(memory, layout, pc, 0)
+    }
+
+    /// [`Self::find`], its reads made at or after `now` (the caller's
+    /// monotonic clock), which the blob is remembered as read at.
+    pub fn find_at(
+        &self,
+        memory: &mut dyn Memory,
+        layout: &Layout,
+        pc: u64,
+        now: u64,
+    ) -> Result<Option<CodeBlob>, HotSpotError> {
         let Some(heap) = self.heaps.iter().find(|heap| heap.code.contains(&pc)) else {
             return Ok(None);
         };
-        if let Some(blob) = self.found_again(memory, layout, pc) {
+        if let Some(blob) = self.found_again(memory, layout, pc, now) {
             let mut counts = self.counts.get();
             counts.hits += 1;
             self.counts.set(counts);
@@ -274,17 +291,23 @@ impl CodeCache {
             if found.len() >= MAX_FOUND {
                 found.clear();
             }
-            found.insert(blob.start, blob.clone());
+            found.insert(blob.start, (blob.clone(), now));
         }
         Ok(blob)
     }
 
     /// The blob remembered around `pc`, if its header read again says the
     /// same as when it was found; forgotten if not.
-    fn found_again(&self, memory: &mut dyn Memory, layout: &Layout, pc: u64) -> Option<CodeBlob> {
+    fn found_again(
+        &self,
+        memory: &mut dyn Memory,
+        layout: &Layout,
+        pc: u64,
+        now: u64,
+    ) -> Option<CodeBlob> {
         let start = {
             let found = self.found.borrow();
-            let (&start, blob) = found.range(..=pc).next_back()?;
+            let (&start, (blob, _)) = found.range(..=pc).next_back()?;
             if pc >= blob.end {
                 return None;
             }
@@ -293,8 +316,11 @@ impl CodeCache {
         let block = start.wrapping_sub(layout.heap_block_size);
         let again = self.read_blob(memory, layout, block, pc).ok().flatten();
         let mut found = self.found.borrow_mut();
-        match again {
-            Some(blob) if found.get(&start) == Some(&blob) => Some(blob),
+        match (again, found.get_mut(&start)) {
+            (Some(blob), Some((known, read_at))) if *known == blob => {
+                *read_at = now;
+                Some(blob)
+            }
             _ => {
                 found.remove(&start);
                 None
@@ -307,54 +333,9 @@ impl CodeCache {
     /// believed.
     pub fn remembered(&self, pc: u64) -> Option<CodeBlob> {
         let found = self.found.borrow();
-        let (_, blob) = found.range(..=pc).next_back()?;
+        let (_, (blob, _)) = found.range(..=pc).next_back()?;
         let same_kind = (blob.kind == BlobKind::Interpreter) == self.is_interpreter(pc);
         (pc < blob.end && same_kind).then(|| blob.clone())
-    }
-
-    /// Checks blobs [`Self::remembered`] at their pcs against their headers
-    /// as they are now, all read at once: the index of the first that no
-    /// longer says the same (forgotten, as is any after it), if any.
-    pub fn check(
-        &self,
-        memory: &mut dyn Memory,
-        layout: &Layout,
-        blobs: &[(u64, &CodeBlob)],
-    ) -> Option<usize> {
-        if blobs.is_empty() {
-            return None;
-        }
-        let size = layout.heap_block_size as usize + self.header_bytes;
-        let mut bytes = vec![0; size * blobs.len()];
-        let mut reads: Vec<(u64, &mut [u8])> = bytes
-            .chunks_mut(size)
-            .zip(blobs)
-            .map(|(chunk, (_, blob))| (blob.start.wrapping_sub(layout.heap_block_size), chunk))
-            .collect();
-        let read = memory.read_many(&mut reads);
-        drop(reads);
-        let mut counts = self.counts.get();
-        let mut bad = None;
-        for (index, ((pc, blob), chunk)) in blobs.iter().zip(bytes.chunks(size)).enumerate() {
-            let block = blob.start.wrapping_sub(layout.heap_block_size);
-            let same = index < read
-                && self
-                    .parse_blob(memory, layout, block, chunk, *pc)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|now| now == **blob);
-            if !same {
-                bad = Some(index);
-                let mut found = self.found.borrow_mut();
-                for (_, blob) in &blobs[index..] {
-                    found.remove(&blob.start);
-                }
-                break;
-            }
-            counts.hits += 1;
-        }
-        self.counts.set(counts);
-        bad
     }
 
     /// The blob whose block starts at `block`, read and checked; `None`

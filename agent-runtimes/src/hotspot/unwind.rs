@@ -17,6 +17,8 @@
 //! - Stubs without a frame size (the call stub, most `StubRoutines`) keep
 //!   rbp-based frames, or none when interrupted at their start.
 
+use std::sync::Arc;
+
 use super::{
     HotSpotError,
     codecache::{BlobKind, CodeBlob, CodeCache},
@@ -51,7 +53,7 @@ pub enum JavaFrame {
     /// The wrapper of a `native` method.
     Native { method: u64 },
     /// Generated code without a Java method, by its blob's name.
-    Stub { name: String },
+    Stub { name: Arc<str> },
 }
 
 /// One frame unwound: the caller's registers and what the frame was.
@@ -88,7 +90,7 @@ pub fn step(
         // The call stub's blob holds other stubs too: the call stub is
         // the one Java code returns to.
         BlobKind::Stub if regs.ip == cache.call_stub_return => JavaFrame::Stub {
-            name: "call_stub".to_owned(),
+            name: "call_stub".into(),
         },
         BlobKind::Stub => JavaFrame::Stub {
             name: blob.name.clone(),

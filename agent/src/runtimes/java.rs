@@ -218,6 +218,9 @@ pub struct JvmUnwinder<'a> {
     memory: ProcessMemory,
     found: &'a mut JavaFrames,
     stats: &'a Stats,
+    /// Before any read of this unwind (`CLOCK_MONOTONIC`, as the samples'
+    /// times).
+    now: u64,
 }
 
 impl JvmUnwinder<'_> {
@@ -239,7 +242,10 @@ impl JvmUnwinder<'_> {
         // sample's others in one read when the frames are named.
         let (blob, unchecked) = match jvm.cache.remembered(lookup) {
             Some(blob) => (blob, true),
-            None => match jvm.cache.find(&mut self.memory, &jvm.layout, lookup) {
+            None => match jvm
+                .cache
+                .find_at(&mut self.memory, &jvm.layout, lookup, self.now)
+            {
                 Ok(Some(blob)) => (blob, false),
                 Ok(None) => {
                     Stats::inc(&self.stats.java_unwind_failures);
@@ -479,12 +485,20 @@ impl JavaRuntime {
             memory: ProcessMemory::new(tgid),
             found,
             stats: &self.stats,
+            now: monotonic_ns(),
         })
     }
 
     /// `native` with the Java frames `found` named in place of their
-    /// addresses (a compiled frame becomes one frame per scope).
-    pub fn splice(&mut self, tgid: u32, native: Vec<u64>, found: &JavaFrames) -> Vec<UserFrame> {
+    /// addresses (a compiled frame becomes one frame per scope), of a
+    /// sample taken at `sampled_at` (`CLOCK_MONOTONIC`).
+    pub fn splice(
+        &mut self,
+        tgid: u32,
+        sampled_at: u64,
+        native: Vec<u64>,
+        found: &JavaFrames,
+    ) -> Vec<UserFrame> {
         let Some(Entry {
             state: State::Java(jvm),
             ..
@@ -517,7 +531,7 @@ impl JavaRuntime {
         let blobs: Vec<(u64, &CodeBlob)> = unchecked.iter().map(|(_, blob)| *blob).collect();
         let changed = jvm
             .cache
-            .check(&mut memory, &jvm.layout, &blobs)
+            .check_at(&mut memory, &jvm.layout, &blobs, sampled_at, monotonic_ns())
             .map_or(usize::MAX, |index| unchecked[index].0);
         let mut out = Vec::with_capacity(native.len() + found.frames.len());
         for (depth, (&address, found)) in native.iter().zip(&kept).enumerate() {
@@ -565,6 +579,20 @@ impl JavaRuntime {
     pub fn forget(&mut self, tgid: u32) {
         self.processes.remove(&tgid);
     }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of the samples' times
+/// (`bpf_ktime_get_ns`).
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    (now.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(now.tv_nsec as u64)
 }
 
 /// The JVM's major version (`Abstract_VM_Version::_vm_major_version`),

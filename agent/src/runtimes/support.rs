@@ -128,7 +128,9 @@ impl RuntimeSupport for JavaSupport {
         if !self.runtime.is_java(sample.tgid) {
             return Spliced::NotMine(native);
         }
-        let spliced = self.runtime.splice(sample.tgid, native, &self.found);
+        let spliced = self
+            .runtime
+            .splice(sample.tgid, sample.timestamp_ns, native, &self.found);
         self.found = JavaFrames::default();
         Spliced::Named(spliced)
     }

@@ -301,8 +301,15 @@ impl Pipeline {
         // Open every object (and debug file, and JIT perf map) now, while
         // the process is surely alive; the profile is symbolized later,
         // possibly after it exited.
+        // Once per mapping in a row: a JVM's stack has its Java frames in
+        // one mapping of the code cache, each of which would look for a
+        // perf map again.
+        let mut last = None;
         for &address in &native {
-            if let Some(index) = image.mapping_index(address) {
+            if let Some(index) = image.mapping_index(address)
+                && last != Some(index)
+            {
+                last = Some(index);
                 self.processes.object(&image, index);
             }
         }

@@ -367,6 +367,70 @@ fn a_blob_found_again_is_believed_only_while_its_header_says_the_same() {
     }
 }
 
+/// A blob read after a sample is believed for it without another read;
+/// one last read before the sample is read again, and a change found then
+/// is the sample's.
+#[test]
+fn a_blob_read_after_the_sample_is_not_read_again() {
+    for capture in CAPTURES {
+        let mut loaded = load(capture);
+        let (_, layout) = layout_of(&mut loaded);
+        let cache = CodeCache::read(&mut loaded.memory, &layout).expect("the code heaps");
+        let nmethod = loaded.nmethods[0];
+        let blob = cache
+            .find_at(&mut loaded.memory, &layout, nmethod, 100)
+            .expect("readable")
+            .expect("a blob");
+        cache.take_counts();
+        let pcs = [(nmethod + 0x10, &blob)];
+        // Changed in memory, but read at 100, after a sample at 90: the
+        // header is not read again, so the change is not seen.
+        let other = blob.compile_id + 1;
+        loaded
+            .memory
+            .write(blob.start + layout.nmethod.compile_id, &other.to_le_bytes());
+        assert_eq!(
+            cache.check_at(&mut loaded.memory, &layout, &pcs, 90, 200),
+            None
+        );
+        assert_eq!(cache.take_counts(), BlobCounts { hits: 1, misses: 0 });
+        assert_eq!(cache.remembered(nmethod), Some(blob.clone()));
+        // A sample at 150, after that read: read again, changed.
+        assert_eq!(
+            cache.check_at(&mut loaded.memory, &layout, &pcs, 150, 200),
+            Some(0),
+            "{}",
+            capture.name
+        );
+        assert_eq!(cache.remembered(nmethod), None, "forgotten");
+        // Checked at 300 as the same: believed for samples up to then.
+        loaded.memory.write(
+            blob.start + layout.nmethod.compile_id,
+            &blob.compile_id.to_le_bytes(),
+        );
+        let blob = cache
+            .find_at(&mut loaded.memory, &layout, nmethod, 250)
+            .expect("readable")
+            .expect("a blob");
+        let pcs = [(nmethod + 0x10, &blob)];
+        assert_eq!(
+            cache.check_at(&mut loaded.memory, &layout, &pcs, 260, 300),
+            None
+        );
+        loaded
+            .memory
+            .write(blob.start + layout.nmethod.compile_id, &other.to_le_bytes());
+        assert_eq!(
+            cache.check_at(&mut loaded.memory, &layout, &pcs, 290, 400),
+            None
+        );
+        assert_eq!(
+            cache.check_at(&mut loaded.memory, &layout, &pcs, 310, 400),
+            Some(0)
+        );
+    }
+}
+
 #[test]
 fn a_method_whose_pool_is_not_its_class_is_refused() {
     for capture in captures("c1") {
