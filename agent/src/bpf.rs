@@ -404,7 +404,14 @@ impl BpfSampler {
             .take_map(name)
             .ok_or(BpfError::Missing { kind: "map", name })?;
         let map = BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name, source })?;
-        Ok(BpfPythonMap { map })
+        let name = names::PYTHON_EXECUTABLES;
+        let executables = self
+            .ebpf
+            .take_map(name)
+            .ok_or(BpfError::Missing { kind: "map", name })?;
+        let executables =
+            BpfHashMap::try_from(executables).map_err(|source| BpfError::Map { name, source })?;
+        Ok(BpfPythonMap { map, executables })
     }
 
     pub fn cpus(&self) -> &[u32] {
@@ -675,9 +682,12 @@ fn bpf_config(
     }
 }
 
-/// `PYTHON_PROCESSES`: the walker's layout of each CPython process.
+/// `PYTHON_PROCESSES`: the walker's layout of each CPython process; and
+/// `PYTHON_EXECUTABLES`, those of executables whose processes are
+/// registered at their exec.
 pub struct BpfPythonMap {
     map: BpfHashMap<MapData, u32, agent_common::PythonProcess>,
+    executables: BpfHashMap<MapData, agent_common::ExecutableKey, agent_common::PythonProcess>,
 }
 
 impl crate::runtimes::PythonProcessMap for BpfPythonMap {
@@ -696,6 +706,17 @@ impl crate::runtimes::PythonProcessMap for BpfPythonMap {
 
     fn remove(&mut self, tgid: u32) {
         let _ = self.map.remove(&tgid);
+    }
+
+    fn set_executable(
+        &mut self,
+        executable: agent_common::ExecutableKey,
+        layout: agent_common::PythonProcess,
+    ) {
+        // An LRU map: a full one makes room by itself.
+        if let Err(error) = self.executables.insert(executable, layout, 0) {
+            tracing::debug!(%error, "executable not registered for its exec");
+        }
     }
 }
 
