@@ -3,7 +3,11 @@
 //! type, non-zero location ids, real mapping ranges and runtime addresses,
 //! lines on every location that was named.
 
-use std::{collections::HashMap, time::UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
+
+// Every string, location and function of a profile goes through these maps;
+// the keys come from firn, not from an adversary, so a fast hash will do.
+use foldhash::HashMap;
 
 use crate::{
     input::{Frame, Frames, Interval, Line, Origin, Stack},
@@ -87,11 +91,11 @@ pub fn build(
         input: frames,
         strings: Strings::new(),
         mappings: Vec::new(),
-        mapping_ids: HashMap::new(),
+        mapping_ids: HashMap::default(),
         locations: Vec::new(),
-        location_ids: HashMap::new(),
+        location_ids: HashMap::default(),
         functions: Vec::new(),
-        function_ids: HashMap::new(),
+        function_ids: HashMap::default(),
         summary: BuildSummary::default(),
     };
     let samples_type = builder.value_type("samples", "count");

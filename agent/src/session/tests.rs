@@ -2,8 +2,10 @@ use super::*;
 use agent_symbolize::SymbolConfig;
 
 use crate::{
+    host::Host,
     labels::{Labeler, MetadataConfig},
     output::build_whole_profile,
+    sampler::RawSample,
     symbolize::HostSymbolizer,
 };
 

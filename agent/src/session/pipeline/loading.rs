@@ -24,7 +24,7 @@ impl Pipeline {
     }
 
     /// When the next read is due.
-    pub(super) fn next_loading(&self) -> Option<Instant> {
+    pub(crate) fn next_loading(&self) -> Option<Instant> {
         self.runtimes
             .iter()
             .filter_map(|runtime| runtime.next_loading())

@@ -1,0 +1,456 @@
+//! The stages after the ring buffer: each record decoded, each sample
+//! unwound, labelled and added to its interval's profile, and the process
+//! events that keep the process table, the unwind policy and the runtimes
+//! current.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use agent_common::MAX_STACK_DEPTH;
+use tracing::debug;
+
+use super::hold::{HeldSamples, Released, page_size};
+
+mod loading;
+use crate::{
+    aggregate::{AggregateConfig, AggregatedProfile, Aggregator, ThreadName, UnwoundSample},
+    host::Host,
+    labels::{MetadataConfig, MetadataLimits, MetadataReader, ProcessFilter},
+    process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig},
+    runtimes::{
+        JavaConfig, JavaRuntime, JavaSupport, NodeConfig, NodeRuntime, PythonConfig,
+        RuntimeSupport, Spliced, UserFrame,
+    },
+    sampler::{self, RawSample, Record, SamplingConfig},
+    stats::Stats,
+    unwind::{ProcessUnwinding, UnwindPolicy, Unwinder, UnwinderConfig, UserFrames},
+};
+
+/// How often exited processes are forgotten (and the exit walk's counters
+/// mirrored).
+pub(super) const EXPIRE_INTERVAL: Duration = Duration::from_secs(1);
+/// How often map entries of vanished processes are looked for.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
+
+/// The configs of the stages after the ring buffer, each handed to its own
+/// stage.
+#[derive(Clone, Debug, Default)]
+pub struct PipelineConfig {
+    /// Where `/proc` and `/sys` are.
+    pub host: Host,
+    pub processes: ProcessTableConfig,
+    pub debug_files: DebugFileConfig,
+    pub unwinder: UnwinderConfig,
+    pub aggregate: AggregateConfig,
+    pub python: PythonConfig,
+    pub java: JavaConfig,
+    pub node: NodeConfig,
+    /// Label every sample with its thread's id and name (`thread_id`,
+    /// `thread_name`), not only other threads' ids.
+    pub thread_labels: bool,
+    /// Relabeling's configuration, when its keep and drop rules are
+    /// applied to each process on its first sample
+    /// (`labels::applies_early`).
+    pub exclusion: Option<MetadataConfig>,
+}
+
+/// The stages after the ring buffer, apart from it so they can be fed
+/// records directly.
+pub struct Pipeline {
+    pub processes: ProcessTable,
+    metadata: MetadataReader,
+    unwinder: Unwinder,
+    policy: UnwindPolicy,
+    aggregator: Aggregator,
+    /// Off-CPU samples, apart: their stacks count time waited.
+    off_cpu: Aggregator,
+    /// The runtimes whose frames are named, those turned on; the first to
+    /// claim a sample's process names its frames.
+    runtimes: Vec<Box<dyn RuntimeSupport>>,
+    pub(super) stats: Arc<Stats>,
+    last_expire: Instant,
+    last_sweep: Instant,
+    host: Host,
+    thread_labels: bool,
+    /// Relabeling's keep and drop rules, where they apply at once.
+    pub(super) filter: Option<ProcessFilter>,
+    /// Samples waiting for their process's maps (see `hold`).
+    pub(super) held: HeldSamples,
+    pub(super) page_size: u64,
+}
+
+impl Pipeline {
+    /// Unwinds with `--unwind auto` and no BPF map until
+    /// [`Self::with_unwind`] says otherwise.
+    pub fn new(config: &PipelineConfig, stats: Arc<Stats>) -> Self {
+        let defaults = SamplingConfig::default();
+        let max_processes = config.processes.max_processes;
+        Self {
+            processes: ProcessTable::new(
+                config.host.proc().to_path_buf(),
+                &config.processes,
+                &config.debug_files,
+                stats.clone(),
+            ),
+            metadata: MetadataReader::new(
+                config.host.proc().to_path_buf(),
+                &MetadataLimits {
+                    max_processes,
+                    ..MetadataLimits::default()
+                },
+                stats.clone(),
+            ),
+            unwinder: Unwinder::new(&config.unwinder, stats.clone()),
+            policy: UnwindPolicy::new(
+                defaults.unwind,
+                defaults.stack_copy_bytes,
+                max_processes,
+                stats.clone(),
+            ),
+            aggregator: Aggregator::new(&config.aggregate, stats.clone()),
+            off_cpu: Aggregator::new(&config.aggregate, stats.clone()),
+            runtimes: [
+                config.java.enabled.then(|| {
+                    Box::new(JavaSupport::new(JavaRuntime::new(stats.clone())))
+                        as Box<dyn RuntimeSupport>
+                }),
+                config
+                    .node
+                    .enabled
+                    .then(|| Box::new(NodeRuntime::new(stats.clone())) as Box<dyn RuntimeSupport>),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+            filter: config.exclusion.as_ref().map(|metadata| {
+                ProcessFilter::new(metadata, &config.host, max_processes, stats.clone())
+            }),
+            stats,
+            last_expire: Instant::now(),
+            last_sweep: Instant::now(),
+            host: config.host.clone(),
+            thread_labels: config.thread_labels,
+            held: HeldSamples::default(),
+            page_size: page_size(),
+        }
+    }
+
+    /// The kernel captures exiting processes' mappings (`Record::Mapping`):
+    /// samples of processes whose maps firn could not read in time wait
+    /// for them.
+    pub fn with_exit_maps(mut self, on: bool) -> Self {
+        self.processes.set_captures_exit_maps(on);
+        self
+    }
+
+    pub fn with_unwind(mut self, policy: UnwindPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Names the frames of one more runtime, kept in the order of
+    /// [`Runtime::order`]: Java first (a process embedding both a JVM and CPython
+    /// keeps its Java frames, as before), then Python (registered with the
+    /// BPF walker before a new process's image is searched for V8).
+    pub fn with_runtime(mut self, runtime: Box<dyn RuntimeSupport>) -> Self {
+        self.runtimes.push(runtime);
+        self.runtimes
+            .sort_by_key(|runtime| runtime.runtime().order());
+        self
+    }
+
+    /// Handles one ring buffer record.
+    pub fn handle(&mut self, bytes: &[u8]) {
+        match sampler::decode(bytes) {
+            Ok(Record::Sample(sample)) => {
+                // A new program's first sample: its maps are read and its
+                // unwinding decided now (not at its exec, see
+                // `ProcessTable::on_exec`).
+                if self.processes.unread(sample.tgid) {
+                    self.prepare(sample.tgid);
+                }
+                let comm = sample.comm.to_string();
+                // A sample without user frames (a kernel thread's) needs
+                // no maps.
+                if !sample.user_stack.is_empty() && self.processes.holds(sample.tgid, &comm) {
+                    if self.held.hold(sample.tgid, &comm, bytes) {
+                        return;
+                    }
+                    Stats::inc(&self.stats.held_dropped);
+                }
+                self.count_truncated(&sample);
+                self.sample(sample);
+            }
+            Ok(Record::Mapping(mapping)) => self.held.capture(mapping, self.page_size),
+            Ok(Record::Exec(event)) => {
+                Stats::inc(&self.stats.process_events);
+                // Samples of the image before: placed with what firn has
+                // of it.
+                self.release(event.tgid, Released::NoMaps);
+                self.processes.on_exec(event.tgid, &event.comm.to_string());
+                self.metadata.forget(event.tgid);
+                self.policy.on_exec(event.tgid);
+                self.forget(event.tgid);
+                // Decide now, while the new image is fresh: until then the
+                // BPF program copies its whole stack. (With the kernel
+                // capturing exit maps, nothing is read yet: decided at the
+                // process's first sample.)
+                if let Some(image) = self.processes.lookup(event.tgid) {
+                    self.prepare_image(&image);
+                }
+            }
+            Ok(Record::Exit(event)) => {
+                Stats::inc(&self.stats.process_events);
+                // The mappings the kernel captured came just before: the
+                // process's held samples are placed with them.
+                match self.held.captured(event.tgid) {
+                    Some(specs) => {
+                        self.processes
+                            .install_captured(event.tgid, &event.comm.to_string(), specs);
+                        self.release(event.tgid, Released::ExitMaps);
+                    }
+                    None => self.release(event.tgid, Released::NoMaps),
+                }
+                self.processes.on_exit(event.tgid);
+                // Its samples came before this event and hold their
+                // metadata; a process reusing the pid must not inherit it.
+                self.metadata.forget(event.tgid);
+                self.policy.on_exit(event.tgid);
+                self.forget(event.tgid);
+            }
+            Err(error) => {
+                Stats::inc(&self.stats.records_malformed);
+                debug!(%error, "malformed ring buffer record");
+            }
+        }
+    }
+
+    /// Readies a process before its first sample: its unwind decided and,
+    /// when it is an interpreter, its frames walked from the first sample
+    /// on. A process that is gone is left for its samples, if any.
+    pub fn prepare(&mut self, tgid: u32) {
+        let image = self.processes.image(tgid, "");
+        if !image.gone {
+            self.prepare_image(&image);
+        }
+    }
+
+    fn prepare_image(&mut self, image: &Arc<ProcessImage>) {
+        self.decide_unwinding(image);
+    }
+
+    /// How `image` is unwound, once every runtime looked at it: with
+    /// DWARF over a stack copy when a runtime finds its frames there.
+    fn decide_unwinding(&mut self, image: &Arc<ProcessImage>) -> ProcessUnwinding {
+        let unwinding = self
+            .policy
+            .decide(image, &mut self.processes, &mut self.unwinder);
+        self.observe(image);
+        if unwinding == ProcessUnwinding::FramePointers
+            && self
+                .runtimes
+                .iter()
+                .any(|runtime| runtime.unwinds_over_stack(image.tgid))
+        {
+            self.policy.require_dwarf(image);
+            return self
+                .policy
+                .decide(image, &mut self.processes, &mut self.unwinder);
+        }
+        unwinding
+    }
+
+    /// Every runtime looks at `image`.
+    fn observe(&mut self, image: &Arc<ProcessImage>) {
+        for runtime in &mut self.runtimes {
+            runtime.observe(image, &mut self.processes);
+        }
+    }
+
+    /// The process executed a new image or exited.
+    fn forget(&mut self, tgid: u32) {
+        for runtime in &mut self.runtimes {
+            runtime.forget(tgid);
+        }
+        if let Some(filter) = &mut self.filter {
+            filter.forget(tgid);
+        }
+    }
+
+    pub fn sample(&mut self, sample: RawSample<'_>) {
+        Stats::inc(&self.stats.samples_received);
+        let comm = sample.comm.to_string();
+        let image = match sample.user_stack.first() {
+            Some(&ip) => self.processes.image_covering(sample.tgid, &comm, ip),
+            None => self.processes.image(sample.tgid, &comm),
+        };
+        let (metadata, fresh) = self.metadata.get(sample.tgid, sample.cgroup_id);
+        if fresh && let Some(executable) = &metadata.executable {
+            // The executable's build id is a relabeling input even when
+            // no sample lands in its own code.
+            if let Some(index) = image
+                .mappings
+                .iter()
+                .position(|mapping| mapping.spec.path == *executable)
+            {
+                self.processes.object(&image, index);
+            }
+        }
+        // A process relabeling drops costs nothing more: not unwound, not
+        // symbolized, no runtime looks at it.
+        if let Some(filter) = &mut self.filter
+            && !filter.kept(&image, &metadata)
+        {
+            return;
+        }
+        let (native, image) = self.unwind(&sample, image);
+        // Open every object (and debug file, and JIT perf map) now, while
+        // the process is surely alive; the profile is symbolized later,
+        // possibly after it exited.
+        for &address in &native {
+            if let Some(index) = image.mapping_index(address) {
+                self.processes.object(&image, index);
+            }
+        }
+        let user = self.with_runtime_frames(&sample, native);
+        let thread_name = self.thread_labels.then(|| self.thread_name(&sample));
+        let unwound = UnwoundSample {
+            image,
+            metadata,
+            tid: sample.tid,
+            thread_name,
+            kernel: sample.kernel_stack,
+            user,
+            weight: sample.off_cpu.map_or(1, |wait| wait.periods),
+            reason: sample.off_cpu.map(|wait| crate::offcpu::reason(&wait)),
+        };
+        match sample.off_cpu {
+            Some(_) => {
+                Stats::inc(&self.stats.off_cpu_samples_received);
+                self.off_cpu.add(unwound);
+            }
+            None => self.aggregator.add(unwound),
+        }
+    }
+
+    /// A thread's name for its labels: its runtime's (a Java thread's
+    /// whole name) where one has it, else the OS thread's.
+    fn thread_name(&mut self, sample: &RawSample) -> ThreadName {
+        self.runtimes
+            .iter_mut()
+            .find_map(|runtime| runtime.thread_name(sample.tgid, sample.tid))
+            .map_or(ThreadName::Comm(sample.comm), ThreadName::Runtime)
+    }
+
+    /// The user stack with the runtime frames the sample recorded or its
+    /// unwind found named (now, while the process is alive) and spliced
+    /// in: by the first runtime that claims the process.
+    fn with_runtime_frames(&mut self, sample: &RawSample, mut native: Vec<u64>) -> Vec<UserFrame> {
+        for runtime in &mut self.runtimes {
+            match runtime.splice(sample, native) {
+                Spliced::Named(frames) => return frames,
+                Spliced::NotMine(frames) => native = frames,
+            }
+        }
+        native.into_iter().map(UserFrame::Native).collect()
+    }
+
+    /// Stacks that filled the BPF stack walk's buffer were most likely cut
+    /// there (the outermost frames are missing).
+    pub(super) fn count_truncated(&self, sample: &RawSample) {
+        if sample.kernel_stack.len() >= MAX_STACK_DEPTH {
+            Stats::inc(&self.stats.stacks_truncated_kernel);
+        }
+        if sample.user_stack.len() >= MAX_STACK_DEPTH {
+            Stats::inc(&self.stats.stacks_truncated_user);
+        }
+    }
+
+    /// The sample's user frames, and the image they belong to: the one
+    /// given, or a fresh read of the process's maps if the stack ran into
+    /// code outside it.
+    fn unwind(
+        &mut self,
+        sample: &RawSample,
+        mut image: Arc<ProcessImage>,
+    ) -> (Vec<u64>, Arc<ProcessImage>) {
+        // A new image (first sample, or maps re-read) may be a new
+        // runtime's process: this sample on gets its frames named.
+        let unwinding = self.decide_unwinding(&image);
+        let mut reread = false;
+        let mut jit = self
+            .runtimes
+            .iter_mut()
+            .find_map(|runtime| runtime.unwinder(sample.tgid));
+        let mut attempt = self.unwinder.attempt(
+            sample,
+            &image,
+            &mut self.processes,
+            unwinding,
+            jit.as_deref_mut(),
+        );
+        // The maps may predate a library being mapped (read right after
+        // exec, or before a dlopen): re-read them, once per unwind and at
+        // most once a second per process, and unwind again over them.
+        if let Some(address) = attempt.unmapped() {
+            let fresh =
+                self.processes
+                    .image_covering(image.tgid, &sample.comm.to_string(), address);
+            if !Arc::ptr_eq(&fresh, &image) {
+                image = fresh;
+                reread = true;
+                attempt = self.unwinder.attempt(
+                    sample,
+                    &image,
+                    &mut self.processes,
+                    unwinding,
+                    jit.as_deref_mut(),
+                );
+            }
+        }
+        drop(jit);
+        if reread {
+            self.observe(&image);
+        }
+        let UserFrames {
+            frames,
+            needs_dwarf,
+            stack_need,
+        } = self.unwinder.finish(attempt, unwinding);
+        if needs_dwarf {
+            self.policy.require_dwarf(&image);
+        }
+        if let Some(need) = stack_need {
+            self.policy
+                .observe_stack(&image, need, sample.stack_copy.len());
+        }
+        (frames, image)
+    }
+
+    pub(super) fn housekeeping(&mut self) {
+        self.read_loading();
+        self.release_waiting();
+        let now = Instant::now();
+        if now.duration_since(self.last_expire) >= EXPIRE_INTERVAL {
+            self.processes.expire(now);
+            self.last_expire = now;
+        }
+        if now.duration_since(self.last_sweep) >= SWEEP_INTERVAL {
+            self.policy.sweep(self.host.proc());
+            self.last_sweep = now;
+        }
+    }
+
+    pub fn take_profile(&mut self) -> AggregatedProfile {
+        self.unwinder.release_pages();
+        self.aggregator.take()
+    }
+
+    /// The off-CPU samples since the last call (`--off-cpu`), each stack
+    /// counted in periods waited.
+    pub fn take_off_cpu_profile(&mut self) -> AggregatedProfile {
+        self.off_cpu.take()
+    }
+}
