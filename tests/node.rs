@@ -1,10 +1,11 @@
 //! End to end: JavaScript frames of Node.js processes named from V8's heap
 //! by the real `firn` binary (no `--perf-basic-prof`), for
-//! `tests/workloads/node/chain.js` run unoptimized (`--max-opt=0`, or
-//! `--no-opt` where V8 lacks it) and optimized (TurboFan, after warm-up,
+//! `tests/workloads/node/chain.js` run by the interpreter (`--max-opt=0`,
+//! or `--no-opt --no-sparkplug` where V8 lacks it) and optimized (TurboFan, after warm-up,
 //! inlining off so each function keeps its frame): the chain in order with
 //! its script file, a class method (by its class) and a closure, an async
-//! function resumed after `await`; with `--nodejs=false`,
+//! function resumed after `await`, a function TurboFan inlined into its
+//! caller as a frame of its own (inlining on); with `--nodejs=false`,
 //! native stacks as before. Each check runs on Debian's Node 20
 //! (`/usr/bin/node`) and on every Node named by `FIRN_NODE_18`,
 //! `FIRN_NODE_22` and `FIRN_NODE_24` (`cargo xtask setup` installs them,
@@ -24,6 +25,10 @@ use common::*;
 
 /// The mapping of every JavaScript frame's location.
 const JS_MAPPING: &str = "[javascript]";
+
+/// The mapping of functions TurboFan or Maglev inlined into the frame
+/// below.
+const INLINED_MAPPING: &str = "[javascript:inlined]";
 
 /// Share of the main thread's samples that must hold the whole chain.
 const MOST: f64 = 0.9;
@@ -77,12 +82,19 @@ enum Tier {
     Unoptimized,
     /// TurboFan code for the whole chain, each function its own frame.
     Optimized,
+    /// TurboFan code with its inlining, no on-stack replacement (the
+    /// chain's caller stays unoptimized), inlining decisions traced.
+    Inlined,
 }
 
 impl Tier {
     fn flags(self, node: &Path) -> Vec<&'static str> {
         match self {
             Self::Unoptimized if knows_flag(node, "max-opt") => vec!["--max-opt=0"],
+            // `--max-opt=0` runs the interpreter alone; so do these.
+            Self::Unoptimized if knows_flag(node, "sparkplug") => {
+                vec!["--no-opt", "--no-sparkplug"]
+            }
             Self::Unoptimized => vec!["--no-opt"],
             Self::Optimized => {
                 let mut flags = vec!["--no-turbo-inlining", "--trace-opt"];
@@ -91,6 +103,7 @@ impl Tier {
                 }
                 flags
             }
+            Self::Inlined => vec!["--no-use-osr", "--trace-opt", "--trace-turbo-inlining"],
         }
     }
 }
@@ -121,13 +134,14 @@ impl NodeProcess {
             Duration::from_millis(500),
             Duration::from_secs(60),
         );
-        if let Tier::Optimized = tier {
+        if let Tier::Optimized | Tier::Inlined = tier {
             wait_for(
                 "TurboFan to compile the chain",
                 Duration::from_secs(60),
                 || {
                     let trace = process.trace();
                     functions.iter().all(|function| optimized(&trace, function))
+                        && (!matches!(tier, Tier::Inlined) || inlined(&trace, INLINED.0, INLINED.1))
                 },
                 || process.trace(),
             );
@@ -163,11 +177,30 @@ fn optimized(trace: &str, function: &str) -> bool {
     })
 }
 
+/// Whether V8's `--trace-turbo-inlining` output says TurboFan inlined
+/// `callee` into `caller`.
+fn inlined(trace: &str, callee: &str, caller: &str) -> bool {
+    let callee = format!("<SharedFunctionInfo {callee}>");
+    let caller = format!("<SharedFunctionInfo {caller}>");
+    trace.lines().any(|line| {
+        line.starts_with("Inlining ")
+            && line
+                .split_once(" into ")
+                .is_some_and(|(inlined, into)| inlined.contains(&callee) && into.contains(&caller))
+    })
+}
+
 type Frame = SampleFrame;
 
 impl SampleFrame {
+    /// In either JavaScript mapping.
     fn javascript(&self) -> bool {
-        self.mapping == JS_MAPPING
+        self.mapping == JS_MAPPING || self.mapping == INLINED_MAPPING
+    }
+
+    /// Inlined into the frame below it.
+    fn inlined(&self) -> bool {
+        self.mapping == INLINED_MAPPING
     }
 }
 
@@ -235,6 +268,30 @@ fn holds(frames: &[Frame], chain: &[(&[&str], &str)]) -> bool {
         })
 }
 
+/// Whether `frames` hold `chain` with each frame but the outermost (main,
+/// whose loop Sparkplug compiles) past its function's first line and at
+/// most at its marked line: the line being run, not where the function
+/// starts. (An interpreted leaf's offset is the one it last saved in its
+/// frame, at a call or a loop's back edge: its loop's header, or the line
+/// before it.)
+fn runs_marked_lines(frames: &[Frame], chain: &[(&[&str], &str)]) -> bool {
+    holds(frames, chain) && {
+        let (leaf_names, _) = chain[0];
+        let leaf = frames
+            .iter()
+            .position(|frame| leaf_names.contains(&frame.name.as_str()))
+            .expect("held");
+        let inner = &chain[..chain.len() - 1];
+        frames[leaf..]
+            .iter()
+            .zip(inner)
+            .all(|(frame, (_, marker))| {
+                let declaration = *function_lines(marker).start();
+                (declaration + 1..=marked_line(marker)).contains(&frame.line)
+            })
+    }
+}
+
 #[test]
 fn function_lines_run_from_the_declaration() {
     let declared = |text: &str| {
@@ -266,6 +323,9 @@ fn describe_frames(samples: &[(Vec<Frame>, i64)]) -> String {
             let names: Vec<String> = frames
                 .iter()
                 .map(|frame| match frame.javascript() {
+                    true if frame.inlined() => {
+                        format!("{}@{}:{} (inlined)", frame.name, frame.file, frame.line)
+                    }
                     true => format!("{}@{}:{}", frame.name, frame.file, frame.line),
                     false => frame.name.clone(),
                 })
@@ -296,8 +356,19 @@ const METHOD_CHAIN: &[(&[&str], &str)] = &[
 /// `pump -> accumulate` on the resumed stack.
 const ASYNC_CHAIN: &[(&[&str], &str)] = &[(&["accumulate"], "accumulate"), (&["pump"], "pump")];
 
+/// The function TurboFan inlines in mode `inline`, and its caller.
+const INLINED: (&str, &str) = ("blend", "mix");
+
+const INLINE_CHAIN: &[(&[&str], &str)] = &[
+    (&["blend"], "blend"),
+    (&["mix"], "mix"),
+    (&["main"], "main"),
+];
+
 /// Records each Node running chain.js in `mode` at `tier` and checks the
-/// share of the main thread's samples holding `chain`.
+/// share of the main thread's samples holding `chain`, and the share of
+/// those whose frames carry the lines being run (interpreted frames by
+/// their bytecode offset, optimized ones by their pc).
 fn chain_is_named(tier: Tier, mode: &str, chain: &[(&[&str], &str)], compiled: &[&str]) {
     require_root();
     let _serial = serial();
@@ -309,9 +380,29 @@ fn chain_is_named(tier: Tier, mode: &str, chain: &[(&[&str], &str)], compiled: &
         let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
         let samples = main_thread(&profile, process.pid());
         let total: i64 = samples.iter().map(|(_, count)| count).sum();
+        // With inlining on, the leaf is the function inlined, the rest
+        // frames of their own; else none is inlined.
+        let inlined = |frames: &[Frame]| {
+            let Some(leaf) = frames
+                .iter()
+                .position(|frame| chain[0].0.contains(&frame.name.as_str()))
+            else {
+                return false;
+            };
+            let inlined: Vec<&str> = frames[leaf..]
+                .iter()
+                .take(chain.len())
+                .filter(|frame| frame.inlined())
+                .map(|frame| frame.name.as_str())
+                .collect();
+            match tier {
+                Tier::Inlined => inlined == chain[0].0[..1],
+                _ => inlined.is_empty(),
+            }
+        };
         let named: i64 = samples
             .iter()
-            .filter(|(frames, _)| holds(frames, chain))
+            .filter(|(frames, _)| holds(frames, chain) && inlined(frames))
             .map(|(_, count)| count)
             .sum();
         let share = named as f64 / total.max(1) as f64;
@@ -319,6 +410,21 @@ fn chain_is_named(tier: Tier, mode: &str, chain: &[(&[&str], &str)], compiled: &
         if total < ENOUGH || share < MOST {
             failures.push(format!(
                 "{name} {tier:?} {mode}: {named} of {total} samples hold the chain:\n{}",
+                describe_frames(&samples)
+            ));
+        }
+        let running: i64 = samples
+            .iter()
+            .filter(|(frames, _)| runs_marked_lines(frames, chain))
+            .map(|(_, count)| count)
+            .sum();
+        let running_share = running as f64 / named.max(1) as f64;
+        println!(
+            "{name} {tier:?} {mode}: {running} of {named} at the lines being run ({running_share:.3})"
+        );
+        if running_share < MOST {
+            failures.push(format!(
+                "{name} {tier:?} {mode}: {running} of {named} samples at the lines being run:\n{}",
                 describe_frames(&samples)
             ));
         }
@@ -369,6 +475,13 @@ fn optimized_async_function_resumed_after_await_is_named() {
         ASYNC_CHAIN,
         &["accumulate", "pump"],
     );
+}
+
+/// blend, which TurboFan inlined into mix, named as a frame of its own
+/// above mix, on the stack where mix runs it.
+#[test]
+fn function_inlined_by_turbofan_is_a_frame_of_its_own() {
+    chain_is_named(Tier::Inlined, "inline", INLINE_CHAIN, &["mix"]);
 }
 
 /// `--nodejs=false`: no JavaScript frame, the JIT code's frames as the

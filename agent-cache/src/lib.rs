@@ -1,8 +1,14 @@
-//! A least-recently-used cache bounded by the bytes its values use.
+//! Caches bounded by the bytes their values use: least recently used
+//! ([`ByteBoundedCache`]), or keeping what each round uses
+//! ([`ResidentCache`]).
+
+mod resident;
 
 use std::hash::Hash;
 
 use lru::LruCache;
+
+pub use resident::{Found, ResidentCache};
 
 /// The byte bound is the real limit; this only keeps tiny values from
 /// piling up without end.

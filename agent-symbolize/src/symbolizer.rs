@@ -3,7 +3,7 @@
 
 use std::{num::NonZeroUsize, sync::Arc};
 
-use agent_cache::ByteBoundedCache;
+use agent_cache::{ByteBoundedCache, Found, ResidentCache};
 use agent_elf::{self as elf, BuildId, Bytes, ContentKey, ObjectKey, SymbolTable, debug_files};
 use lru::LruCache;
 use tracing::debug;
@@ -40,8 +40,14 @@ pub struct Symbolizer {
     demangle: DemangleMode,
     /// Names where DWARF gives none: a Go binary's own table, else the
     /// ELF symbols.
-    symbols: ByteBoundedCache<ContentKey, Arc<FunctionNames>>,
-    dwarf: ByteBoundedCache<ContentKey, DwarfInfo>,
+    /// Kept like the DWARF contexts: libc's table is not pushed out by
+    /// the tables of a few compilers that came and went.
+    symbols: ResidentCache<ContentKey, Arc<FunctionNames>>,
+    /// Contexts used in the last two profiles stay: a profile that needs
+    /// more than the budget rebuilds only what does not fit, not every
+    /// context (least-recently-used order would evict each one just before
+    /// the next profile needs it).
+    dwarf: ResidentCache<ContentKey, DwarfInfo>,
     /// Objects without DWARF, with DWARF too large for the cache, or with
     /// DWARF that failed to index. Kept apart from `dwarf`, so that a
     /// context that outgrows the cache does not push them out: each would
@@ -69,8 +75,8 @@ impl Symbolizer {
             kernel,
             kernel_build_id,
             demangle: config.demangle,
-            symbols: ByteBoundedCache::new(config.symbol_cache_bytes),
-            dwarf: ByteBoundedCache::new(config.debuginfo_cache_bytes),
+            symbols: ResidentCache::new(config.symbol_cache_bytes),
+            dwarf: ResidentCache::new(config.debuginfo_cache_bytes),
             without_dwarf: LruCache::new(
                 NonZeroUsize::new(WITHOUT_DWARF).unwrap_or(NonZeroUsize::MIN),
             ),
@@ -142,9 +148,9 @@ impl Symbolizer {
 
     fn names(&mut self, object: &dyn ObjectSource) -> Option<Arc<FunctionNames>> {
         let key = ContentKey::of(object.key(), object.layout());
-        if let Some(names) = self.symbols.get(&key) {
+        if let Some(names) = self.symbols.get_mut(&key) {
             self.counts.symbols.hits += 1;
-            return Some(names.clone());
+            return Some(names.into_value().clone());
         }
         self.counts.symbols.misses += 1;
         let bytes = match object.bytes() {
@@ -159,6 +165,11 @@ impl Symbolizer {
             None => FunctionNames::symbols(self.symbol_table(object, bytes)),
         };
         let names = Arc::new(names);
+        debug!(
+            path = object.path(),
+            bytes = names.heap_bytes(),
+            "symbol table read"
+        );
         let evicted = self
             .symbols
             .insert(key, names.clone(), names.heap_bytes() + 64);
@@ -245,7 +256,7 @@ impl Symbolizer {
             self.counts.debuginfo.hits += 1;
             return Vec::new();
         }
-        if self.dwarf.get(&key).is_some() {
+        if self.dwarf.get_mut(&key).is_some() {
             self.counts.debuginfo.hits += 1;
         } else {
             self.counts.debuginfo.misses += 1;
@@ -261,7 +272,7 @@ impl Symbolizer {
             let evicted = self.dwarf.insert(key.clone(), info, bytes);
             self.counts.debuginfo.evictions += evicted as u64;
         }
-        let Some(info) = self.dwarf.get_mut(&key) else {
+        let Some(info) = self.dwarf.get_mut(&key).map(Found::into_value) else {
             return Vec::new();
         };
         let result = info.frames(vaddr);
@@ -369,11 +380,13 @@ impl FrameSymbolizer for Symbolizer {
         self.kernel_build_id.as_ref()
     }
 
-    /// A context that grew past the whole cache while one profile was
-    /// built (its units parsed) is kept for that build only.
+    /// A context that did not fit beside those in use (or grew past the
+    /// whole cache) while one profile was built is kept for that build only.
     fn end_of_profile(&mut self) {
-        let evicted = self.dwarf.trim();
+        let evicted = self.dwarf.end_round();
         self.counts.debuginfo.evictions += evicted as u64;
+        let evicted = self.symbols.end_round();
+        self.counts.symbols.evictions += evicted as u64;
         // What a profile's lookups read stays parsed in the heap; the file
         // pages behind it need not stay in the caller's RSS until the next.
         for info in self.dwarf.values() {

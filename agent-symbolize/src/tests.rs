@@ -376,14 +376,18 @@ fn jit_frames_come_from_the_perf_map_and_its_growth() {
 
 #[test]
 fn the_dwarf_cache_is_bounded_and_counts_evictions() {
-    // Room for one fixture's DWARF at a time, not two.
-    let one = |elf: &[u8]| {
-        DwarfInfo::parse(Bytes::new(Arc::new(elf.to_vec())), usize::MAX)
-            .expect("indexes")
-            .heap_bytes()
+    // Room for one fixture's DWARF, lookups' units parsed, not two.
+    let parsed = |elf: &[u8], function: &str| {
+        let mut info =
+            DwarfInfo::parse(Bytes::new(Arc::new(elf.to_vec())), usize::MAX).expect("indexes");
+        let (start, _) = function_range(elf, function);
+        info.frames(start).expect("frames");
+        info.heap_bytes()
     };
     let limits = SymbolConfig {
-        debuginfo_cache_bytes: one(INLINE_CHAIN).max(one(TEMPLATES)) + 1024,
+        debuginfo_cache_bytes: parsed(INLINE_CHAIN, "burn_leaf")
+            .max(parsed(TEMPLATES, "_ZN4firn3runEi"))
+            + 1024,
         ..SymbolConfig::default()
     };
     let mut symbolizer = symbolizer_with(&limits);
@@ -391,18 +395,23 @@ fn the_dwarf_cache_is_bounded_and_counts_evictions() {
     let templates = object(2, TEMPLATES);
     let (leaf, _) = function_range(INLINE_CHAIN, "burn_leaf");
     let (run, _) = function_range(TEMPLATES, "_ZN4firn3runEi");
-    for _ in 0..3 {
-        assert!(!symbolizer.user(&chain, leaf + 0x20).is_empty());
-        assert!(!symbolizer.user(&templates, run).is_empty());
+    let profiles = 4;
+    for _ in 0..profiles {
+        for _ in 0..3 {
+            assert!(!symbolizer.user(&chain, leaf).is_empty());
+            assert!(!symbolizer.user(&templates, run).is_empty());
+        }
+        symbolizer.end_of_profile();
+        assert!(symbolizer.cache_bytes().debuginfo <= limits.debuginfo_cache_bytes);
     }
     let counts = symbolizer.take_counts();
     assert_eq!(
-        counts.debuginfo.misses, 6,
-        "each object pushes the other out"
+        counts.debuginfo.misses,
+        1 + profiles,
+        "the first object stays; the second, which does not fit beside it, \
+         is indexed once a profile and dropped at its end"
     );
-    assert!(counts.debuginfo.evictions >= 5);
-    symbolizer.end_of_profile();
-    assert!(symbolizer.cache_bytes().debuginfo <= limits.debuginfo_cache_bytes);
+    assert_eq!(counts.debuginfo.evictions, profiles);
     assert_eq!(counts.debuginfo_too_large, 0);
 
     // An object whose DWARF alone exceeds the cache is not indexed at all.
@@ -485,6 +494,26 @@ fn dwarf_refused_once_stays_refused_while_contexts_come_and_go() {
         (0, 1),
         "not read and refused again"
     );
+}
+
+/// Processes map one object through files of their own (another mount
+/// namespace, another inode); the same build id is the same object: its
+/// DWARF and symbols are read once, whatever the process.
+#[test]
+fn one_object_mapped_by_many_processes_is_read_once() {
+    let mut symbolizer = fresh();
+    let (leaf, _) = function_range(INLINE_CHAIN, "burn_leaf");
+    let first = symbolizer.user(&object(1, INLINE_CHAIN), leaf);
+    assert!(!first.is_empty());
+    for inode in 2..50 {
+        assert_eq!(symbolizer.user(&object(inode, INLINE_CHAIN), leaf), first);
+        if inode % 10 == 0 {
+            symbolizer.end_of_profile();
+        }
+    }
+    let counts = symbolizer.take_counts();
+    assert_eq!((counts.debuginfo.misses, counts.debuginfo.hits), (1, 48));
+    assert_eq!(counts.debuginfo.evictions, 0);
 }
 
 #[test]

@@ -131,8 +131,9 @@ impl Tally {
 /// Whether a sample's JavaScript frames (innermost first) up to `main` are
 /// the chain's outer part in order: `[settle, main]`, `[reconcile,
 /// settle, main]` or the whole. A callee TurboFan inlined has no frame in
-/// either profiler (V8's profiler shows `settle` at the top of most samples
-/// busy in accumulate's loop): a frame missing at the top is not wrong; a
+/// V8's profile (it shows `settle` at the top of most samples busy in
+/// accumulate's loop), nor among firn's frames compared (its inlined
+/// frames are left out): a frame missing at the top is not wrong; a
 /// frame missing or wrong in the middle, or a wrong leaf, is.
 fn holds_chain(js: &[String]) -> bool {
     let Some(main) = js.iter().position(|name| name == "main") else {
@@ -194,7 +195,8 @@ pub fn run(root: &Path, firn: &Path, work: &Path, args: &BenchArgs) -> Result<()
     println!(
         "\nWhole chain: the sample's JavaScript frames up to main are settle <- main,\n\
          reconcile <- settle <- main or the whole chain (TurboFan inlines accumulate, often\n\
-         reconcile too, and neither profiler shows inlined frames here). Self share: the\n\
+         reconcile too; V8's --cpu-prof does not show inlined frames, firn shows them in its\n\
+         [javascript:inlined] mapping, left out here to compare the same). Self share: the\n\
          sample's innermost JavaScript function; firn's main thread is its samples under\n\
          node::Start. --cpu-prof's CPU is the process's beyond the process's alone, so it\n\
          carries their noise; firn's BPF time is charged to the workload and shows as slowdown."
@@ -539,7 +541,9 @@ fn cpu_prof_flags(profile: &Path, args: &BenchArgs) -> Vec<String> {
 
 /// The main thread's samples of `pid` in a firn profile: its JavaScript
 /// frames are those firn named from V8's heap (the `[javascript]`
-/// mapping), or, with `--nodejs=false`, those V8's perf map names.
+/// mapping; functions inlined into them, `[javascript:inlined]`, are left
+/// out, as V8's profile leaves them out), or, with `--nodejs=false`, those
+/// V8's perf map names.
 fn firn_tally(profile: &agent_pprof::proto::Profile, pid: u32) -> Tally {
     let pid = pid.to_string();
     let mut tally = Tally::default();

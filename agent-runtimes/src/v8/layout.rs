@@ -9,7 +9,7 @@
 //! so a field is looked up by class and any of its names, whatever its
 //! type.
 
-use super::object::Constants;
+use super::{CodeLayout, object::Constants};
 
 /// How tagged values are told apart and decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,6 +162,12 @@ pub struct Layout {
     /// `None` when the build lacks a constant it needs: methods are then
     /// named without their class.
     pub receivers: Option<Receivers>,
+    /// `None` when the build lacks a constant it needs: optimized frames
+    /// are then named without the functions inlined into them.
+    pub code: Option<CodeLayout>,
+    /// `BytecodeArray::data`, the bytecodes' offset in their array, which
+    /// turns an interpreted frame's offset slot into a bytecode offset.
+    pub bytecode_data: Option<u64>,
 }
 
 /// JSFunction's subtypes at most, where the build does not export their
@@ -264,6 +270,11 @@ impl Layout {
             fields,
             scope_info,
             receivers: receivers(constants),
+            code: CodeLayout::new(constants),
+            bytecode_data: constants
+                .with_prefix("class_BytecodeArray__data__")
+                .next()
+                .and_then(|(_, value)| u64::try_from(value).ok()),
         })
     }
 }

@@ -19,12 +19,15 @@
 //! JSFunction in a fixed slot below its frame pointer
 //! ([`FrameSlots::function`]), the root of everything that names it.
 
+mod code;
 pub(crate) mod heap;
+mod inlined;
 mod layout;
 mod namer;
 mod object;
 mod position;
 mod receiver;
+mod running;
 mod scope;
 mod tier;
 mod walk;
@@ -32,10 +35,12 @@ mod walk;
 #[cfg(test)]
 mod tests;
 
+pub use code::{CodeKind, CodeLayout, DeoptIndexes, MAX_CODE_BYTES};
+pub use inlined::InlineError;
 pub use layout::{
     Fields, FrameSlots, Layout, LayoutError, Receivers, ScopeInfoSlots, StringTags, Tagging, Types,
 };
-pub use namer::{JsFunction, NameError, NamerCounts, V8Namer};
+pub use namer::{JsFunction, NameError, NamerCounts, OptimizedFrame, V8Namer};
 pub use object::{Constants, FileMapping, ObjectError, V8Object, inspect_object};
 pub use position::Position;
 pub use tier::Tier;

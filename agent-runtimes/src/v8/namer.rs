@@ -14,9 +14,12 @@ use agent_cache::ByteBoundedCache;
 
 use super::{
     ChainFrame, Layout,
+    code::CodeFinder,
     heap::{instance_type, is_string, read_string, tagged_field},
+    inlined::{InlineError, Inliner, script_offset},
     position::{LINE_CACHE_BYTES, LineCache, Position, line_and_column, start_position},
     receiver::{CLASS_CACHE_BYTES, ClassCache, class_constructor, class_key, qualified},
+    running::BytecodePositions,
     scope::scope_info_name,
     tier::{Tier, frame_tier},
 };
@@ -106,6 +109,18 @@ pub struct V8Namer {
     classes: ClassCache,
     lines: LineCache,
     counts: NamerCounts,
+    /// Where the build says enough to find a frame's code.
+    code: Option<(CodeFinder, Inliner)>,
+    bytecode: Option<BytecodePositions>,
+}
+
+/// What an optimized frame runs: the functions inlined at its pc,
+/// innermost first, each with the line it runs, and the line its own
+/// function runs (`None` where firn cannot tell).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OptimizedFrame {
+    pub inlined: Vec<(JsFunction, Option<Position>)>,
+    pub line: Option<Position>,
 }
 
 impl V8Namer {
@@ -117,6 +132,13 @@ impl V8Namer {
             classes: ClassCache::new(CLASS_CACHE_BYTES),
             lines: LineCache::new(LINE_CACHE_BYTES),
             counts: NamerCounts::default(),
+            code: layout
+                .code
+                .map(|code| (CodeFinder::new(code), Inliner::new(code))),
+            bytecode: layout
+                .bytecode_data
+                .zip(layout.code)
+                .map(|(data, code)| BytecodePositions::new(data, code.byte_arrays)),
         }
     }
 
@@ -170,23 +192,33 @@ impl V8Namer {
             layout.types.shared_function_info,
             "SharedFunctionInfo",
         )?;
-        let sfi = layout.tagging.untag(shared);
-        let name_or_scope =
-            tagged_field(memory, &layout, sfi, layout.fields.sfi_name_or_scope_info)?;
-        let script = tagged_field(memory, &layout, sfi, layout.fields.sfi_script)?;
-        let key = (shared, name_or_scope, script);
         let map = tagged_field(
             memory,
             &layout,
             layout.tagging.untag(function),
             layout.fields.heap_object_map,
         )?;
-        let seen_key = [function, map, shared, name_or_scope, script];
+        let (named, [name_or_scope, script]) = self.shared(memory, shared)?;
+        self.remember([function, map, shared, name_or_scope, script], &named);
+        Ok(named)
+    }
+
+    /// The function whose SharedFunctionInfo is `shared` (tagged, checked
+    /// already), with the two fields it is named from.
+    fn shared(
+        &mut self,
+        memory: &mut dyn Memory,
+        shared: u64,
+    ) -> Result<(JsFunction, [u64; 2]), NameError> {
+        let layout = self.layout;
+        let sfi = layout.tagging.untag(shared);
+        let name_or_scope =
+            tagged_field(memory, &layout, sfi, layout.fields.sfi_name_or_scope_info)?;
+        let script = tagged_field(memory, &layout, sfi, layout.fields.sfi_script)?;
+        let key = (shared, name_or_scope, script);
         if let Some(named) = self.cache.get(&key) {
             self.counts.hits += 1;
-            let named = named.clone();
-            self.remember(seen_key, &named);
-            return Ok(named);
+            return Ok((named.clone(), [name_or_scope, script]));
         }
         self.counts.misses += 1;
         let name = function_name(memory, &layout, name_or_scope)?;
@@ -201,8 +233,7 @@ impl V8Namer {
         };
         let weight = named.weight();
         self.cache.insert(key, named.clone(), weight);
-        self.remember(seen_key, &named);
-        Ok(named)
+        Ok((named, [name_or_scope, script]))
     }
 
     /// What keys a function already named: the JSFunction, its map and
@@ -233,6 +264,96 @@ impl V8Namer {
 }
 
 impl V8Namer {
+    /// What an optimized frame runs: the functions inlined into its code
+    /// at its pc and the lines being run (no function inlined when the
+    /// frame runs baseline code): `function`, the frame's function slot
+    /// as [`V8Namer::name`] takes it; `pc`, the sample's instruction
+    /// pointer for the innermost frame (`leaf`), else the frame's return
+    /// address. Meant for frames [`V8Namer::tier`] finds optimized; an
+    /// interpreted frame's pc is in V8's builtins, where no code object is
+    /// found.
+    pub fn optimized(
+        &mut self,
+        memory: &mut dyn Memory,
+        function: u64,
+        pc: u64,
+        leaf: bool,
+    ) -> Result<OptimizedFrame, InlineError> {
+        let layout = self.layout;
+        let Some((finder, inliner)) = self.code.as_mut() else {
+            return Ok(OptimizedFrame::default());
+        };
+        // A return address is just past its call, which may be the last
+        // instruction of an inlined function.
+        let pc = if leaf { pc } else { pc.wrapping_sub(1) };
+        let found = finder
+            .find(memory, &layout, pc)?
+            .ok_or(InlineError::NoCode { pc })?;
+        if found.baseline {
+            return Ok(OptimizedFrame::default());
+        }
+        let shared = tagged_field(
+            memory,
+            &layout,
+            layout.tagging.untag(function),
+            layout.fields.js_function_shared,
+        )?;
+        let run = inliner.run(memory, &layout, &found, shared, pc - found.start)?;
+        let mut inlined = Vec::with_capacity(run.inlined.len());
+        for (shared, position) in run.inlined {
+            let named = self.shared(memory, shared)?.0;
+            let line = self.line_at(memory, shared, position);
+            inlined.push((named, line));
+        }
+        let line = run
+            .position
+            .and_then(|position| self.line_at(memory, shared, position));
+        Ok(OptimizedFrame { inlined, line })
+    }
+
+    /// The line an interpreted frame runs, from its bytecode array and
+    /// offset slots as of the sample (`bytecode`, as
+    /// [`ChainFrame::bytecode`](super::ChainFrame) holds them); `None`
+    /// when firn cannot tell.
+    pub fn interpreted_line(
+        &mut self,
+        memory: &mut dyn Memory,
+        function: u64,
+        bytecode: [Option<u64>; 2],
+    ) -> Option<Position> {
+        let layout = self.layout;
+        let [Some(array), Some(offset)] = bytecode else {
+            return None;
+        };
+        let positions = self.bytecode.as_mut()?;
+        let shared = tagged_field(
+            memory,
+            &layout,
+            layout.tagging.untag(function),
+            layout.fields.js_function_shared,
+        )
+        .ok()?;
+        let (script, source) = script_source(memory, &layout, shared).ok()??;
+        let at = positions
+            .script_offset(memory, &layout, array, offset, source)
+            .ok()??;
+        line_and_column(memory, &layout, &mut self.lines, script, source, at)
+            .ok()
+            .flatten()
+    }
+
+    /// The line of source position `position` (raw, as position tables
+    /// keep it) in the script of the function whose SharedFunctionInfo is
+    /// `shared`.
+    fn line_at(&mut self, memory: &mut dyn Memory, shared: u64, position: u64) -> Option<Position> {
+        let layout = self.layout;
+        let at = script_offset(position)?;
+        let (script, source) = script_source(memory, &layout, shared).ok()??;
+        line_and_column(memory, &layout, &mut self.lines, script, source, at)
+            .ok()
+            .flatten()
+    }
+
     /// [`V8Namer::name`], with a method called on an instance of a
     /// script's class (or on the class, static) named `Class.method`, as
     /// V8's stack traces name it (see [`super::receiver`]). `receiver`: the
@@ -338,6 +459,43 @@ impl V8Namer {
         };
         line_and_column(memory, &layout, &mut self.lines, script, source, start)
     }
+}
+
+/// The Script and source string of a function's SharedFunctionInfo, if it
+/// has both.
+fn script_source(
+    memory: &mut dyn Memory,
+    layout: &Layout,
+    shared: u64,
+) -> Result<Option<(u64, u64)>, NameError> {
+    if !layout.tagging.is_heap_object(shared)
+        || instance_type(memory, layout, shared)? != layout.types.shared_function_info
+    {
+        return Ok(None);
+    }
+    let script = tagged_field(
+        memory,
+        layout,
+        layout.tagging.untag(shared),
+        layout.fields.sfi_script,
+    )?;
+    if !layout.tagging.is_heap_object(script)
+        || instance_type(memory, layout, script)? != layout.types.script
+    {
+        return Ok(None);
+    }
+    let source = tagged_field(
+        memory,
+        layout,
+        layout.tagging.untag(script),
+        layout.fields.script_source,
+    )?;
+    if !layout.tagging.is_heap_object(source)
+        || !is_string(layout, instance_type(memory, layout, source)?)
+    {
+        return Ok(None);
+    }
+    Ok(Some((script, source)))
 }
 
 fn expect_type(

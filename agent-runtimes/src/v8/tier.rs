@@ -15,13 +15,9 @@
 //! (each function's interpreter entry copied into generated code), an
 //! interpreted frame is taken for an optimized one.
 //!
-//! Maglev and TurboFan frames are not told apart: that needs the frame's
-//! Code object, and neither the way from a pc to its Code (the code
-//! space's page and object layout) nor, in every release, the JSFunction's
-//! `code` field is among the post-mortem constants (Node 20 and 24 export
-//! neither; where `code` is exported, it is the function's current code,
-//! not necessarily the code a frame runs, and the kinds that name Maglev and
-//! TurboFan code are not exported).
+//! Maglev and TurboFan frames are not told apart: that needs the kind of
+//! the frame's Code object ([`super::code`] finds it from the pc), and the
+//! kinds that name Maglev and TurboFan code are not exported.
 
 use std::ops::Range;
 

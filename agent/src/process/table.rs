@@ -169,10 +169,6 @@ struct Entry {
     /// libraries (at its exec): with mappings captured at exit, its
     /// samples wait for those or for a read once it has run a while.
     unsettled: bool,
-    /// A new program whose maps are not read yet: read at its first
-    /// sample, so a process that is never sampled (most short ones) costs
-    /// no read of its maps.
-    unread: bool,
     /// Its exit event was handled (not only a failed read).
     exit_seen: bool,
 }
@@ -252,7 +248,7 @@ impl ProcessTable {
         if !self.captures_exit_maps {
             return false;
         }
-        if self.processes.peek(&tgid).is_none_or(|entry| entry.unread) {
+        if self.processes.peek(&tgid).is_none() {
             self.image(tgid, comm);
         }
         let Some(entry) = self.processes.peek(&tgid) else {
@@ -320,16 +316,7 @@ impl ProcessTable {
 
     /// The image of `tgid` if firn has read it, without any I/O.
     pub fn lookup(&mut self, tgid: u32) -> Option<Arc<ProcessImage>> {
-        self.processes
-            .get(&tgid)
-            .filter(|entry| !entry.unread)
-            .map(|entry| entry.image.clone())
-    }
-
-    /// Whether `tgid` executed a program whose maps are still to be read
-    /// (at its first sample, by [`Self::image`]).
-    pub fn unread(&self, tgid: u32) -> bool {
-        self.processes.peek(&tgid).is_some_and(|entry| entry.unread)
+        self.processes.get(&tgid).map(|entry| entry.image.clone())
     }
 
     /// The image of `tgid`, reading /proc on first sight. A process that is
@@ -340,11 +327,6 @@ impl ProcessTable {
     /// thread outliving its leader): its maps are read again, at most once
     /// per [`REFRESH_INTERVAL`], and the old image is kept if that fails.
     pub fn image(&mut self, tgid: u32, fallback_comm: &str) -> Arc<ProcessImage> {
-        if let Some(entry) = self.processes.peek(&tgid)
-            && entry.unread
-        {
-            return self.first_read(tgid);
-        }
         if let Some(entry) = self.processes.get(&tgid) {
             let stale = entry.exited_at.is_some()
                 && !entry.image.gone
@@ -482,56 +464,21 @@ impl ProcessTable {
         }
     }
 
-    /// The process executed a new program. Without the kernel's capture
-    /// its new image is read now, while it is most likely still alive.
-    /// With it, the maps are read at the process's first sample: most
-    /// new processes on a busy host are never sampled, and the samples of
-    /// those that are wait for the capture or a later read anyway (they
-    /// are unsettled). `comm` is the event's, taken after the exec: the
-    /// process's name, not read again.
+    /// The process executed a new program: read its new image now, while it
+    /// is most likely still alive. `comm` is the event's, taken after the
+    /// exec: the process's name, not read again.
     pub fn on_exec(&mut self, tgid: u32, comm: &str) {
-        if !self.captures_exit_maps {
-            let image = Arc::new(self.read_image(tgid, comm, true));
-            self.insert(tgid, image);
-            return;
-        }
-        self.insert(
-            tgid,
-            Arc::new(ProcessImage::new(tgid, comm.to_owned(), Vec::new())),
-        );
-        if let Some(entry) = self.processes.peek_mut(&tgid) {
-            entry.unsettled = true;
-            entry.unread = true;
-        }
-    }
-
-    /// The first read of the maps of a new program (see [`Self::on_exec`]):
-    /// it stays unsettled, as if read at its exec.
-    fn first_read(&mut self, tgid: u32) -> Arc<ProcessImage> {
-        let comm = self
-            .processes
-            .peek(&tgid)
-            .map(|entry| entry.image.comm.clone())
-            .unwrap_or_default();
-        let image = Arc::new(self.read_image(tgid, &comm, true));
-        self.insert(tgid, image.clone());
-        if !image.gone
+        let image = Arc::new(self.read_image(tgid, comm, true));
+        self.insert(tgid, image);
+        if self.captures_exit_maps
             && let Some(entry) = self.processes.peek_mut(&tgid)
         {
             entry.unsettled = true;
         }
-        image
     }
 
-    /// The process exited: keep it resolvable for the grace period. One
-    /// that was never sampled (its maps never read) is forgotten at once:
-    /// on a host starting hundreds of processes a second, keeping each for
-    /// the grace period would fill the table with nothing.
+    /// The process exited: keep it resolvable for the grace period.
     pub fn on_exit(&mut self, tgid: u32) {
-        if self.unread(tgid) {
-            self.processes.pop(&tgid);
-            return;
-        }
         if let Some(entry) = self.processes.peek_mut(&tgid) {
             entry.exited_at.get_or_insert_with(Instant::now);
             entry.exit_seen = true;
@@ -565,7 +512,6 @@ impl ProcessTable {
             image,
             exited_at,
             unsettled: false,
-            unread: false,
             exit_seen: false,
         };
         if let Some((evicted, _)) = self.processes.push(tgid, entry)

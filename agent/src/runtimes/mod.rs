@@ -31,6 +31,9 @@ pub enum Runtime {
     Python,
     Java(JavaKind),
     JavaScript,
+    /// A JavaScript function TurboFan or Maglev inlined into the frame
+    /// below it.
+    JavaScriptInlined,
 }
 
 /// How a Java frame ran, as async-profiler's `_[0]`, `_[1]`, `_[j]`,
@@ -64,6 +67,7 @@ impl Runtime {
             Self::Java(JavaKind::Inlined) => "[java:inlined]",
             Self::Java(JavaKind::Native) => "[java:native]",
             Self::JavaScript => "[javascript]",
+            Self::JavaScriptInlined => "[javascript:inlined]",
         }
     }
 
@@ -73,7 +77,7 @@ impl Runtime {
         match self {
             Self::Java(_) => 0,
             Self::Python => 1,
-            Self::JavaScript => 2,
+            Self::JavaScript | Self::JavaScriptInlined => 2,
         }
     }
 }

@@ -165,12 +165,6 @@ impl Pipeline {
     pub fn handle(&mut self, bytes: &[u8]) {
         match sampler::decode(bytes) {
             Ok(Record::Sample(sample)) => {
-                // A new program's first sample: its maps are read and its
-                // unwinding decided now (not at its exec, see
-                // `ProcessTable::on_exec`).
-                if self.processes.unread(sample.tgid) {
-                    self.prepare(sample.tgid);
-                }
                 let comm = sample.comm.to_string();
                 // A sample without user frames (a kernel thread's) needs
                 // no maps.
@@ -194,9 +188,7 @@ impl Pipeline {
                 self.policy.on_exec(event.tgid);
                 self.forget(event.tgid);
                 // Decide now, while the new image is fresh: until then the
-                // BPF program copies its whole stack. (With the kernel
-                // capturing exit maps, nothing is read yet: decided at the
-                // process's first sample.)
+                // BPF program copies its whole stack.
                 if let Some(image) = self.processes.lookup(event.tgid) {
                     self.prepare_image(&image);
                 }

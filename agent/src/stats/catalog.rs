@@ -986,6 +986,47 @@ declare_metrics! {
             node_frames {},
         ],
     }
+    node_lines: Counter,
+        "JavaScript frames named, by the line they carry: run (the line being run, from an \
+        interpreted frame's bytecode offset or an optimized frame's pc), start (where the \
+        function starts: baseline frames, and frames whose tables firn could not read)."
+    {
+        stats: [
+            /// JavaScript frames with the line being run.
+            node_lines_run { line = "run" },
+            /// JavaScript frames with the line their function starts at.
+            node_lines_start { line = "start" },
+        ],
+    }
+    node_inlined_frames: Counter,
+        "JavaScript functions TurboFan or Maglev inlined into an optimized frame, named as \
+        frames of their own."
+    {
+        stats: [
+            /// Inlined JavaScript functions named.
+            node_inlined_frames {},
+        ],
+    }
+    node_inline_failures: Counter,
+        "Optimized JavaScript frames named without the functions inlined into them, by \
+        reason: no_code (no code object that links back holds the frame's pc), \
+        deoptimization_data (the code's deoptimization data was not found or is another \
+        function's), table (its position or inlining tables do not decode), read (memory \
+        unreadable), stale (an object on the way had changed)."
+    {
+        stats: [
+            /// Inlined functions not read: no code object at the pc.
+            node_inline_no_code { reason = "no_code" },
+            /// Inlined functions not read: no deoptimization data.
+            node_inline_no_deoptimization_data { reason = "deoptimization_data" },
+            /// Inlined functions not read: a table did not decode.
+            node_inline_bad_table { reason = "table" },
+            /// Inlined functions not read: memory unreadable.
+            node_inline_read { reason = "read" },
+            /// Inlined functions not read: objects changed since the sample.
+            node_inline_stale { reason = "stale" },
+        ],
+    }
     node_read_failures: Counter,
         "JavaScript frames shown as <unknown> rather than misnamed, by stage: read (the \
         process's memory could not be read), stale (an object on the way had changed or \

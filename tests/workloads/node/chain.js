@@ -3,7 +3,9 @@
 // tally, calling a class method, Ledger.post), `zlib` (compress calling
 // zlib.deflateSync), `worker` (the chain, and a worker thread in spin),
 // `async` (pump, an async function resumed after each await, calling
-// accumulate),
+// accumulate), `inline` (mix calling blend, which TurboFan inlines into
+// it; the tests run it with `--no-use-osr` so that main stays unoptimized
+// and mix is not inlined into main in turn),
 // `bench` (the chain, its progress on stdout every 100 ms for `cargo xtask
 // bench --node`: iterations so far and CLOCK_MONOTONIC in microseconds, the
 // clock V8's profiler stamps its samples with; it returns once the file
@@ -77,6 +79,25 @@ function compress(data) {
   return length;
 }
 
+// A small function TurboFan inlines into its caller, doing its caller's
+// work.
+function blend(seed) {
+  let total = seed;
+  for (let i = 0; i < 64; i++) {
+    total = (total * 31 + i) % 1000003; // line: blend
+  }
+  return total;
+}
+
+function mix(seed) {
+  let total = 0;
+  for (let i = 0; i < 300; i++) {
+    total ^= blend(seed + i); // line: mix
+  }
+  sink ^= total;
+  return total;
+}
+
 // An async function resumed after each await: from its second round on it
 // runs from the microtask queue, main long returned.
 async function pump(deadline) {
@@ -127,6 +148,8 @@ function main() {
     }
     if (mode === "chain" || mode === "worker" || mode === "bench") {
       seed = settle(seed) + 1; // line: main
+    } else if (mode === "inline") {
+      seed = mix(seed) + 1;
     } else if (mode === "zlib") {
       seed = compress(data) + 1;
     } else {

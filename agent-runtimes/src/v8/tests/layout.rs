@@ -112,3 +112,55 @@ fn bad_constant_lines_are_errors() {
     assert_eq!(constants.get("a"), Some(-8));
     assert_eq!(constants.get("b"), Some(3));
 }
+
+#[test]
+fn each_release_says_enough_to_find_the_code_a_frame_runs() {
+    for (major, text) in NODE_CONSTANTS {
+        let code = layout(text)
+            .code
+            .unwrap_or_else(|| panic!("node {major}: no code layout"));
+        // V8 10 keeps instructions in the Code object after a 128-byte
+        // header; from V8 11 in an InstructionStream of their own.
+        let expected = match major {
+            18 => (false, 128, Some(40)),
+            20 => (true, 16, None),
+            22 => (true, 32, Some(52)),
+            _ => (true, 32, Some(56)),
+        };
+        assert_eq!(
+            (
+                code.stream_type.is_some(),
+                code.header,
+                code.instruction_size
+            ),
+            expected,
+            "node {major}"
+        );
+        // Only V8 11 exports where a Code keeps its tables; the others are
+        // learned from the process.
+        let exported = (code.deoptimization_data, code.source_positions);
+        match major {
+            20 => assert_eq!(exported, (Some(16), Some(24)), "node {major}"),
+            _ => assert_eq!(exported, (None, None), "node {major}"),
+        }
+        // V8 11 does not export Code's flags: baseline code is told from
+        // the frame alone there.
+        let kind = code.kind.map(|kind| (kind.mask, kind.shift));
+        let expected = (major != 20).then_some((15, 0));
+        assert_eq!(kind, expected, "node {major}");
+        let deopt = code.deopt;
+        match major {
+            18 => assert_eq!((deopt.shared, deopt.inlining_positions), (None, None)),
+            24 => {
+                assert_eq!((deopt.shared, deopt.inlining_positions), (Some(7), Some(8)));
+                assert_eq!(deopt.literal_array, 3);
+                assert!(deopt.shared_wrapper.is_some());
+            }
+            _ => assert_eq!(
+                (deopt.shared, deopt.inlining_positions),
+                (Some(6), Some(7)),
+                "node {major}"
+            ),
+        }
+    }
+}

@@ -3,6 +3,7 @@
 
 mod elf;
 mod frames;
+mod inlined;
 mod layout;
 mod lines;
 mod strings;

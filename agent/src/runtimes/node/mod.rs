@@ -17,16 +17,16 @@
 //! A V8 process is therefore always unwound with DWARF over a stack copy
 //! (`RuntimeSupport::unwinds_over_stack`).
 
+mod frames;
+
 use std::{collections::HashMap, path::Path, sync::Arc};
 
 use agent_elf::ContentKey;
-use agent_runtimes::v8::{Layout, NameError, V8Namer, inspect_object};
+use agent_runtimes::v8::{Layout, V8Namer, inspect_object};
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
 use tracing::{debug, info};
 
-use super::{
-    ForeignUnwind, InterpretedFrame, ProcessMemory, Runtime, RuntimeSupport, Spliced, UserFrame,
-};
+use super::{ForeignUnwind, ProcessMemory, Runtime, RuntimeSupport, Spliced, UserFrame};
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
     sampler::RawSample,
@@ -102,6 +102,9 @@ struct Recorded {
     context: u64,
     /// The receiver (`this`), which names a method's class.
     receiver: Option<u64>,
+    /// The bytecode array and offset slots, which tell unoptimized
+    /// frames from optimized ones.
+    bytecode: [Option<u64>; 2],
 }
 
 /// The V8 processes firn has seen.
@@ -222,56 +225,6 @@ impl NodeRuntime {
             _ => &stats.node_processes_v8_other,
         });
     }
-
-    /// The named frame for one recorded V8 frame: `None` keeps the native
-    /// frame (V8's own frames, and functions without a script: builtins,
-    /// named by their symbols).
-    fn name(
-        namer: &mut V8Namer,
-        memory: &mut ProcessMemory,
-        recorded: &Recorded,
-        stats: &Stats,
-    ) -> Option<InterpretedFrame> {
-        let tagging = namer.layout().tagging;
-        // Entry, exit, stub and internal frames hold a frame type marker
-        // (a Smi) where JavaScript frames hold their context.
-        if !tagging.is_heap_object(recorded.context) {
-            return None;
-        }
-        match namer.name_method(memory, recorded.function, recorded.receiver) {
-            Ok(named) => {
-                Stats::inc(&stats.node_frames);
-                Some(InterpretedFrame {
-                    runtime: Runtime::JavaScript,
-                    function: named.name,
-                    file: named.file,
-                    // Where the function starts, as V8's profiler gives it.
-                    line: named.position.map_or(0, |position| position.line),
-                })
-            }
-            // A builtin with JavaScript linkage (`Array.prototype.map`): its
-            // symbol names it.
-            Err(NameError::WrongType {
-                expected: "Script", ..
-            }) => None,
-            Err(error) => {
-                debug!(%error, "JavaScript frame not named");
-                Stats::inc(match error {
-                    NameError::Read { .. } => &stats.node_read_failures,
-                    NameError::NotHeapObject { .. }
-                    | NameError::BadMap { .. }
-                    | NameError::WrongType { .. } => &stats.node_name_stale,
-                    _ => &stats.node_name_failures,
-                });
-                Some(InterpretedFrame {
-                    runtime: Runtime::JavaScript,
-                    function: "<unknown>".into(),
-                    file: "".into(),
-                    line: 0,
-                })
-            }
-        }
-    }
 }
 
 /// Whether the object is a V8 embedder, and its layout.
@@ -348,6 +301,7 @@ fn file_name(path: &str) -> &str {
 struct V8Unwinder<'a> {
     function: i64,
     context: i64,
+    bytecode: [i64; 2],
     receiver: Option<i64>,
     found: &'a mut Vec<Recorded>,
 }
@@ -373,12 +327,16 @@ impl ForeignUnwind for V8Unwinder<'_> {
             let receiver = self
                 .receiver
                 .and_then(|slot| stack.word(bp.wrapping_add_signed(slot)));
+            let bytecode = self
+                .bytecode
+                .map(|slot| stack.word(bp.wrapping_add_signed(slot)));
             self.found.push(Recorded {
                 depth: frame.depth,
                 ip: frame.ip,
                 function,
                 context,
                 receiver,
+                bytecode,
             });
         }
         // The unwinder follows the frame pointer, as for any JIT code.
@@ -446,6 +404,7 @@ impl RuntimeSupport for NodeRuntime {
         Some(Box::new(V8Unwinder {
             function: frame.function,
             context: frame.context,
+            bytecode: [frame.bytecode_array, frame.bytecode_offset],
             receiver: layout.receivers.map(|receivers| receivers.slot),
             found: &mut self.found,
         }))
@@ -463,20 +422,19 @@ impl RuntimeSupport for NodeRuntime {
         let found = std::mem::take(&mut self.found);
         let mut memory = ProcessMemory::new(tgid);
         let mut recorded = found.iter().peekable();
-        let frames = native
-            .into_iter()
-            .enumerate()
-            .map(|(depth, address)| {
-                // Frames recorded at a depth whose address is not this
-                // one's belong to an unwind that was not kept.
-                recorded
-                    .next_if(|recorded| recorded.depth == depth && recorded.ip == address)
-                    .and_then(|recorded| Self::name(namer, &mut memory, recorded, &self.stats))
-                    .map_or(UserFrame::Native(address), |named| {
-                        UserFrame::Interpreted(Arc::new(named))
-                    })
-            })
-            .collect();
+        let mut frames = Vec::with_capacity(native.len());
+        for (depth, address) in native.into_iter().enumerate() {
+            // Frames recorded at a depth whose address is not this one's
+            // belong to an unwind that was not kept.
+            let named = recorded
+                .next_if(|recorded| recorded.depth == depth && recorded.ip == address)
+                .is_some_and(|recorded| {
+                    Self::name(namer, &mut memory, recorded, &self.stats, &mut frames)
+                });
+            if !named {
+                frames.push(UserFrame::Native(address));
+            }
+        }
         let counts = namer.counts();
         debug!(hits = counts.hits, misses = counts.misses, "V8 namer cache");
         Spliced::Named(frames)
@@ -502,6 +460,7 @@ mod tests {
             function: 0,
             context: 0,
             receiver: None,
+            bytecode: [None; 2],
         }
     }
 
@@ -511,6 +470,7 @@ mod tests {
         let mut unwinder = V8Unwinder {
             function: -16,
             context: -8,
+            bytecode: [-32, -40],
             receiver: Some(16),
             found: &mut found,
         };
