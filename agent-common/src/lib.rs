@@ -43,6 +43,22 @@ pub const MAX_INTERPRETER_FRAMES: usize = 128;
 /// Most interpreter processes the BPF walker knows at once.
 pub const MAX_INTERPRETER_PROCESSES: u32 = 4096;
 
+/// Most executables whose new processes the BPF program registers with
+/// the walker at their exec (`PYTHON_EXECUTABLES`, an LRU map).
+pub const MAX_PYTHON_EXECUTABLES: u32 = 256;
+
+/// An executable file as the kernel knows it: the key of
+/// `PYTHON_EXECUTABLES`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ExecutableKey {
+    pub inode: u64,
+    /// The file system's device as the kernel keeps it (`MKDEV`: major <<
+    /// 20 | minor), not the userspace encoding.
+    pub dev: u32,
+    pub reserved: u32,
+}
+
 /// Bytes of an interpreter frame the walker reads in one go: every field it
 /// needs lies within them, for every supported layout.
 pub const INTERPRETER_FRAME_READ: usize = 128;
@@ -73,6 +89,7 @@ pub mod names {
     pub const UNWIND_COPY: &str = "UNWIND_COPY";
     pub const EXCLUDED: &str = "EXCLUDED";
     pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
+    pub const PYTHON_EXECUTABLES: &str = "PYTHON_EXECUTABLES";
     pub const MAPS_WANTED: &str = "MAPS_WANTED";
     pub const MAPS_COUNTERS: &str = "MAPS_COUNTERS";
     pub const MAPS_CONFIG: &str = "MAPS_CONFIG";
@@ -576,9 +593,12 @@ mod user {
     unsafe impl aya::Pod for super::BpfConfig {}
     // SAFETY: plain `#[repr(C)]` integers, no padding, valid for any bytes.
     unsafe impl aya::Pod for super::PythonProcess {}
+    // SAFETY: plain `#[repr(C)]` integers, no padding, valid for any bytes.
+    unsafe impl aya::Pod for super::ExecutableKey {}
 }
 
 // Layout checks: the daemon decodes records by these sizes.
+const _: () = assert!(core::mem::size_of::<ExecutableKey>() == 16);
 const _: () = assert!(core::mem::size_of::<UserRegs>() == 24);
 const _: () = assert!(core::mem::size_of::<OffCpuInfo>() == 24);
 const _: () = assert!(core::mem::size_of::<SampleRecord>() == 120);

@@ -101,6 +101,9 @@ pub struct MapsConfig {
     pub mount_mnt: u32,
     pub mount_parent: u32,
     pub mount_mountpoint: u32,
+    /// `linux_binprm.file`: the executable at `sched_process_exec`, to
+    /// register a known interpreter's new process there (0: not done).
+    pub bprm_file: u32,
 }
 
 /// Indexes of `MAPS_COUNTERS` (per CPU, summed by the daemon).
@@ -135,4 +138,4 @@ impl MapsCounter {
 }
 
 const _: () = assert!(core::mem::size_of::<MappingRecord>() == 56 + MAPPING_PATH_BYTES);
-const _: () = assert!(core::mem::size_of::<MapsConfig>() == 88);
+const _: () = assert!(core::mem::size_of::<MapsConfig>() == 92);

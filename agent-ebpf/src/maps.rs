@@ -23,7 +23,8 @@ use core::{
 };
 
 use agent_common::{
-    MAPPING_PATH_BYTES, MappingRecord, MapsConfig, MapsCounter, RecordKind, mapping_flags,
+    ExecutableKey, MAPPING_PATH_BYTES, MappingRecord, MapsConfig, MapsCounter, RecordKind,
+    mapping_flags,
     maps::{MAX_MAPS_WANTED, MAX_PATH_COMPONENTS, MAX_VMAS_WALKED, wanted},
 };
 use aya_ebpf::{
@@ -65,6 +66,7 @@ static MAPS_CONFIG: MapsConfig = MapsConfig {
     mount_mnt: 0,
     mount_parent: 0,
     mount_mountpoint: 0,
+    bprm_file: 0,
 };
 
 /// Processes started while firn runs (exec, or fork of a new process),
@@ -213,6 +215,27 @@ pub fn process_exit_maps(_ctx: RawTracePointContext) -> u32 {
 fn read_u64(base: u64, offset: u32) -> u64 {
     // SAFETY: the helper reads kernel memory and fails rather than faults.
     unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const u64) }.unwrap_or(0)
+}
+
+/// The executable of a `sched_process_exec` (its `linux_binprm`, the
+/// tracepoint's third argument), by inode and device; `None` without the
+/// offsets.
+#[inline(always)]
+pub fn executable(ctx: &RawTracePointContext) -> Option<ExecutableKey> {
+    let maps = maps_config();
+    if maps.enabled == 0 || maps.bprm_file == 0 {
+        return None;
+    }
+    let bprm: u64 = ctx.arg(2);
+    let inode = read_u64(read_u64(bprm, maps.bprm_file), maps.file_inode);
+    if inode == 0 {
+        return None;
+    }
+    Some(ExecutableKey {
+        inode: read_u64(inode, maps.inode_ino),
+        dev: read_u64(read_u64(inode, maps.inode_sb), maps.sb_dev) as u32,
+        reserved: 0,
+    })
 }
 
 /// Writes the record of `vma` when it is an executable file mapping.

@@ -38,8 +38,14 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
             error
         );
     }
-    // The new image is not the interpreter the daemon registered, if any.
+    // The new image is not the interpreter the daemon registered, if any;
+    // it may be one of an executable the daemon knows.
     let _ = python::PYTHON_PROCESSES.remove(&tgid);
+    if wanted(&config, tgid)
+        && let Some(executable) = maps::executable(&ctx)
+    {
+        python::exec(tgid, &executable);
+    }
     if wanted(&config, tgid) {
         maps::started(tgid);
     }

@@ -17,18 +17,18 @@ use core::{
 };
 
 use agent_common::{
-    Counter, INTERPRETER_CODE_READ, INTERPRETER_FRAME_READ, InterpreterFrame,
-    MAX_INTERPRETER_FRAMES, MAX_INTERPRETER_PROCESSES, MAX_STACK_COPY, PYTHON_NO_OFFSET,
-    PYTHON_OWNER_CSTACK, PythonEntry, PythonInstruction, PythonProcess, STACKS_BYTES,
-    SampleScratch, interpreter_frame_flags, sample_flags,
+    Counter, ExecutableKey, INTERPRETER_CODE_READ, INTERPRETER_FRAME_READ, InterpreterFrame,
+    MAX_INTERPRETER_FRAMES, MAX_INTERPRETER_PROCESSES, MAX_PYTHON_EXECUTABLES, MAX_STACK_COPY,
+    PYTHON_NO_OFFSET, PYTHON_OWNER_CSTACK, PythonEntry, PythonInstruction, PythonProcess,
+    STACKS_BYTES, SampleScratch, interpreter_frame_flags, sample_flags,
 };
 use aya_ebpf::{
     helpers::{
         bpf_probe_read_kernel,
-        generated::{bpf_get_current_task, bpf_probe_read_user},
+        generated::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_user},
     },
     macros::map,
-    maps::HashMap,
+    maps::{HashMap, LruHashMap},
 };
 
 use crate::{count, count_by};
@@ -37,6 +37,33 @@ use crate::{count, count_by};
 #[map]
 pub static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
     HashMap::with_max_entries(MAX_INTERPRETER_PROCESSES, 0);
+
+/// Layouts of interpreters in executables loaded at a fixed address, by
+/// executable, written by the daemon once it registered one of their
+/// processes: a new process of one is registered at its exec (`exec`).
+#[map]
+pub static PYTHON_EXECUTABLES: LruHashMap<ExecutableKey, PythonProcess> =
+    LruHashMap::with_max_entries(MAX_PYTHON_EXECUTABLES, 0);
+
+/// A new image of `tgid` from `executable`: when the daemon stored the
+/// layout of processes of this executable, the process is walked from its
+/// first samples, before the daemon has read its maps (which it then
+/// checks). The stored `wake_until_ms` is a duration from now.
+#[inline(always)]
+pub fn exec(tgid: u32, executable: &ExecutableKey) {
+    // SAFETY: copied out at once.
+    let Some(layout) = (unsafe { PYTHON_EXECUTABLES.get(executable) }).copied() else {
+        return;
+    };
+    // SAFETY: a helper without arguments or preconditions.
+    let now = (unsafe { bpf_ktime_get_ns() } / 1_000_000) as u32;
+    let layout = PythonProcess {
+        wake_until_ms: now.wrapping_add(layout.wake_until_ms).max(1),
+        ..layout
+    };
+    // A full map: the daemon's own registration tries again, and counts.
+    let _ = PYTHON_PROCESSES.insert(&tgid, &layout, 0);
+}
 
 /// Steps allowed per walk: shim frames (3.12+) take a step without being
 /// recorded, one per call of the interpreter loop.

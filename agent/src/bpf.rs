@@ -4,16 +4,24 @@
 pub(crate) mod btf;
 mod exit_maps;
 mod follow;
+mod maps;
 mod offcpu;
+mod probe;
 mod program_log;
+
+pub use self::maps::{BpfCopySizeMap, BpfExclusionMap, BpfPythonMap};
+#[cfg(test)]
+use self::probe::parse_run_time;
+pub use self::probe::{BpfCounters, BpfProbe, ProgramRunTime};
+use self::probe::{read_counters, run_time_stats};
 
 use std::{
     io,
-    os::fd::{AsFd, AsRawFd, OwnedFd},
+    os::fd::{AsFd, OwnedFd},
     time::{Duration, Instant},
 };
 
-use agent_common::{BpfConfig, Counter, MAX_PID_FILTER, names, tail_calls};
+use agent_common::{BpfConfig, MAX_PID_FILTER, names, tail_calls};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, IterableMap, Map, MapData, PerCpuArray, ProgramArray, RingBuf},
@@ -22,15 +30,12 @@ use aya::{
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
-use tracing::{debug, warn};
+use tracing::debug;
 
 use self::program_log::{ProgramLog, ProgramLogError};
 use crate::{
-    host::Host,
-    labels::ExclusionMap,
     privileges,
     sampler::{SamplingConfig, UnwindMode},
-    unwind::{CopyMapError, CopySizeMap},
 };
 
 /// The BPF object built from `agent-ebpf/` (see `cargo xtask build-ebpf`).
@@ -125,34 +130,6 @@ pub struct BpfSampler {
     /// `MAPS_COUNTERS`, when exiting processes' mappings are captured in
     /// the kernel (`process_exit_maps` attached).
     exit_maps: Option<PerCpuArray<MapData, u64>>,
-}
-
-/// Totals of the BPF-side counters over all CPUs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BpfCounters {
-    pub values: [u64; Counter::COUNT as usize],
-}
-
-impl BpfCounters {
-    pub fn get(&self, counter: Counter) -> u64 {
-        self.values[counter as usize]
-    }
-
-    /// What happened since `earlier`.
-    pub fn since(&self, earlier: &Self) -> Self {
-        let mut values = self.values;
-        for (value, old) in values.iter_mut().zip(earlier.values) {
-            *value = value.saturating_sub(old);
-        }
-        Self { values }
-    }
-}
-
-/// Run time of the sampling program, from the kernel's BPF statistics.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProgramRunTime {
-    pub run_time_ns: u64,
-    pub run_count: u64,
 }
 
 impl BpfSampler {
@@ -371,42 +348,6 @@ impl BpfSampler {
         })
     }
 
-    /// Takes the map of per-process stack copy sizes out, for the unwind
-    /// policy to own.
-    pub fn take_copy_size_map(&mut self) -> Result<BpfCopySizeMap, BpfError> {
-        let name = names::UNWIND_COPY;
-        let map = self
-            .ebpf
-            .take_map(name)
-            .ok_or(BpfError::Missing { kind: "map", name })?;
-        let map = BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name, source })?;
-        Ok(BpfCopySizeMap { map })
-    }
-
-    /// Takes the map of excluded processes out, for relabeling's filter
-    /// to own.
-    pub fn take_exclusion_map(&mut self) -> Result<BpfExclusionMap, BpfError> {
-        let name = names::EXCLUDED;
-        let map = self
-            .ebpf
-            .take_map(name)
-            .ok_or(BpfError::Missing { kind: "map", name })?;
-        let map = BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name, source })?;
-        Ok(BpfExclusionMap { map })
-    }
-
-    /// Takes the map of interpreter processes out, for the Python runtime
-    /// to own.
-    pub fn take_python_map(&mut self) -> Result<BpfPythonMap, BpfError> {
-        let name = names::PYTHON_PROCESSES;
-        let map = self
-            .ebpf
-            .take_map(name)
-            .ok_or(BpfError::Missing { kind: "map", name })?;
-        let map = BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name, source })?;
-        Ok(BpfPythonMap { map })
-    }
-
     pub fn cpus(&self) -> &[u32] {
         &self.cpus
     }
@@ -490,81 +431,6 @@ impl BpfSampler {
             run_time_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
             run_count: info.run_count(),
         })
-    }
-}
-
-/// Read-only access to the BPF side for the metrics endpoint.
-pub struct BpfProbe {
-    counters: PerCpuArray<MapData, u64>,
-    /// The sampling program.
-    program: OwnedFd,
-    /// Whether firn turned the kernel's run-time statistics on (which
-    /// needs CAP_SYS_ADMIN); else only `kernel.bpf_stats_enabled` does.
-    stats_held: bool,
-}
-
-impl std::fmt::Debug for BpfProbe {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BpfProbe")
-            .field("stats_held", &self.stats_held)
-            .finish_non_exhaustive()
-    }
-}
-
-impl BpfProbe {
-    pub fn counters(&self) -> BpfCounters {
-        read_counters(&self.counters)
-    }
-
-    /// The sampling program's run time so far, from the kernel's fdinfo of
-    /// the program (the same figures `bpf_prog_info` holds); `None` while
-    /// the kernel does not account it.
-    pub fn run_time(&self) -> Option<ProgramRunTime> {
-        let accounted = self.stats_held || Host::system().bpf_stats_enabled();
-        if !accounted {
-            return None;
-        }
-        let fd = self.program.as_raw_fd();
-        let fdinfo = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
-        parse_run_time(&fdinfo)
-    }
-}
-
-fn parse_run_time(fdinfo: &str) -> Option<ProgramRunTime> {
-    let field = |name: &str| {
-        fdinfo
-            .lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-            .and_then(|value| value.trim().parse::<u64>().ok())
-    };
-    Some(ProgramRunTime {
-        run_time_ns: field("run_time_ns")?,
-        run_count: field("run_cnt")?,
-    })
-}
-
-fn read_counters(map: &PerCpuArray<MapData, u64>) -> BpfCounters {
-    let mut totals = BpfCounters::default();
-    for counter in Counter::ALL {
-        match map.get(&(counter as u32), 0) {
-            Ok(per_cpu) => {
-                totals.values[counter as usize] = per_cpu.iter().copied().sum();
-            }
-            Err(error) => warn!(?counter, %error, "could not read a BPF counter"),
-        }
-    }
-    totals
-}
-
-/// Turns the kernel's BPF run-time statistics on while the descriptor is
-/// held, when it lets firn.
-fn run_time_stats() -> Option<OwnedFd> {
-    match aya::sys::enable_stats(aya::sys::Stats::RunTime) {
-        Ok(fd) => Some(fd),
-        Err(error) => {
-            debug!(%error, "BPF run-time statistics unavailable");
-            None
-        }
     }
 }
 
@@ -672,67 +538,6 @@ fn bpf_config(
         // Wake the reader at an eighth full; it drains on a timer too.
         wakeup_bytes: u64::from(ring_buffer_bytes / 8),
         off_cpu_period_ns: config.off_cpu_period.map_or(0, offcpu::period_ns),
-    }
-}
-
-/// `PYTHON_PROCESSES`: the walker's layout of each CPython process.
-pub struct BpfPythonMap {
-    map: BpfHashMap<MapData, u32, agent_common::PythonProcess>,
-}
-
-impl crate::runtimes::PythonProcessMap for BpfPythonMap {
-    fn set(
-        &mut self,
-        tgid: u32,
-        layout: agent_common::PythonProcess,
-    ) -> Result<(), crate::runtimes::PythonMapError> {
-        self.map
-            .insert(tgid, layout, 0)
-            .map_err(|source| crate::runtimes::PythonMapError {
-                tgid,
-                source: Box::new(source),
-            })
-    }
-
-    fn remove(&mut self, tgid: u32) {
-        let _ = self.map.remove(&tgid);
-    }
-}
-
-/// `UNWIND_COPY`: stack copy sizes of the processes unwound with DWARF.
-pub struct BpfCopySizeMap {
-    map: BpfHashMap<MapData, u32, u32>,
-}
-
-impl CopySizeMap for BpfCopySizeMap {
-    fn set(&mut self, tgid: u32, bytes: u32) -> Result<(), CopyMapError> {
-        self.map
-            .insert(tgid, bytes, 0)
-            .map_err(|source| CopyMapError {
-                tgid,
-                source: Box::new(source),
-            })
-    }
-
-    fn remove(&mut self, tgid: u32) {
-        // Absent already (the process exited) is fine.
-        let _ = self.map.remove(&tgid);
-    }
-}
-
-/// `EXCLUDED`: processes whose samples the BPF program leaves out.
-pub struct BpfExclusionMap {
-    map: BpfHashMap<MapData, u32, u8>,
-}
-
-impl ExclusionMap for BpfExclusionMap {
-    fn exclude(&mut self, tgid: u32) -> bool {
-        self.map.insert(tgid, 1, 0).is_ok()
-    }
-
-    fn include(&mut self, tgid: u32) {
-        // Absent already (the process exited or executed) is fine.
-        let _ = self.map.remove(&tgid);
     }
 }
 

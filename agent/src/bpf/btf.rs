@@ -185,6 +185,13 @@ fn exit_walk_in(data: &[u8]) -> Result<(agent_common::MapsConfig, [u32; 3]), Btf
         mount_mnt: offset(mount, "mnt", "mount.mnt")?,
         mount_parent: offset(mount, "mnt_parent", "mount.mnt_parent")?,
         mount_mountpoint: offset(mount, "mnt_mountpoint", "mount.mnt_mountpoint")?,
+        // Only for registering interpreters at their exec: without it the
+        // daemon registers them, a few milliseconds later.
+        bprm_file: btf
+            .struct_named("linux_binprm")
+            .and_then(|binprm| btf.member(binprm, "file", 0))
+            .filter(|(_, bits)| bits % 8 == 0)
+            .map_or(0, |(_, bits)| bits / 8),
     };
     // The walk reads the area whole into a buffer of this size.
     let fields = [

@@ -1,3 +1,5 @@
+use agent_common::Counter;
+
 use super::*;
 
 #[test]

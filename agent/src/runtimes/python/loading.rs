@@ -16,9 +16,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_runtimes::libc::libc_kind;
+use agent_common::{ExecutableKey, PythonProcess};
+use agent_runtimes::{libc::libc_kind, python::loads_libpython};
 
-use crate::process::{MappingKind, ProcessImage};
+use super::{MAX_REMEMBERED_OBJECTS, ProcessState, PythonRuntime, remember};
+use crate::process::{MappingKind, ProcessImage, ProcessTable};
 
 /// The first read again, after the exec's.
 const FIRST_PAUSE: Duration = Duration::from_millis(1);
@@ -68,6 +70,90 @@ impl Loading {
 
     pub fn forget(&mut self, tgid: u32) {
         self.due.remove(&tgid);
+    }
+}
+
+impl PythonRuntime {
+    /// An interpreter in an executable loaded where it was linked (not
+    /// position-independent): every process of it has the same layout, so
+    /// the BPF program registers the next ones at their exec, before firn
+    /// has read their maps (it still does, and checks).
+    pub(super) fn register_executable(
+        &mut self,
+        image: &ProcessImage,
+        index: usize,
+        bias: u64,
+        layout: PythonProcess,
+    ) {
+        let mapping = &image.mappings[index];
+        if bias != 0 || Some(mapping.spec.path.as_str()) != image.executable() {
+            return;
+        }
+        let dev = mapping.spec.dev;
+        let executable = ExecutableKey {
+            inode: mapping.spec.inode,
+            dev: (libc::major(dev) << 20) | libc::minor(dev),
+            reserved: 0,
+        };
+        if self.registered_at_exec.len() >= MAX_REMEMBERED_OBJECTS {
+            self.registered_at_exec.clear();
+        }
+        if self.registered_at_exec.insert(executable) {
+            let wake_ms = u32::try_from(WAKE_FOR.as_millis()).unwrap_or(u32::MAX);
+            self.map.set_executable(
+                executable,
+                PythonProcess {
+                    wake_until_ms: wake_ms,
+                    ..layout
+                },
+            );
+        }
+    }
+
+    /// The process is read again shortly (`loading`), unless it was
+    /// read often enough.
+    pub(super) fn wait_for_loader(&mut self, tgid: u32, reads: u32) -> ProcessState {
+        match self.loading.wait(tgid, reads, Instant::now()) {
+            true => ProcessState::Loading { reads: reads + 1 },
+            false => ProcessState::NotPython,
+        }
+    }
+
+    /// Whether the image's executable loads `libpython3.*`, where its
+    /// interpreter is.
+    pub(super) fn launches_libpython(
+        &mut self,
+        image: &ProcessImage,
+        processes: &mut ProcessTable,
+    ) -> bool {
+        let Some(index) = image
+            .mappings
+            .iter()
+            .position(|m| Some(m.spec.path.as_str()) == image.executable())
+        else {
+            return false;
+        };
+        let Some(object) = processes.object(image, index) else {
+            return false;
+        };
+        let key = object.content_key();
+        if let Some(&launches) = self.launchers.get(&key) {
+            return launches;
+        }
+        let launches = object.data().is_ok_and(|data| loads_libpython(&data));
+        remember(&mut self.launchers, key, launches);
+        launches
+    }
+
+    /// Processes caught before their loader ran whose maps are due to be
+    /// read again at `now` (each handed out once).
+    pub fn loading_due(&mut self, now: Instant) -> Vec<u32> {
+        self.loading.take_due(now)
+    }
+
+    /// When the next such read is due.
+    pub fn next_loading(&self) -> Option<Instant> {
+        self.loading.next()
     }
 }
 

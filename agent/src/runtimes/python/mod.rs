@@ -6,16 +6,18 @@
 mod loading;
 mod thread_pointer;
 
-use std::{collections::HashMap, ops::Range, path::Path, sync::Arc, time::Instant};
+use std::{
+    collections::{HashMap, HashSet},
+    ops::Range,
+    path::Path,
+    sync::Arc,
+};
 
-use agent_common::{InterpreterFrame, PythonProcess, interpreter_frame_flags};
+use agent_common::{ExecutableKey, InterpreterFrame, PythonProcess, interpreter_frame_flags};
 use agent_elf::ContentKey;
 use agent_runtimes::{
     libc::{LibcKind, glibc_thread_specific_offset, libc_kind},
-    python::{
-        NameError, PythonNamer, PythonObject, PythonVersion, inspect_object, loads_libpython,
-        walker_layout,
-    },
+    python::{NameError, PythonNamer, PythonObject, PythonVersion, inspect_object, walker_layout},
 };
 use loading::{Loading, WAKE_FOR, loader_pending, wake_until_ms};
 pub use thread_pointer::ThreadPointerLookup;
@@ -58,6 +60,9 @@ pub struct PythonMapError {
 pub trait PythonProcessMap: Send {
     fn set(&mut self, tgid: u32, layout: PythonProcess) -> Result<(), PythonMapError>;
     fn remove(&mut self, tgid: u32);
+    /// The layout of every process of `executable`, set by the BPF program
+    /// at its exec (`wake_until_ms` a duration from then).
+    fn set_executable(&mut self, _executable: ExecutableKey, _layout: PythonProcess) {}
 }
 
 /// Why a Python process's frames are not walked.
@@ -117,6 +122,8 @@ pub struct PythonRuntime {
     libcs: HashMap<ContentKey, Result<u32, SkipReason>>,
     /// Executables that load `libpython3.*`, by object.
     launchers: HashMap<ContentKey, bool>,
+    /// Executables whose layout the BPF program sets at their exec.
+    registered_at_exec: HashSet<ExecutableKey>,
     loading: Loading,
     namer: PythonNamer,
     next_key: u64,
@@ -139,6 +146,7 @@ impl PythonRuntime {
             interpreters: HashMap::new(),
             libcs: HashMap::new(),
             launchers: HashMap::new(),
+            registered_at_exec: HashSet::new(),
             loading: Loading::default(),
             namer: PythonNamer::new(config.code_cache_bytes),
             next_key: 1,
@@ -252,6 +260,7 @@ impl PythonRuntime {
             debug!(error = %crate::logging::error_chain(&error), "Python process not registered");
             return self.skip(image, SkipReason::MapFull, Some(object.version));
         }
+        self.register_executable(image, index, bias, layout);
         self.count_version(object.version);
         // Its samples need not wait for better maps: what the walker and
         // the namer need is mapped, and its frames are named only while it
@@ -271,48 +280,6 @@ impl PythonRuntime {
                 ..object.eval_loop.end.wrapping_add(bias),
             key,
         })
-    }
-
-    /// The process is read again shortly (`loading`), unless it was
-    /// read often enough.
-    fn wait_for_loader(&mut self, tgid: u32, reads: u32) -> ProcessState {
-        match self.loading.wait(tgid, reads, Instant::now()) {
-            true => ProcessState::Loading { reads: reads + 1 },
-            false => ProcessState::NotPython,
-        }
-    }
-
-    /// Whether the image's executable loads `libpython3.*`, where its
-    /// interpreter is.
-    fn launches_libpython(&mut self, image: &ProcessImage, processes: &mut ProcessTable) -> bool {
-        let Some(index) = image
-            .mappings
-            .iter()
-            .position(|m| Some(m.spec.path.as_str()) == image.executable())
-        else {
-            return false;
-        };
-        let Some(object) = processes.object(image, index) else {
-            return false;
-        };
-        let key = object.content_key();
-        if let Some(&launches) = self.launchers.get(&key) {
-            return launches;
-        }
-        let launches = object.data().is_ok_and(|data| loads_libpython(&data));
-        remember(&mut self.launchers, key, launches);
-        launches
-    }
-
-    /// Processes caught before their loader ran whose maps are due to be
-    /// read again at `now` (each handed out once).
-    pub fn loading_due(&mut self, now: Instant) -> Vec<u32> {
-        self.loading.take_due(now)
-    }
-
-    /// When the next such read is due.
-    pub fn next_loading(&self) -> Option<Instant> {
-        self.loading.next()
     }
 
     /// The mapping of the image's CPython interpreter (the executable or a
