@@ -337,7 +337,11 @@ fn brief_processes_are_named_at(frequency: &str, runs: usize, min_kept: f64) {
 }
 
 /// The share of a short-lived script's samples that must name its chain.
-const BRIEF_NAMED: f64 = 0.9;
+/// firn's debug build names 86-98% on a 2-CPU VM (6-37% before such
+/// processes were registered promptly); the misses are mostly the
+/// interpreter's start-up in the loader, which a few samples make or
+/// break, so the bar sits below that spread.
+const BRIEF_NAMED: f64 = 0.8;
 
 #[test]
 fn a_python_script_of_50_ms_is_named_from_its_first_samples() {
