@@ -123,21 +123,6 @@ fn stacks_of_comm(profile: &Profile, comm: &str) -> Vec<(Vec<String>, i64)> {
         .collect()
 }
 
-/// CPU time of this test's children that have exited and been waited for,
-/// and of theirs.
-fn reaped_children_cpu_time() -> Duration {
-    // SAFETY: getrusage fills the zeroed struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage), 0);
-        usage
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
-}
-
 /// Of the samples the runs' CPU time should give at 100 Hz, the share firn
 /// keeps reliably today, measured on a loaded machine (65–99%).
 const SHORT_LIVED_KEPT: f64 = 0.5;

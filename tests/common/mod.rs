@@ -25,6 +25,21 @@ pub use samples::*;
 /// The chain every workload test looks for, leaf first.
 pub const CHAIN: [&str; 5] = ["burn_leaf", "level_three", "level_two", "level_one", "main"];
 
+/// CPU time of this test's children that have exited and been waited for,
+/// and of theirs.
+pub fn reaped_children_cpu_time() -> Duration {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage), 0);
+        usage
+    };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Tests that burn CPU and sample the whole machine run one at a time.

@@ -9,6 +9,8 @@ use std::{
 
 use agent_pprof::proto::Profile;
 
+use crate::common::reaped_children_cpu_time;
+
 use super::{
     Interpreter,
     frames::{Sample, describe_samples, samples_of},
@@ -181,18 +183,4 @@ impl BriefRuns {
                 .any(|name| sample.position(name).is_some());
         !script && sample.position(RUNS_SCRIPT).is_none() && whole
     }
-}
-
-/// CPU time of the children reaped so far.
-fn reaped_children_cpu_time() -> Duration {
-    // SAFETY: getrusage fills the zeroed struct it is given.
-    let usage = unsafe {
-        let mut usage: libc::rusage = std::mem::zeroed();
-        assert_eq!(libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage), 0);
-        usage
-    };
-    let time = |t: libc::timeval| {
-        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-    };
-    time(usage.ru_utime) + time(usage.ru_stime)
 }

@@ -14,7 +14,6 @@
 use std::{
     collections::HashMap,
     num::NonZeroUsize,
-    path::Path,
     sync::{Arc, atomic::AtomicU64},
 };
 
@@ -31,7 +30,8 @@ use lru::LruCache;
 use tracing::{debug, info};
 
 use super::{
-    InterpretedFrame, JavaKind, ProcessMemory, Runtime, UserFrame, java_threads::JvmThreads,
+    InterpretedFrame, JavaKind, ProcessMemory, Runtime, UserFrame, file_name,
+    java_threads::JvmThreads, load_bias,
 };
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
@@ -635,19 +635,4 @@ fn kind_of(kind: FrameKind) -> JavaKind {
         FrameKind::Inlined => JavaKind::Inlined,
         FrameKind::Native => JavaKind::Native,
     }
-}
-
-fn file_name(path: &str) -> &str {
-    Path::new(path)
-        .file_name()
-        .and_then(|name| name.to_str())
-        .unwrap_or(path)
-}
-
-/// What to add to the object's link-time addresses to get the process's.
-fn load_bias(image: &ProcessImage, index: usize) -> Option<u64> {
-    let mapping = image.mappings.get(index)?;
-    let object = mapping.object()?;
-    let vaddr = object.layout.vaddr_for_file_offset(mapping.spec.offset)?;
-    Some(mapping.spec.start.wrapping_sub(vaddr))
 }

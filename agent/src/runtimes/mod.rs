@@ -108,3 +108,20 @@ impl UserFrame {
         }
     }
 }
+
+/// A mapped file's name, the whole path when it has none.
+fn file_name(path: &str) -> &str {
+    std::path::Path::new(path)
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or(path)
+}
+
+/// What to add to the object's link-time addresses to get the process's:
+/// one value for the whole object, read off the mapping at `index`.
+fn load_bias(image: &crate::process::ProcessImage, index: usize) -> Option<u64> {
+    let mapping = image.mappings.get(index)?;
+    let object = mapping.object()?;
+    let vaddr = object.layout.vaddr_for_file_offset(mapping.spec.offset)?;
+    Some(mapping.spec.start.wrapping_sub(vaddr))
+}

@@ -19,14 +19,14 @@
 
 mod frames;
 
-use std::{collections::HashMap, path::Path, sync::Arc};
+use std::{collections::HashMap, sync::Arc};
 
 use agent_elf::ContentKey;
 use agent_runtimes::v8::{Layout, V8Namer, inspect_object};
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
 use tracing::{debug, info};
 
-use super::{ForeignUnwind, ProcessMemory, Runtime, RuntimeSupport, Spliced, UserFrame};
+use super::{ForeignUnwind, ProcessMemory, Runtime, RuntimeSupport, Spliced, UserFrame, file_name};
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
     sampler::RawSample,
@@ -288,13 +288,6 @@ fn v8_major(data: &[u8]) -> Option<u32> {
         }
     }
     None
-}
-
-fn file_name(path: &str) -> &str {
-    Path::new(path)
-        .file_name()
-        .and_then(|name| name.to_str())
-        .unwrap_or(path)
 }
 
 /// Records the V8 frames one unwind crosses.

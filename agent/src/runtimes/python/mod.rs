@@ -9,7 +9,6 @@ mod thread_pointer;
 use std::{
     collections::{HashMap, HashSet},
     ops::Range,
-    path::Path,
     sync::Arc,
 };
 
@@ -23,7 +22,7 @@ use loading::{Loading, WAKE_FOR, loader_pending, wake_until_ms};
 pub use thread_pointer::ThreadPointerLookup;
 use tracing::{debug, info};
 
-use super::{InterpretedFrame, NamedFrame, ProcessMemory, Runtime};
+use super::{InterpretedFrame, NamedFrame, ProcessMemory, Runtime, file_name, load_bias};
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
     stats::Stats,
@@ -538,20 +537,4 @@ fn remember<V>(cache: &mut HashMap<ContentKey, V>, key: ContentKey, value: V) {
         cache.clear();
     }
     cache.insert(key, value);
-}
-
-fn file_name(path: &str) -> &str {
-    Path::new(path)
-        .file_name()
-        .and_then(|name| name.to_str())
-        .unwrap_or(path)
-}
-
-/// What to add to the object's link-time addresses to get the process's:
-/// one value for the whole object, read off the mapping at `index`.
-fn load_bias(image: &ProcessImage, index: usize) -> Option<u64> {
-    let mapping = image.mappings.get(index)?;
-    let object = mapping.object()?;
-    let vaddr = object.layout.vaddr_for_file_offset(mapping.spec.offset)?;
-    Some(mapping.spec.start.wrapping_sub(vaddr))
 }
