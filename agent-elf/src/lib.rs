@@ -362,13 +362,20 @@ pub fn read_symbols_from(inputs: &[Bytes]) -> Result<SymbolTable, ElfError> {
     let mut first_error = None;
     let mut parsed = 0;
     for (source, data) in inputs.iter().enumerate() {
+        let release = || data.release_pages();
         let result = match object::FileKind::parse(&data[..]) {
-            Ok(object::FileKind::Elf64) => {
-                function_symbols::<elf::FileHeader64<Endianness>>(data, source, &mut candidates)
-            }
-            Ok(object::FileKind::Elf32) => {
-                function_symbols::<elf::FileHeader32<Endianness>>(data, source, &mut candidates)
-            }
+            Ok(object::FileKind::Elf64) => function_symbols::<elf::FileHeader64<Endianness>>(
+                data,
+                source,
+                &mut candidates,
+                &release,
+            ),
+            Ok(object::FileKind::Elf32) => function_symbols::<elf::FileHeader32<Endianness>>(
+                data,
+                source,
+                &mut candidates,
+                &release,
+            ),
             // The error the general parser gives for anything else.
             _ => parse(&data[..]).map(|_| ()),
         };
@@ -393,14 +400,21 @@ pub fn read_symbols_from(inputs: &[Bytes]) -> Result<SymbolTable, ElfError> {
     })
 }
 
+/// Symbols read between two releases of the file's pages: about 1.5 MB of
+/// symbol entries and names. A large library's tables (tens of MB) would
+/// otherwise all be resident at the end of the read, a peak of RSS though
+/// they are let go right after.
+const SYMBOLS_PER_RELEASE: usize = 1 << 15;
+
 /// Appends the defined functions of `.symtab` and `.dynsym` of one file,
 /// each with its preference rank. The vector is grown once per table, to
 /// its exact bound: doubling a vector of a few hundred thousand candidates
-/// would briefly hold both copies.
+/// would briefly hold both copies. `release` lets the pages read so far go.
 fn function_symbols<Elf: FileHeader<Endian = Endianness>>(
     data: &[u8],
     source: usize,
     candidates: &mut Vec<(SymbolEntry, Preference)>,
+    release: &dyn Fn(),
 ) -> Result<(), ElfError> {
     let parse_error = |source| ElfError::Parse { source };
     let header = Elf::parse(data).map_err(parse_error)?;
@@ -411,7 +425,10 @@ fn function_symbols<Elf: FileHeader<Endian = Endianness>>(
         let table = sections.symbols(endian, data, kind).map_err(parse_error)?;
         let strings = table.strings();
         candidates.reserve(table.len());
-        for symbol in table.symbols() {
+        for (index, symbol) in table.symbols().iter().enumerate() {
+            if index % SYMBOLS_PER_RELEASE == SYMBOLS_PER_RELEASE - 1 {
+                release();
+            }
             let shndx = symbol.st_shndx(endian);
             let address: u64 = symbol.st_value(endian).into();
             // What `object` calls a defined text symbol.

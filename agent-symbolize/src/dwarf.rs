@@ -101,8 +101,9 @@ pub struct DwarfInfo {
 
 /// The file pages the units parsed for lookups have touched are let go
 /// after this many bytes of units: a large object's DWARF (firn's own, 50 MB
-/// of it) would otherwise sit in RSS until the profile is built.
-const RELEASE_AFTER_BYTES: usize = 8 << 20;
+/// of it) would otherwise sit in RSS until the profile is built, and a
+/// profile's first lookups reach into a dozen objects at once.
+const RELEASE_AFTER_BYTES: usize = 1 << 20;
 
 /// How big an object's DWARF is, which predicts what parsing it costs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
