@@ -424,20 +424,24 @@ fn function_symbols<Elf: FileHeader<Endian = Endianness>>(
     for kind in [elf::SHT_SYMTAB, elf::SHT_DYNSYM] {
         let table = sections.symbols(endian, data, kind).map_err(parse_error)?;
         let strings = table.strings();
-        candidates.reserve(table.len());
+        // What `object` calls a defined text symbol.
+        let is_function = |symbol: &Elf::Sym| {
+            let shndx = symbol.st_shndx(endian);
+            symbol.st_type() == elf::STT_FUNC
+                && (!shndx.is_special() || shndx == elf::SHN_XINDEX)
+                && symbol.st_value(endian).into() != 0
+        };
+        // Functions only: a library's table holds as many other symbols
+        // (objects, sections, files), and the candidates take 24 bytes each.
+        candidates.reserve(table.symbols().iter().filter(|s| is_function(s)).count());
         for (index, symbol) in table.symbols().iter().enumerate() {
             if index % SYMBOLS_PER_RELEASE == SYMBOLS_PER_RELEASE - 1 {
                 release();
             }
-            let shndx = symbol.st_shndx(endian);
-            let address: u64 = symbol.st_value(endian).into();
-            // What `object` calls a defined text symbol.
-            if symbol.st_type() != elf::STT_FUNC
-                || (shndx.is_special() && shndx != elf::SHN_XINDEX)
-                || address == 0
-            {
+            if !is_function(symbol) {
                 continue;
             }
+            let address: u64 = symbol.st_value(endian).into();
             let Ok(name) = symbol.name(endian, strings) else {
                 continue;
             };
