@@ -38,6 +38,7 @@ pub mod fuzzing;
 pub mod hotspot;
 pub mod libc;
 pub mod python;
+pub mod recent;
 pub mod v8;
 
 /// A failed read of another process's memory.

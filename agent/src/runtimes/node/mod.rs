@@ -22,11 +22,17 @@ mod frames;
 use std::{collections::HashMap, sync::Arc};
 
 use agent_elf::ContentKey;
-use agent_runtimes::v8::{Layout, V8Namer, inspect_object};
+use agent_runtimes::{
+    recent::RecentReads,
+    v8::{Layout, V8Namer, inspect_object},
+};
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
 use tracing::{debug, info};
 
-use super::{ForeignUnwind, ProcessMemory, Runtime, RuntimeSupport, Spliced, UserFrame, file_name};
+use super::{
+    ForeignUnwind, ProcessMemory, Runtime, RuntimeSupport, Spliced, UserFrame, file_name,
+    memory::monotonic_ns,
+};
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
     sampler::RawSample,
@@ -82,8 +88,15 @@ enum Inspected {
 
 enum State {
     NotNode,
-    Node(Box<V8Namer>),
+    Node(Box<V8Process>),
     Skipped,
+}
+
+/// A V8 process named: its namer, and the memory read for its latest
+/// samples.
+struct V8Process {
+    namer: V8Namer,
+    recent: RecentReads,
 }
 
 struct Entry {
@@ -174,7 +187,10 @@ impl NodeRuntime {
                         v8 = major,
                         "naming the JavaScript frames of a V8 process"
                     );
-                    return State::Node(Box::new(V8Namer::new(*layout)));
+                    return State::Node(Box::new(V8Process {
+                        namer: V8Namer::new(*layout),
+                        recent: RecentReads::new(),
+                    }));
                 }
                 Inspected::Skipped(reason) => {
                     let stats = &self.stats;
@@ -385,13 +401,13 @@ impl RuntimeSupport for NodeRuntime {
 
     fn unwinder(&mut self, tgid: u32) -> Option<Box<dyn ForeignUnwind + '_>> {
         let Some(Entry {
-            state: State::Node(namer),
+            state: State::Node(process),
             ..
         }) = self.processes.get(&tgid)
         else {
             return None;
         };
-        let layout = namer.layout();
+        let layout = process.namer.layout();
         let frame = layout.frame;
         self.found.clear();
         Some(Box::new(V8Unwinder {
@@ -406,14 +422,19 @@ impl RuntimeSupport for NodeRuntime {
     fn splice(&mut self, sample: &RawSample, native: Vec<u64>) -> Spliced {
         let tgid = sample.tgid;
         let Some(Entry {
-            state: State::Node(namer),
+            state: State::Node(process),
             ..
         }) = self.processes.get_mut(&tgid)
         else {
             return Spliced::NotMine(native);
         };
+        let V8Process { namer, recent } = &mut **process;
         let found = std::mem::take(&mut self.found);
-        let mut memory = ProcessMemory::new(tgid);
+        // Blocks read for an earlier sample of the batch, after this one
+        // was taken, are believed for it (see `agent_runtimes::recent`).
+        let mut process_memory = ProcessMemory::new(tgid);
+        let mut memory =
+            recent.for_sample(&mut process_memory, sample.timestamp_ns, monotonic_ns());
         let mut recorded = found.iter().peekable();
         let mut frames = Vec::with_capacity(native.len());
         for (depth, address) in native.into_iter().enumerate() {
@@ -430,6 +451,9 @@ impl RuntimeSupport for NodeRuntime {
         }
         let counts = namer.counts();
         debug!(hits = counts.hits, misses = counts.misses, "V8 namer cache");
+        let reads = recent.take_counts();
+        Stats::add(&self.stats.node_recent_hits, reads.hits);
+        Stats::add(&self.stats.node_memory_reads, reads.reads);
         Spliced::Named(frames)
     }
 }

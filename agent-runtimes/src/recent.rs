@@ -1,0 +1,246 @@
+//! Reads of a process's memory made after a sample was taken, believed
+//! for that sample: the samples of a batch, handled together, read each
+//! small block of memory once.
+//!
+//! A namer reads what a sample's frames point at after the sample was
+//! taken, and checks it (types, links) as it is then. Bytes read at any
+//! time after the sample are as good for that as bytes read now: a block
+//! read while handling one sample of a batch is taken for every other
+//! sample of the batch taken before that read, and read again for a
+//! sample taken after it. Objects are small and close together (an
+//! object, its map, its neighbours), so reads are made by aligned block:
+//! the header and fields of an object come in one read. A block never
+//! crosses a page, so it is readable whenever the bytes asked for are;
+//! where it is not (memory that is only partly known), the bytes asked
+//! for are read alone, as without the store.
+
+use std::collections::HashMap;
+
+use crate::{Memory, MemoryError};
+
+/// Bytes read at once, aligned (a power of two, at most a page).
+pub const BLOCK: u64 = 256;
+/// Blocks kept per process at most (64 KiB), a batch's worth.
+const MAX_BLOCKS: usize = 256;
+
+/// Reads whose answer came from the store or from the process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecentCounts {
+    /// Reads answered from blocks read after their sample.
+    pub hits: u64,
+    /// Blocks read from the process (and reads passed on whole: larger
+    /// than a block, or whose block could not be read).
+    pub reads: u64,
+}
+
+struct Block {
+    /// When it was read (at the latest; the caller's monotonic clock).
+    read_at: u64,
+    bytes: Box<[u8; BLOCK as usize]>,
+}
+
+/// The blocks of one process read lately.
+#[derive(Default)]
+pub struct RecentReads {
+    blocks: HashMap<u64, Block>,
+    counts: RecentCounts,
+}
+
+impl RecentReads {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `memory` read through the store for a sample taken at
+    /// `sampled_at`, the reads made at or after `now` (both on the same
+    /// monotonic clock; `now` taken before the first read).
+    pub fn for_sample<'a>(
+        &'a mut self,
+        memory: &'a mut dyn Memory,
+        sampled_at: u64,
+        now: u64,
+    ) -> RecentMemory<'a> {
+        RecentMemory {
+            reads: self,
+            memory,
+            sampled_at,
+            now,
+        }
+    }
+
+    /// The counts since the last call.
+    pub fn take_counts(&mut self) -> RecentCounts {
+        std::mem::take(&mut self.counts)
+    }
+
+    fn insert(&mut self, start: u64, block: Block, sampled_at: u64) {
+        if self.blocks.len() >= MAX_BLOCKS {
+            // Blocks read before this sample serve no later one.
+            self.blocks.retain(|_, kept| kept.read_at >= sampled_at);
+            if self.blocks.len() >= MAX_BLOCKS {
+                self.blocks.clear();
+            }
+        }
+        self.blocks.insert(start, block);
+    }
+}
+
+/// A process's memory as read for one sample ([`RecentReads::for_sample`]).
+pub struct RecentMemory<'a> {
+    reads: &'a mut RecentReads,
+    memory: &'a mut dyn Memory,
+    sampled_at: u64,
+    now: u64,
+}
+
+impl RecentMemory<'_> {
+    /// The block starting at `start`, read after the sample; `None` when
+    /// it cannot be read whole.
+    fn block(&mut self, start: u64) -> Option<&[u8; BLOCK as usize]> {
+        let fresh = self
+            .reads
+            .blocks
+            .get(&start)
+            .is_some_and(|block| block.read_at >= self.sampled_at);
+        if !fresh {
+            let mut bytes = Box::new([0; BLOCK as usize]);
+            self.reads.counts.reads += 1;
+            self.memory.read(start, &mut bytes[..]).ok()?;
+            let block = Block {
+                read_at: self.now,
+                bytes,
+            };
+            self.reads.insert(start, block, self.sampled_at);
+        } else {
+            self.reads.counts.hits += 1;
+        }
+        self.reads.blocks.get(&start).map(|block| &*block.bytes)
+    }
+
+    /// Fills `buf` from the blocks it spans, if each can be read.
+    fn read_blocks(&mut self, address: u64, buf: &mut [u8]) -> Option<()> {
+        let end = address.checked_add(buf.len() as u64)?;
+        let mut at = address;
+        while at < end {
+            let start = at & !(BLOCK - 1);
+            let upto = end.min(start + BLOCK);
+            let block = self.block(start)?;
+            let from = (at - start) as usize;
+            let to = (upto - start) as usize;
+            let into = (at - address) as usize;
+            buf[into..into + (to - from)].copy_from_slice(&block[from..to]);
+            at = upto;
+        }
+        Some(())
+    }
+}
+
+impl Memory for RecentMemory<'_> {
+    fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        // Large reads (strings, tables, code) are cached by what decodes
+        // them.
+        if buf.len() as u64 <= BLOCK && self.read_blocks(address, buf).is_some() {
+            return Ok(());
+        }
+        self.reads.counts.reads += 1;
+        self.memory.read(address, buf)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Memory whose bytes are their address's low byte, readable from
+    /// 0x1000 to `end`, counting reads.
+    struct Pages {
+        end: u64,
+        reads: usize,
+    }
+
+    impl Memory for Pages {
+        fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+            self.reads += 1;
+            let end = address + buf.len() as u64;
+            if address < 0x1000 || end > self.end {
+                return Err(MemoryError {
+                    address,
+                    length: buf.len(),
+                    source: None,
+                });
+            }
+            for (index, byte) in buf.iter_mut().enumerate() {
+                *byte = (address + index as u64) as u8;
+            }
+            Ok(())
+        }
+    }
+
+    fn read(memory: &mut dyn Memory, address: u64, length: usize) -> Option<Vec<u8>> {
+        let mut buf = vec![0; length];
+        memory.read(address, &mut buf).ok()?;
+        Some(buf)
+    }
+
+    #[test]
+    fn a_block_read_after_a_sample_serves_it_and_earlier_ones() {
+        let mut pages = Pages {
+            end: 0x3000,
+            reads: 0,
+        };
+        let mut recent = RecentReads::new();
+        let mut memory = recent.for_sample(&mut pages, 100, 200);
+        assert_eq!(read(&mut memory, 0x1010, 8), Some((0x10..0x18).collect()));
+        assert_eq!(read(&mut memory, 0x1020, 2), Some(vec![0x20, 0x21]));
+        // A sample taken before the read: the same block.
+        let mut memory = recent.for_sample(&mut pages, 150, 300);
+        assert_eq!(read(&mut memory, 0x10f8, 8), Some((0xf8..=0xff).collect()));
+        assert_eq!(pages.reads, 1);
+        // A sample taken after it: read again.
+        let mut memory = recent.for_sample(&mut pages, 250, 300);
+        assert_eq!(read(&mut memory, 0x1010, 8), Some((0x10..0x18).collect()));
+        assert_eq!(pages.reads, 2);
+        assert_eq!(recent.take_counts(), RecentCounts { hits: 2, reads: 2 });
+    }
+
+    #[test]
+    fn reads_across_blocks_large_ones_and_unreadable_blocks() {
+        let mut pages = Pages {
+            end: 0x3000,
+            reads: 0,
+        };
+        let mut recent = RecentReads::new();
+        let mut memory = recent.for_sample(&mut pages, 0, 1);
+        // Across two blocks: both read.
+        let bytes = read(&mut memory, 0x10fc, 8).expect("readable");
+        assert_eq!(bytes, [0xfc, 0xfd, 0xfe, 0xff, 0, 1, 2, 3]);
+        // Larger than a block: passed on.
+        assert_eq!(
+            read(&mut memory, 0x1200, 512).map(|bytes| bytes.len()),
+            Some(512)
+        );
+        // Unreadable: the block, then the bytes alone, both fail.
+        assert_eq!(read(&mut memory, 0x3000, 8), None);
+        assert_eq!(pages.reads, 2 + 1 + 2);
+    }
+
+    #[test]
+    fn the_store_stays_bounded() {
+        let mut pages = Pages {
+            end: 0x10_0000,
+            reads: 0,
+        };
+        let mut recent = RecentReads::new();
+        for sample in 0..40u64 {
+            let mut memory = recent.for_sample(&mut pages, sample * 10, sample * 10 + 5);
+            for block in 0..16 {
+                let address = 0x1000 + (sample * 16 + block) * BLOCK;
+                read(&mut memory, address, 8).expect("readable");
+            }
+            assert!(recent.blocks.len() <= MAX_BLOCKS);
+        }
+    }
+}
