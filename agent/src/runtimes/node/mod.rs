@@ -31,10 +31,10 @@ use tracing::{debug, info};
 
 use super::{
     ForeignUnwind, ProcessMemory, Runtime, RuntimeSupport, Spliced, UserFrame, file_name,
-    memory::monotonic_ns,
+    find_runtime_object, memory::monotonic_ns,
 };
 use crate::{
-    process::{MappingKind, ProcessImage, ProcessTable},
+    process::{ProcessImage, ProcessTable},
     sampler::RawSample,
     stats::Stats,
 };
@@ -60,9 +60,6 @@ const MAX_PROCESSES: usize = 4096;
 /// MiB at most); beyond, one is forgotten (its caches dropped) and looked
 /// at again on its next sample.
 const MAX_V8_PROCESSES: usize = 256;
-
-/// Most objects whose inspection is remembered.
-const MAX_REMEMBERED_OBJECTS: usize = 4096;
 
 /// Frames the hook records per sample at most (a stack holds fewer).
 const MAX_RECORDED: usize = agent_runtimes::v8::MAX_FRAMES;
@@ -140,76 +137,51 @@ impl NodeRuntime {
     }
 
     fn inspect(&mut self, image: &ProcessImage, processes: &mut ProcessTable) -> State {
-        let executable = image.executable();
-        for (index, mapping) in image.mappings.iter().enumerate() {
-            let spec = &mapping.spec;
-            if spec.kind != MappingKind::File {
-                continue;
+        let found = find_runtime_object(
+            image,
+            processes,
+            &mut self.objects,
+            |path| file_name(path).starts_with("libnode"),
+            |path, object| match object.data() {
+                Ok(data) => inspect(path, &data),
+                Err(error) => {
+                    debug!(path, %error, "could not read object");
+                    Inspected::Skipped(SkipReason::Unreadable)
+                }
+            },
+            |inspected| !matches!(inspected, Inspected::NotV8),
+        );
+        match found.map(|(_, inspected)| inspected) {
+            None | Some(Inspected::NotV8) => State::NotNode,
+            Some(Inspected::V8 { layout, major }) => {
+                self.count_version(major);
+                debug!(
+                    tgid = image.tgid,
+                    comm = image.comm,
+                    v8 = major,
+                    "naming the JavaScript frames of a V8 process"
+                );
+                State::Node(Box::new(V8Process {
+                    namer: V8Namer::new(*layout),
+                    recent: RecentReads::new(),
+                }))
             }
-            let candidate = Some(spec.path.as_str()) == executable
-                || file_name(&spec.path).starts_with("libnode");
-            // One look per object: its first mapping.
-            if !candidate
-                || image.mappings[..index]
-                    .iter()
-                    .any(|earlier| earlier.spec.path == spec.path)
-            {
-                continue;
-            }
-            let Some(object) = processes.object(image, index) else {
-                continue;
-            };
-            let key = object.content_key();
-            let inspected = match self.objects.get(&key) {
-                Some(inspected) => inspected.clone(),
-                None => {
-                    let inspected = match object.data() {
-                        Ok(data) => inspect(&object.path, &data),
-                        Err(error) => {
-                            debug!(path = object.path, %error, "could not read object");
-                            Inspected::Skipped(SkipReason::Unreadable)
-                        }
-                    };
-                    if self.objects.len() >= MAX_REMEMBERED_OBJECTS {
-                        self.objects.clear();
-                    }
-                    self.objects.insert(key, inspected.clone());
-                    inspected
-                }
-            };
-            match inspected {
-                Inspected::NotV8 => continue,
-                Inspected::V8 { layout, major } => {
-                    self.count_version(major);
-                    debug!(
-                        tgid = image.tgid,
-                        comm = image.comm,
-                        v8 = major,
-                        "naming the JavaScript frames of a V8 process"
-                    );
-                    return State::Node(Box::new(V8Process {
-                        namer: V8Namer::new(*layout),
-                        recent: RecentReads::new(),
-                    }));
-                }
-                Inspected::Skipped(reason) => {
-                    let stats = &self.stats;
-                    Stats::inc(match reason {
-                        SkipReason::Layout => &stats.node_skipped_layout,
-                        SkipReason::Unreadable => &stats.node_skipped_unreadable,
-                    });
-                    info!(
-                        tgid = image.tgid,
-                        comm = image.comm,
-                        ?reason,
-                        "JavaScript frames of this process are not named from V8's heap \
-                         (a perf map still names them, if the process writes one)"
-                    );
-                    return State::Skipped;
-                }
+            Some(Inspected::Skipped(reason)) => {
+                let stats = &self.stats;
+                Stats::inc(match reason {
+                    SkipReason::Layout => &stats.node_skipped_layout,
+                    SkipReason::Unreadable => &stats.node_skipped_unreadable,
+                });
+                info!(
+                    tgid = image.tgid,
+                    comm = image.comm,
+                    ?reason,
+                    "JavaScript frames of this process are not named from V8's heap \
+                     (a perf map still names them, if the process writes one)"
+                );
+                State::Skipped
             }
         }
-        State::NotNode
     }
 
     /// Keeps the V8 processes named, `tgid` about to be one, within
