@@ -20,8 +20,9 @@ use crate::{Memory, MemoryError};
 
 /// Bytes read at once, aligned (a power of two, at most a page).
 pub const BLOCK: u64 = 256;
-/// Blocks kept per process at most (64 KiB), a batch's worth.
-const MAX_BLOCKS: usize = 256;
+/// Blocks kept per process at most (256 KiB), a batch's worth for deep
+/// stacks.
+const MAX_BLOCKS: usize = 1024;
 
 /// Reads whose answer came from the store or from the process.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,7 +37,9 @@ pub struct RecentCounts {
 struct Block {
     /// When it was read (at the latest; the caller's monotonic clock).
     read_at: u64,
-    bytes: Box<[u8; BLOCK as usize]>,
+    /// `None`: it could not be read whole; the bytes asked for are read
+    /// alone, without trying the block again.
+    bytes: Option<Box<[u8; BLOCK as usize]>>,
 }
 
 /// The blocks of one process read lately.
@@ -101,20 +104,20 @@ impl RecentMemory<'_> {
             .reads
             .blocks
             .get(&start)
-            .is_some_and(|block| block.read_at >= self.sampled_at);
-        if !fresh {
+            .map(|block| (block.read_at >= self.sampled_at, block.bytes.is_some()));
+        if let Some((true, readable)) = fresh {
+            self.reads.counts.hits += u64::from(readable);
+        } else {
             let mut bytes = Box::new([0; BLOCK as usize]);
             self.reads.counts.reads += 1;
-            self.memory.read(start, &mut bytes[..]).ok()?;
+            let read = self.memory.read(start, &mut bytes[..]).is_ok();
             let block = Block {
                 read_at: self.now,
-                bytes,
+                bytes: read.then_some(bytes),
             };
             self.reads.insert(start, block, self.sampled_at);
-        } else {
-            self.reads.counts.hits += 1;
         }
-        self.reads.blocks.get(&start).map(|block| &*block.bytes)
+        self.reads.blocks.get(&start)?.bytes.as_deref()
     }
 
     /// Fills `buf` from the blocks it spans, if each can be read.
@@ -222,9 +225,11 @@ mod tests {
             read(&mut memory, 0x1200, 512).map(|bytes| bytes.len()),
             Some(512)
         );
-        // Unreadable: the block, then the bytes alone, both fail.
+        // Unreadable: the block, then the bytes alone, both fail; the
+        // block is not tried again.
         assert_eq!(read(&mut memory, 0x3000, 8), None);
-        assert_eq!(pages.reads, 2 + 1 + 2);
+        assert_eq!(read(&mut memory, 0x3010, 8), None);
+        assert_eq!(pages.reads, 2 + 1 + 3);
     }
 
     #[test]
@@ -234,7 +239,7 @@ mod tests {
             reads: 0,
         };
         let mut recent = RecentReads::new();
-        for sample in 0..40u64 {
+        for sample in 0..100u64 {
             let mut memory = recent.for_sample(&mut pages, sample * 10, sample * 10 + 5);
             for block in 0..16 {
                 let address = 0x1000 + (sample * 16 + block) * BLOCK;
