@@ -20,6 +20,9 @@ use crate::{Memory, MemoryError};
 
 /// Bytes read at once, aligned (a power of two, at most a page).
 pub const BLOCK: u64 = 256;
+/// Calls a prefetch makes at most: each stops at a block that cannot be
+/// read, and the next goes on past it.
+const PREFETCH_CALLS: usize = 4;
 /// Blocks kept per process at most (256 KiB), a batch's worth for deep
 /// stacks.
 const MAX_BLOCKS: usize = 1024;
@@ -139,6 +142,51 @@ impl RecentMemory<'_> {
 }
 
 impl Memory for RecentMemory<'_> {
+    /// The blocks holding `addresses` not yet read after the sample, read
+    /// in one call up to the first that cannot be (remembered as such),
+    /// then the rest in another, up to [`PREFETCH_CALLS`].
+    fn prefetch(&mut self, addresses: &[u64]) {
+        let mut starts: Vec<u64> = addresses
+            .iter()
+            .map(|address| address & !(BLOCK - 1))
+            .filter(|start| {
+                self.reads
+                    .blocks
+                    .get(start)
+                    .is_none_or(|block| block.read_at < self.sampled_at)
+            })
+            .collect();
+        starts.sort_unstable();
+        starts.dedup();
+        if starts.is_empty() {
+            return;
+        }
+        let mut left = starts.as_slice();
+        for _ in 0..PREFETCH_CALLS {
+            if left.is_empty() {
+                break;
+            }
+            let mut bytes: Vec<Box<[u8; BLOCK as usize]>> =
+                left.iter().map(|_| Box::new([0; BLOCK as usize])).collect();
+            let mut reads: Vec<(u64, &mut [u8])> = left
+                .iter()
+                .zip(bytes.iter_mut())
+                .map(|(&start, block)| (start, &mut block[..]))
+                .collect();
+            self.reads.counts.reads += 1;
+            let done = self.memory.read_many(&mut reads);
+            drop(reads);
+            for (index, (&start, block)) in left.iter().zip(bytes).enumerate().take(done + 1) {
+                let block = Block {
+                    read_at: self.now,
+                    bytes: (index < done).then_some(block),
+                };
+                self.reads.insert(start, block, self.sampled_at);
+            }
+            left = left.get(done + 1..).unwrap_or_default();
+        }
+    }
+
     fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
         if buf.is_empty() {
             return Ok(());
@@ -230,6 +278,29 @@ mod tests {
         assert_eq!(read(&mut memory, 0x3000, 8), None);
         assert_eq!(read(&mut memory, 0x3010, 8), None);
         assert_eq!(pages.reads, 2 + 1 + 3);
+    }
+
+    #[test]
+    fn blocks_prefetched_at_once_serve_the_reads() {
+        let mut pages = Pages {
+            end: 0x3000,
+            reads: 0,
+        };
+        let mut recent = RecentReads::new();
+        // In address order, up to the first block that cannot be read
+        // (the default read_many reads one by one), remembered so, then
+        // past it.
+        let mut memory = recent.for_sample(&mut pages, 0, 1);
+        memory.prefetch(&[0x5000, 0x1010, 0x1020, 0x1210, 0x2f00, 0x1400, 0x800]);
+        assert_eq!(pages.reads, 6);
+        let mut memory = recent.for_sample(&mut pages, 0, 1);
+        assert_eq!(read(&mut memory, 0x1018, 8), Some((0x18..0x20).collect()));
+        assert_eq!(read(&mut memory, 0x2f08, 8), Some((0x08..0x10).collect()));
+        assert!(read(&mut memory, 0x1400, 8).is_some());
+        // The unreadable blocks: the bytes alone.
+        assert_eq!(read(&mut memory, 0x5000, 8), None);
+        assert_eq!(read(&mut memory, 0x800, 8), None);
+        assert_eq!(pages.reads, 8);
     }
 
     #[test]

@@ -1044,7 +1044,8 @@ declare_metrics! {
     node_memory_reads: Counter,
         "Reads of V8 processes' memory made to name their samples, by result: recent (answered \
         from a block read after the sample was taken, for an earlier sample of its batch), \
-        read (a block, or a larger read, from the process)."
+        read (a call to the process: a block, a larger read, or the blocks of a level of \
+        objects read ahead at once)."
     {
         stats: [
             /// V8 memory reads answered from blocks read after the sample.

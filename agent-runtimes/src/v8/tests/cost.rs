@@ -59,8 +59,12 @@ fn name_sample(
         let bytes = stack.bytes.get(offset..offset + 8)?;
         Some(u64::from_le_bytes(bytes.try_into().ok()?))
     };
+    let chain = walk_chain(stack, layout, ip, bp);
+    let functions: Vec<u64> = chain.iter().filter_map(|frame| frame.function).collect();
+    let arrays: Vec<u64> = chain.iter().filter_map(|frame| frame.bytecode[0]).collect();
+    namer.prefetch(memory, &functions, &arrays);
     let mut named = 0;
-    for (depth, frame) in walk_chain(stack, layout, ip, bp).iter().enumerate() {
+    for (depth, frame) in chain.iter().enumerate() {
         // The captures hold no context slot (the agent skips frames
         // whose slot holds a frame marker): every frame is tried.
         let Some(function) = frame.function else {
@@ -163,6 +167,12 @@ impl Memory for Counted<'_> {
         self.reads += 1;
         self.memory.read(address, buf)
     }
+
+    /// One call, as a process's memory makes it.
+    fn read_many(&mut self, reads: &mut [(u64, &mut [u8])]) -> usize {
+        self.reads += 1;
+        self.memory.read_many(reads)
+    }
 }
 
 /// Samples in a batch: 100 ms of a thread sampled at 100 Hz.
@@ -170,7 +180,8 @@ const BATCH: u64 = 10;
 
 /// The reads of a batch of samples of each capture, its names cached
 /// (one earlier batch), through the store of recent reads as the agent
-/// reads them: (reads of the first sample, of all).
+/// reads them: (frames named per sample, reads of the first sample, of
+/// all).
 fn batch_reads() -> Vec<(&'static str, usize, usize, usize)> {
     let mut figures = Vec::new();
     for capture in &CAPTURES {
@@ -214,9 +225,11 @@ fn reads_of_a_batch() {
 }
 
 /// Reads a sample's frames cost at most when every block is read anew
-/// (the first sample of a batch; without the store of recent reads they
-/// took 250 to 380 reads, every sample).
-const MOST_FIRST_SAMPLE_READS: usize = 64;
+/// (the first sample of a batch): a few calls reading the blocks of each
+/// level of objects at once, and the blocks those left out. Without the
+/// store of recent reads they took 250 to 380 reads, every sample; by
+/// block without reading ahead, 42 to 49.
+const MOST_FIRST_SAMPLE_READS: usize = 16;
 
 #[test]
 fn a_batch_of_samples_reads_each_block_once() {
@@ -226,7 +239,9 @@ fn a_batch_of_samples_reads_each_block_once() {
             first <= MOST_FIRST_SAMPLE_READS,
             "{name}: {first} reads for the first sample"
         );
-        // The later samples, taken before those reads, read nothing anew.
-        assert_eq!(all, first, "{name}");
+        // The later samples, taken before those reads, read nothing anew
+        // but what could not be read (a frame's slot pointing outside the
+        // capture: one read each).
+        assert!(all - first < BATCH as usize, "{name}: {first} then {all}");
     }
 }

@@ -407,6 +407,19 @@ impl RuntimeSupport for NodeRuntime {
         let mut process_memory = ProcessMemory::new(tgid);
         let mut memory =
             recent.for_sample(&mut process_memory, sample.timestamp_ns, monotonic_ns());
+        // What the JavaScript frames' names are read from first, in a few
+        // calls rather than a read per block.
+        let tagging = namer.layout().tagging;
+        let javascript = || {
+            found
+                .iter()
+                .filter(|recorded| tagging.is_heap_object(recorded.context))
+        };
+        let functions: Vec<u64> = javascript().map(|recorded| recorded.function).collect();
+        let arrays: Vec<u64> = javascript()
+            .filter_map(|recorded| recorded.bytecode[0])
+            .collect();
+        namer.prefetch(&mut memory, &functions, &arrays);
         let mut recorded = found.iter().peekable();
         let mut frames = Vec::with_capacity(native.len());
         for (depth, address) in native.into_iter().enumerate() {
