@@ -175,10 +175,11 @@ fn nodejs_off_leaves_native_stacks() {
         "chain",
         &[],
     );
-    let pid = process.pid().to_string();
-    let (_, profile) = record(
+    let (_, profile) = record_busy(
         dir.path(),
-        &["--duration", "3s", "--pid", &pid, "--nodejs=false"],
+        process.pid(),
+        Duration::from_secs(3),
+        &["--nodejs=false"],
     );
     let any_js = Reader::new(&profile)
         .mappings()

@@ -14,8 +14,7 @@ fn frame_pointer_chain_is_complete() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let workload = start_chain(dir.path(), &FP_FLAGS);
-    let pid = workload.pid().to_string();
-    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let (_, profile) = record_busy(dir.path(), workload.pid(), Duration::from_secs(4), &[]);
     let stacks = stacks_of(&profile, workload.pid());
     let (share, total) = chain_share(&stacks, &CHAIN);
     assert!(
@@ -47,7 +46,7 @@ fn frameless_leaf_is_repaired_with_cfi() {
     );
     let pid = workload.pid().to_string();
 
-    let (_, repaired) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
+    let (_, repaired) = record_busy(dir.path(), workload.pid(), Duration::from_secs(3), &[]);
     let stacks = stacks_of(&repaired, workload.pid());
     let (share, total) = chain_share(&stacks, &CHAIN);
     assert!(total >= 150, "too few samples: {total}");

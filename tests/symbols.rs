@@ -204,8 +204,7 @@ fn dwarf_gives_inline_frames_and_lines_for_the_whole_chain() {
     );
     let workload = TestProcess::spawn(Command::new(&binary).arg("100000"));
     workload.wait_until_running();
-    let pid = workload.pid().to_string();
-    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let (_, profile) = record_busy(dir.path(), workload.pid(), Duration::from_secs(4), &[]);
     assert_debugger_quality(&profile, workload.pid(), 0.95, 0.95);
 }
 
@@ -234,10 +233,8 @@ fn stripped_binary_finds_its_debug_file_by_build_id() {
 
     let workload = TestProcess::spawn(Command::new(&binary).arg("100000"));
     workload.wait_until_running();
-    let pid = workload.pid().to_string();
-    let (output, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
+    let (log, profile) = record_busy(dir.path(), workload.pid(), Duration::from_secs(3), &[]);
     assert_debugger_quality(&profile, workload.pid(), 0.90, 0.90);
-    let log = String::from_utf8_lossy(&output.stderr);
     assert!(!log.contains("panicked"), "{log}");
 }
 

@@ -7,7 +7,7 @@ mod common;
 
 use std::{
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::Command,
     time::Duration,
 };
 
@@ -44,8 +44,7 @@ const GO_CHAIN: [&str; 5] = [
 ];
 
 /// A counter from firn's summary line (`name=value`).
-fn summary_value(output: &Output, name: &str) -> u64 {
-    let log = String::from_utf8_lossy(&output.stderr);
+fn summary_value(log: &str, name: &str) -> u64 {
     let prefix = format!("{name}=");
     log.lines()
         .filter(|line| line.contains("profile written"))
@@ -83,11 +82,11 @@ fn c_without_frame_pointers_has_complete_stacks() {
     let workload = spawn_spinning(&build_no_fp_chain(dir.path()));
     let pid = workload.pid().to_string();
 
-    let (output, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let (log, profile) = record_busy(dir.path(), workload.pid(), Duration::from_secs(4), &[]);
     let stacks = stacks_of(&profile, workload.pid());
     assert_complete(&stacks, &CHAIN, 0.95);
     assert!(
-        summary_value(&output, "dwarf_stacks") > 0,
+        summary_value(&log, "dwarf_stacks") > 0,
         "`auto` unwinds a binary without frame pointers with DWARF"
     );
 
@@ -204,20 +203,12 @@ fn frames_beyond_the_copy_are_kept_and_counted_as_truncated() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let workload = spawn_spinning(&build_no_fp_chain(dir.path()));
-    let pid = workload.pid().to_string();
     // level_two's frame alone is larger than this copy.
-    let (output, profile) = record(
+    let (log, profile) = record_busy(
         dir.path(),
-        &[
-            "--duration",
-            "3s",
-            "--pid",
-            &pid,
-            "--unwind",
-            "dwarf",
-            "--stack-copy-bytes",
-            "1KiB",
-        ],
+        workload.pid(),
+        Duration::from_secs(3),
+        &["--unwind", "dwarf", "--stack-copy-bytes", "1KiB"],
     );
     let stacks = stacks_of(&profile, workload.pid());
     let (kept, total) = chain_share(&stacks, &CHAIN[..3]);
@@ -231,8 +222,8 @@ fn frames_beyond_the_copy_are_kept_and_counted_as_truncated() {
         describe(&stacks)
     );
     let (truncated, unwound) = (
-        summary_value(&output, "dwarf_truncated"),
-        summary_value(&output, "dwarf_stacks"),
+        summary_value(&log, "dwarf_truncated"),
+        summary_value(&log, "dwarf_stacks"),
     );
     // Every sample is unwound with DWARF (`--unwind dwarf`), and cut.
     assert!(
@@ -288,10 +279,10 @@ fn deep_stacks_are_complete_from_the_first_sample() {
     );
     let pid = workload.pid().to_string();
 
-    let (output, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let (log, profile) = record_busy(dir.path(), workload.pid(), Duration::from_secs(4), &[]);
     // A first copy smaller than the stack would cut the first samples.
     assert_eq!(
-        summary_value(&output, "dwarf_truncated"),
+        summary_value(&log, "dwarf_truncated"),
         0,
         "stacks cut beyond the copy"
     );
@@ -334,8 +325,7 @@ fn signal_handler_stacks_continue_into_the_interrupted_code() {
     let binary = build_c(dir.path(), "signal_chain.c", "signal_chain", &NO_FP_FLAGS);
     let workload = TestProcess::spawn(&mut Command::new(binary));
     workload.wait_until_running();
-    let pid = workload.pid().to_string();
-    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let (_, profile) = record_busy(dir.path(), workload.pid(), Duration::from_secs(4), &[]);
     let stacks = stacks_of(&profile, workload.pid());
     let in_handler: Vec<_> = stacks
         .iter()
@@ -378,8 +368,7 @@ fn rust_release_binary_without_frame_pointers_is_complete_and_demangled() {
         .unwrap_or_else(|error| panic!("rustc is needed to build the Rust workload: {error}"));
     assert!(status.success(), "rustc failed to build rust_chain.rs");
     let workload = spawn_spinning(&binary);
-    let pid = workload.pid().to_string();
-    let (_, profile) = record(dir.path(), &["--duration", "4s", "--pid", &pid]);
+    let (_, profile) = record_busy(dir.path(), workload.pid(), Duration::from_secs(4), &[]);
     let stacks = stacks_of(&profile, workload.pid());
     assert_complete(&stacks, &RUST_CHAIN, 0.95);
 }
@@ -421,13 +410,14 @@ fn go_program_has_complete_stacks_with_go_names() {
     let dir = tempfile::tempdir().expect("tempdir");
     let binary = build_go_chain(dir.path(), "go_chain", &[]);
     let workload = spawn_spinning(&binary);
-    let pid = workload.pid().to_string();
     // Go keeps frame pointers: `auto` walks them; DWARF (.debug_frame)
     // must agree.
     for unwind in ["auto", "dwarf"] {
-        let (_, profile) = record(
+        let (_, profile) = record_busy(
             dir.path(),
-            &["--duration", "3s", "--pid", &pid, "--unwind", unwind],
+            workload.pid(),
+            Duration::from_secs(3),
+            &["--unwind", unwind],
         );
         assert_complete(&chain_samples(&profile, workload.pid()), &GO_CHAIN, 0.95);
     }
@@ -453,8 +443,7 @@ fn stripped_go_program_is_named_from_its_own_table() {
         "the binary is stripped:\n{sections}"
     );
     let workload = spawn_spinning(&binary);
-    let pid = workload.pid().to_string();
-    let (_, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
+    let (_, profile) = record_busy(dir.path(), workload.pid(), Duration::from_secs(3), &[]);
     assert_complete(&chain_samples(&profile, workload.pid()), &GO_CHAIN, 0.95);
     // Each function of the chain has its file and a line in it.
     let pid = workload.pid().to_string();
@@ -479,23 +468,24 @@ fn frame_pointer_processes_pay_nothing_extra_in_auto() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let workload = start_chain(dir.path(), &FP_FLAGS);
-    let pid = workload.pid().to_string();
-    let (output, profile) = record(dir.path(), &["--duration", "3s", "--pid", &pid]);
+    let (log, profile) = record_busy(dir.path(), workload.pid(), Duration::from_secs(3), &[]);
     assert_complete(&stacks_of(&profile, workload.pid()), &CHAIN, 0.90);
     assert_eq!(
-        summary_value(&output, "dwarf_stacks"),
+        summary_value(&log, "dwarf_stacks"),
         0,
         "a frame-pointer binary is walked with frame pointers"
     );
 
     // Forced DWARF unwinds the same code just as completely.
-    let (output, profile) = record(
+    let (log, profile) = record_busy(
         dir.path(),
-        &["--duration", "3s", "--pid", &pid, "--unwind", "dwarf"],
+        workload.pid(),
+        Duration::from_secs(3),
+        &["--unwind", "dwarf"],
     );
     assert_complete(&stacks_of(&profile, workload.pid()), &CHAIN, 0.90);
-    let stacks = summary_value(&output, "dwarf_stacks");
-    let complete = summary_value(&output, "dwarf_complete");
+    let stacks = summary_value(&log, "dwarf_stacks");
+    let complete = summary_value(&log, "dwarf_complete");
     assert!(
         stacks > 0 && complete * 100 >= stacks * 95,
         "{complete} of {stacks} DWARF stacks reached the outermost frame"

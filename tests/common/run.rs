@@ -219,6 +219,22 @@ pub fn record(dir: &Path, args: &[&str]) -> (Output, Profile) {
     (output, profile)
 }
 
+/// Runs `firn record --pid PID ARGS` until process `pid` has spent `cpu` of
+/// CPU time since firn began sampling, then ends it with SIGINT; returns
+/// firn's log and the profile. A workload's samples then number about
+/// `cpu` times the frequency however loaded the machine is, where a fixed
+/// `--duration` gives a loaded machine's workload a fraction of them.
+pub fn record_busy(dir: &Path, pid: u32, cpu: Duration, args: &[&str]) -> (String, Profile) {
+    let pid_arg = pid.to_string();
+    let mut all = vec!["--pid", pid_arg.as_str(), "--duration", "600s"];
+    all.extend_from_slice(args);
+    let mut recording = Recording::start(dir, &all);
+    recording.wait_until_sampling();
+    let before = cpu_time(pid).unwrap_or_else(|| panic!("process {pid} is gone"));
+    wait_for_cpu_time(pid, before + cpu, cpu * 30 + Duration::from_secs(60));
+    recording.interrupt()
+}
+
 /// `firn record` in the background, its log in a file; killed when
 /// dropped. For tests that start workloads once firn samples.
 pub struct Recording {
