@@ -38,6 +38,7 @@ pub mod fuzzing;
 pub mod hotspot;
 pub mod libc;
 pub mod python;
+pub mod recent;
 pub mod v8;
 
 /// A failed read of another process's memory.
@@ -67,6 +68,11 @@ pub trait Memory {
         }
         done
     }
+
+    /// A hint that the bytes at `addresses` are about to be read: a
+    /// memory that keeps what it read (`recent::RecentMemory`) reads them
+    /// at once. Nothing by default.
+    fn prefetch(&mut self, _addresses: &[u64]) {}
 }
 
 /// Reads captured memory as a live process's: the tests' [`Memory`] over

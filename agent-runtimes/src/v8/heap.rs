@@ -45,6 +45,23 @@ pub(crate) fn tagged_field(
     read_u64(memory, address)
 }
 
+/// The tagged field at `offset` of the object `tagged` points at, if it
+/// points at an object whose instance type `wanted` accepts (`None` for a
+/// Smi or another type).
+pub(crate) fn typed_field(
+    memory: &mut dyn Memory,
+    layout: &Layout,
+    tagged: u64,
+    offset: u64,
+    wanted: impl Fn(u16) -> bool,
+) -> Result<Option<u64>, NameError> {
+    let field = tagged_field(memory, layout, layout.tagging.untag(tagged), offset)?;
+    if !layout.tagging.is_heap_object(field) || !wanted(instance_type(memory, layout, field)?) {
+        return Ok(None);
+    }
+    Ok(Some(field))
+}
+
 /// The instance type of the object `tagged` points at, after checking the
 /// pointer's tag and that its map's own map is the meta map (a map whose
 /// instance type is `MAP_TYPE`): a word that only looks like a pointer

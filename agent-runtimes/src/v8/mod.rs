@@ -26,6 +26,7 @@ mod layout;
 mod namer;
 mod object;
 mod position;
+mod prefetch;
 mod receiver;
 mod running;
 mod scope;

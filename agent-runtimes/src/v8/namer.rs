@@ -15,7 +15,7 @@ use agent_cache::ByteBoundedCache;
 use super::{
     ChainFrame, Layout,
     code::CodeFinder,
-    heap::{instance_type, is_string, read_string, tagged_field},
+    heap::{instance_type, is_string, read_string, tagged_field, typed_field},
     inlined::{InlineError, Inliner, script_offset},
     position::{LINE_CACHE_BYTES, LineCache, Position, line_and_column, start_position},
     receiver::{CLASS_CACHE_BYTES, ClassCache, class_constructor, class_key, qualified},
@@ -443,17 +443,16 @@ impl V8Namer {
         script: u64,
     ) -> Result<Option<Position>, NameError> {
         let layout = self.layout;
-        let source = tagged_field(
+        let Some(source) = typed_field(
             memory,
             &layout,
-            layout.tagging.untag(script),
+            script,
             layout.fields.script_source,
-        )?;
-        if !layout.tagging.is_heap_object(source)
-            || !is_string(&layout, instance_type(memory, &layout, source)?)
-        {
+            |kind| is_string(&layout, kind),
+        )?
+        else {
             return Ok(None);
-        }
+        };
         let Some(start) = start_position(memory, &layout, name_or_scope, source)? else {
             return Ok(None);
         };
@@ -473,29 +472,21 @@ fn script_source(
     {
         return Ok(None);
     }
-    let script = tagged_field(
-        memory,
-        layout,
-        layout.tagging.untag(shared),
-        layout.fields.sfi_script,
-    )?;
-    if !layout.tagging.is_heap_object(script)
-        || instance_type(memory, layout, script)? != layout.types.script
-    {
+    let script_type = layout.types.script;
+    let Some(script) = typed_field(memory, layout, shared, layout.fields.sfi_script, |kind| {
+        kind == script_type
+    })?
+    else {
         return Ok(None);
-    }
-    let source = tagged_field(
+    };
+    let source = typed_field(
         memory,
         layout,
-        layout.tagging.untag(script),
+        script,
         layout.fields.script_source,
+        |kind| is_string(layout, kind),
     )?;
-    if !layout.tagging.is_heap_object(source)
-        || !is_string(layout, instance_type(memory, layout, source)?)
-    {
-        return Ok(None);
-    }
-    Ok(Some((script, source)))
+    Ok(source.map(|source| (script, source)))
 }
 
 fn expect_type(
@@ -560,17 +551,10 @@ fn script_name(
             found: kind,
         });
     }
-    let name = tagged_field(
-        memory,
-        layout,
-        layout.tagging.untag(script),
-        layout.fields.script_name,
-    )?;
-    if layout.tagging.is_heap_object(name)
-        && is_string(layout, instance_type(memory, layout, name)?)
-    {
-        read_string(memory, layout, name)
-    } else {
-        Ok(Arc::from(""))
+    match typed_field(memory, layout, script, layout.fields.script_name, |kind| {
+        is_string(layout, kind)
+    })? {
+        Some(name) => read_string(memory, layout, name),
+        None => Ok(Arc::from("")),
     }
 }

@@ -31,7 +31,7 @@ use tracing::{debug, info};
 
 use super::{
     InterpretedFrame, JavaKind, ProcessMemory, Runtime, UserFrame, file_name,
-    java_threads::JvmThreads, load_bias,
+    java_threads::JvmThreads, load_bias, memory::monotonic_ns,
 };
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
@@ -579,20 +579,6 @@ impl JavaRuntime {
     pub fn forget(&mut self, tgid: u32) {
         self.processes.remove(&tgid);
     }
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of the samples' times
-/// (`bpf_ktime_get_ns`).
-fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    (now.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(now.tv_nsec as u64)
 }
 
 /// The JVM's major version (`Abstract_VM_Version::_vm_major_version`),

@@ -14,7 +14,9 @@ mod python;
 mod splice;
 mod support;
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
+
+use agent_elf::ContentKey;
 
 pub use java::{JavaConfig, JavaFrames, JavaRuntime, JvmUnwinder};
 pub use memory::ProcessMemory;
@@ -115,6 +117,65 @@ fn file_name(path: &str) -> &str {
         .file_name()
         .and_then(|name| name.to_str())
         .unwrap_or(path)
+}
+
+/// Most objects whose inspection a runtime remembers (interpreters and
+/// libraries are shared by many processes; the rest are remembered as
+/// "not one"); beyond, all are forgotten and looked at again.
+const MAX_REMEMBERED_OBJECTS: usize = 4096;
+
+/// Remembers `value` for the object whose content is `key`, within
+/// [`MAX_REMEMBERED_OBJECTS`].
+fn remember<V>(cache: &mut HashMap<ContentKey, V>, key: ContentKey, value: V) {
+    if cache.len() >= MAX_REMEMBERED_OBJECTS {
+        cache.clear();
+    }
+    cache.insert(key, value);
+}
+
+/// The first object `image` maps that `inspect` finds the runtime's
+/// (`found`), with the index of the mapping it was read through: the
+/// executable and the files whose path `candidate` accepts, each looked at
+/// once (its first mapping), what `inspect` said remembered in `seen` by
+/// the object's content for the next process that maps it.
+fn find_runtime_object<V: Clone>(
+    image: &crate::process::ProcessImage,
+    processes: &mut crate::process::ProcessTable,
+    seen: &mut HashMap<ContentKey, V>,
+    candidate: impl Fn(&str) -> bool,
+    mut inspect: impl FnMut(&str, &crate::process::ObjectFile) -> V,
+    found: impl Fn(&V) -> bool,
+) -> Option<(usize, V)> {
+    let executable = image.executable();
+    for (index, mapping) in image.mappings.iter().enumerate() {
+        let spec = &mapping.spec;
+        if spec.kind != crate::process::MappingKind::File {
+            continue;
+        }
+        if !(Some(spec.path.as_str()) == executable || candidate(&spec.path))
+            || image.mappings[..index]
+                .iter()
+                .any(|earlier| earlier.spec.path == spec.path)
+        {
+            continue;
+        }
+        let Some(object) = processes.object(image, index) else {
+            continue;
+        };
+        let key = object.content_key();
+        let value = match seen.get(&key) {
+            Some(value) => value.clone(),
+            None => {
+                let value = inspect(&spec.path, &object);
+                remember(seen, key, value.clone());
+                value
+            }
+        };
+        if found(&value) {
+            return Some((index, value));
+        }
+    }
+    None
 }
 
 /// What to add to the object's link-time addresses to get the process's:

@@ -1041,6 +1041,19 @@ declare_metrics! {
             node_name_failures { stage = "name" },
         ],
     }
+    node_memory_reads: Counter,
+        "Reads of V8 processes' memory made to name their samples, by result: recent (answered \
+        from a block read after the sample was taken, for an earlier sample of its batch), \
+        read (a call to the process: a block, a larger read, or the blocks of a level of \
+        objects read ahead at once)."
+    {
+        stats: [
+            /// V8 memory reads answered from blocks read after the sample.
+            node_recent_hits { result = "recent" },
+            /// V8 memory reads made of the process.
+            node_memory_reads { result = "read" },
+        ],
+    }
 }
 
 /// The same per destination (a Parca or Pyroscope server), with a

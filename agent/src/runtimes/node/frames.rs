@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 
-use agent_runtimes::v8::{
-    ChainFrame, InlineError, JsFunction, NameError, OptimizedFrame, Position, Tier, V8Namer,
+use agent_runtimes::{
+    Memory,
+    v8::{ChainFrame, InlineError, JsFunction, NameError, OptimizedFrame, Position, Tier, V8Namer},
 };
 use tracing::debug;
 
 use super::{NodeRuntime, Recorded};
 use crate::{
-    runtimes::{InterpretedFrame, ProcessMemory, Runtime, UserFrame},
+    runtimes::{InterpretedFrame, Runtime, UserFrame},
     stats::Stats,
 };
 
@@ -23,7 +24,7 @@ impl NodeRuntime {
     /// symbols).
     pub(super) fn name(
         namer: &mut V8Namer,
-        memory: &mut ProcessMemory,
+        memory: &mut dyn Memory,
         recorded: &Recorded,
         stats: &Stats,
         out: &mut Vec<UserFrame>,
@@ -91,7 +92,7 @@ impl NodeRuntime {
     /// or when they cannot be read (counted).
     fn run(
         namer: &mut V8Namer,
-        memory: &mut ProcessMemory,
+        memory: &mut dyn Memory,
         recorded: &Recorded,
         stats: &Stats,
     ) -> OptimizedFrame {

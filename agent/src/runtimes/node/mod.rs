@@ -22,13 +22,19 @@ mod frames;
 use std::{collections::HashMap, sync::Arc};
 
 use agent_elf::ContentKey;
-use agent_runtimes::v8::{Layout, V8Namer, inspect_object};
+use agent_runtimes::{
+    recent::RecentReads,
+    v8::{Layout, V8Namer, inspect_object},
+};
 use agent_unwind::{ForeignFrame, ForeignStep, StackCopy};
 use tracing::{debug, info};
 
-use super::{ForeignUnwind, ProcessMemory, Runtime, RuntimeSupport, Spliced, UserFrame, file_name};
+use super::{
+    ForeignUnwind, ProcessMemory, Runtime, RuntimeSupport, Spliced, UserFrame, file_name,
+    find_runtime_object, memory::monotonic_ns,
+};
 use crate::{
-    process::{MappingKind, ProcessImage, ProcessTable},
+    process::{ProcessImage, ProcessTable},
     sampler::RawSample,
     stats::Stats,
 };
@@ -55,9 +61,6 @@ const MAX_PROCESSES: usize = 4096;
 /// at again on its next sample.
 const MAX_V8_PROCESSES: usize = 256;
 
-/// Most objects whose inspection is remembered.
-const MAX_REMEMBERED_OBJECTS: usize = 4096;
-
 /// Frames the hook records per sample at most (a stack holds fewer).
 const MAX_RECORDED: usize = agent_runtimes::v8::MAX_FRAMES;
 
@@ -82,8 +85,15 @@ enum Inspected {
 
 enum State {
     NotNode,
-    Node(Box<V8Namer>),
+    Node(Box<V8Process>),
     Skipped,
+}
+
+/// A V8 process named: its namer, and the memory read for its latest
+/// samples.
+struct V8Process {
+    namer: V8Namer,
+    recent: RecentReads,
 }
 
 struct Entry {
@@ -127,73 +137,51 @@ impl NodeRuntime {
     }
 
     fn inspect(&mut self, image: &ProcessImage, processes: &mut ProcessTable) -> State {
-        let executable = image.executable();
-        for (index, mapping) in image.mappings.iter().enumerate() {
-            let spec = &mapping.spec;
-            if spec.kind != MappingKind::File {
-                continue;
+        let found = find_runtime_object(
+            image,
+            processes,
+            &mut self.objects,
+            |path| file_name(path).starts_with("libnode"),
+            |path, object| match object.data() {
+                Ok(data) => inspect(path, &data),
+                Err(error) => {
+                    debug!(path, %error, "could not read object");
+                    Inspected::Skipped(SkipReason::Unreadable)
+                }
+            },
+            |inspected| !matches!(inspected, Inspected::NotV8),
+        );
+        match found.map(|(_, inspected)| inspected) {
+            None | Some(Inspected::NotV8) => State::NotNode,
+            Some(Inspected::V8 { layout, major }) => {
+                self.count_version(major);
+                debug!(
+                    tgid = image.tgid,
+                    comm = image.comm,
+                    v8 = major,
+                    "naming the JavaScript frames of a V8 process"
+                );
+                State::Node(Box::new(V8Process {
+                    namer: V8Namer::new(*layout),
+                    recent: RecentReads::new(),
+                }))
             }
-            let candidate = Some(spec.path.as_str()) == executable
-                || file_name(&spec.path).starts_with("libnode");
-            // One look per object: its first mapping.
-            if !candidate
-                || image.mappings[..index]
-                    .iter()
-                    .any(|earlier| earlier.spec.path == spec.path)
-            {
-                continue;
-            }
-            let Some(object) = processes.object(image, index) else {
-                continue;
-            };
-            let key = object.content_key();
-            let inspected = match self.objects.get(&key) {
-                Some(inspected) => inspected.clone(),
-                None => {
-                    let inspected = match object.data() {
-                        Ok(data) => inspect(&object.path, &data),
-                        Err(error) => {
-                            debug!(path = object.path, %error, "could not read object");
-                            Inspected::Skipped(SkipReason::Unreadable)
-                        }
-                    };
-                    if self.objects.len() >= MAX_REMEMBERED_OBJECTS {
-                        self.objects.clear();
-                    }
-                    self.objects.insert(key, inspected.clone());
-                    inspected
-                }
-            };
-            match inspected {
-                Inspected::NotV8 => continue,
-                Inspected::V8 { layout, major } => {
-                    self.count_version(major);
-                    debug!(
-                        tgid = image.tgid,
-                        comm = image.comm,
-                        v8 = major,
-                        "naming the JavaScript frames of a V8 process"
-                    );
-                    return State::Node(Box::new(V8Namer::new(*layout)));
-                }
-                Inspected::Skipped(reason) => {
-                    let stats = &self.stats;
-                    Stats::inc(match reason {
-                        SkipReason::Layout => &stats.node_skipped_layout,
-                        SkipReason::Unreadable => &stats.node_skipped_unreadable,
-                    });
-                    info!(
-                        tgid = image.tgid,
-                        comm = image.comm,
-                        ?reason,
-                        "JavaScript frames of this process are not named from V8's heap \
-                         (a perf map still names them, if the process writes one)"
-                    );
-                    return State::Skipped;
-                }
+            Some(Inspected::Skipped(reason)) => {
+                let stats = &self.stats;
+                Stats::inc(match reason {
+                    SkipReason::Layout => &stats.node_skipped_layout,
+                    SkipReason::Unreadable => &stats.node_skipped_unreadable,
+                });
+                info!(
+                    tgid = image.tgid,
+                    comm = image.comm,
+                    ?reason,
+                    "JavaScript frames of this process are not named from V8's heap \
+                     (a perf map still names them, if the process writes one)"
+                );
+                State::Skipped
             }
         }
-        State::NotNode
     }
 
     /// Keeps the V8 processes named, `tgid` about to be one, within
@@ -385,13 +373,13 @@ impl RuntimeSupport for NodeRuntime {
 
     fn unwinder(&mut self, tgid: u32) -> Option<Box<dyn ForeignUnwind + '_>> {
         let Some(Entry {
-            state: State::Node(namer),
+            state: State::Node(process),
             ..
         }) = self.processes.get(&tgid)
         else {
             return None;
         };
-        let layout = namer.layout();
+        let layout = process.namer.layout();
         let frame = layout.frame;
         self.found.clear();
         Some(Box::new(V8Unwinder {
@@ -406,14 +394,32 @@ impl RuntimeSupport for NodeRuntime {
     fn splice(&mut self, sample: &RawSample, native: Vec<u64>) -> Spliced {
         let tgid = sample.tgid;
         let Some(Entry {
-            state: State::Node(namer),
+            state: State::Node(process),
             ..
         }) = self.processes.get_mut(&tgid)
         else {
             return Spliced::NotMine(native);
         };
+        let V8Process { namer, recent } = &mut **process;
         let found = std::mem::take(&mut self.found);
-        let mut memory = ProcessMemory::new(tgid);
+        // Blocks read for an earlier sample of the batch, after this one
+        // was taken, are believed for it (see `agent_runtimes::recent`).
+        let mut process_memory = ProcessMemory::new(tgid);
+        let mut memory =
+            recent.for_sample(&mut process_memory, sample.timestamp_ns, monotonic_ns());
+        // What the JavaScript frames' names are read from first, in a few
+        // calls rather than a read per block.
+        let tagging = namer.layout().tagging;
+        let javascript = || {
+            found
+                .iter()
+                .filter(|recorded| tagging.is_heap_object(recorded.context))
+        };
+        let functions: Vec<u64> = javascript().map(|recorded| recorded.function).collect();
+        let arrays: Vec<u64> = javascript()
+            .filter_map(|recorded| recorded.bytecode[0])
+            .collect();
+        namer.prefetch(&mut memory, &functions, &arrays);
         let mut recorded = found.iter().peekable();
         let mut frames = Vec::with_capacity(native.len());
         for (depth, address) in native.into_iter().enumerate() {
@@ -430,6 +436,9 @@ impl RuntimeSupport for NodeRuntime {
         }
         let counts = namer.counts();
         debug!(hits = counts.hits, misses = counts.misses, "V8 namer cache");
+        let reads = recent.take_counts();
+        Stats::add(&self.stats.node_recent_hits, reads.hits);
+        Stats::add(&self.stats.node_memory_reads, reads.reads);
         Spliced::Named(frames)
     }
 }

@@ -22,7 +22,10 @@ use loading::{Loading, WAKE_FOR, loader_pending, wake_until_ms};
 pub use thread_pointer::ThreadPointerLookup;
 use tracing::{debug, info};
 
-use super::{InterpretedFrame, NamedFrame, ProcessMemory, Runtime, file_name, load_bias};
+use super::{
+    InterpretedFrame, MAX_REMEMBERED_OBJECTS, NamedFrame, ProcessMemory, Runtime, file_name,
+    find_runtime_object, load_bias, remember,
+};
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
     stats::Stats,
@@ -103,10 +106,6 @@ struct Entry {
     image: *const ProcessImage,
     state: ProcessState,
 }
-
-/// Most objects whose inspection is remembered (interpreters and libcs are
-/// shared by many processes; the rest are remembered as "not one").
-const MAX_REMEMBERED_OBJECTS: usize = 4096;
 
 pub struct PythonRuntime {
     map: Box<dyn PythonProcessMap>,
@@ -289,50 +288,28 @@ impl PythonRuntime {
         image: &ProcessImage,
         processes: &mut ProcessTable,
     ) -> Option<(usize, Result<PythonObject, SkipReason>)> {
-        let executable = image.executable();
-        for (index, mapping) in image.mappings.iter().enumerate() {
-            let spec = &mapping.spec;
-            if spec.kind != MappingKind::File {
-                continue;
-            }
-            let name = file_name(&spec.path);
-            let candidate = Some(spec.path.as_str()) == executable || name.contains("python");
-            // One look per object: its first mapping.
-            if !candidate
-                || image.mappings[..index]
-                    .iter()
-                    .any(|earlier| earlier.spec.path == spec.path)
-            {
-                continue;
-            }
-            let Some(object) = processes.object(image, index) else {
-                continue;
-            };
-            let key = object.content_key();
-            let found = match self.interpreters.get(&key) {
-                Some(found) => found.clone(),
-                None => {
-                    let found = match object.data() {
-                        Ok(data) => inspect_object(name, &data).map_err(|error| {
-                            debug!(path = spec.path, %error, "not a CPython firn can walk");
-                            skip_reason(&error)
-                        }),
-                        Err(error) => {
-                            debug!(path = spec.path, %error, "could not read object");
-                            Err(SkipReason::Unreadable)
-                        }
-                    };
-                    remember(&mut self.interpreters, key, found.clone());
-                    found
+        let (index, found) = find_runtime_object(
+            image,
+            processes,
+            &mut self.interpreters,
+            |path| file_name(path).contains("python"),
+            |path, object| match object.data() {
+                Ok(data) => inspect_object(file_name(path), &data).map_err(|error| {
+                    debug!(path, %error, "not a CPython firn can walk");
+                    skip_reason(&error)
+                }),
+                Err(error) => {
+                    debug!(path, %error, "could not read object");
+                    Err(SkipReason::Unreadable)
                 }
-            };
-            match found {
-                Ok(None) => continue,
-                Ok(Some(object)) => return Some((index, Ok(object))),
-                Err(reason) => return Some((index, Err(reason))),
-            }
+            },
+            |found| !matches!(found, Ok(None)),
+        )?;
+        match found {
+            Ok(None) => None,
+            Ok(Some(object)) => Some((index, Ok(object))),
+            Err(reason) => Some((index, Err(reason))),
         }
-        None
     }
 
     /// glibc's thread-specific data offset, read off `pthread_getspecific`:
@@ -530,11 +507,4 @@ fn skip_reason(error: &agent_runtimes::python::PythonError) -> SkipReason {
         PythonError::MissingSymbol { .. } => SkipReason::MissingSymbols,
         _ => SkipReason::Unreadable,
     }
-}
-
-fn remember<V>(cache: &mut HashMap<ContentKey, V>, key: ContentKey, value: V) {
-    if cache.len() >= MAX_REMEMBERED_OBJECTS {
-        cache.clear();
-    }
-    cache.insert(key, value);
 }
