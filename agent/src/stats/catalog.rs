@@ -258,6 +258,19 @@ declare_metrics! {
             unwind_copy_shrunk { direction = "shrunk" },
         ],
     }
+    unwind_user_walk_switched: Counter,
+        "Processes unwound with DWARF whose user stack the kernel stopped or resumed \
+        walking, by direction: skipped (at most 1% of 200 unwinds needed the walk to \
+        continue them: their samples carry the stack copy alone), restored (more unwinds \
+        stopped short without it)."
+    {
+        stats: [
+            /// The kernel's user stack walk skipped for a DWARF process.
+            unwind_walk_skipped { direction = "skipped" },
+            /// The kernel's user stack walk taken again for a DWARF process.
+            unwind_walk_restored { direction = "restored" },
+        ],
+    }
     leaf_frames_repaired: Counter,
         "Leaf frames whose caller was recovered with CFI from the copied stack."
     {

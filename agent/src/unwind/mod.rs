@@ -7,6 +7,7 @@
 
 mod learned;
 mod mode;
+mod walk;
 
 use std::sync::Arc;
 
@@ -107,6 +108,19 @@ pub struct UserFrames {
     pub needs_dwarf: bool,
     /// What a DWARF unwind learned about the stack copy it needs.
     pub stack_need: Option<StackNeed>,
+    /// What a DWARF unwind owed the kernel's walk of the stack.
+    pub walk: Option<WalkUse>,
+}
+
+/// What a DWARF unwind owed the kernel's frame-pointer walk of the stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WalkUse {
+    /// It completed over the copy alone.
+    Unneeded,
+    /// It stopped short, and the walk continued it.
+    Stitched,
+    /// It stopped short, and the walk (if taken) did not continue it.
+    Short,
 }
 
 /// How much of the stack a DWARF unwind needed copied.
@@ -204,6 +218,7 @@ impl Unwinder {
                     frames: walk,
                     needs_dwarf: false,
                     stack_need: None,
+                    walk: None,
                 };
             }
             Attempt::Unwound(unwound) => unwound,
@@ -216,10 +231,16 @@ impl Unwinder {
                     Stop::Truncated => Some(StackNeed::MoreThanCopied),
                     _ => None,
                 };
+                let walk = match (unwound.outcome.stop, unwound.stitched) {
+                    (Stop::Complete, _) => WalkUse::Unneeded,
+                    (_, true) => WalkUse::Stitched,
+                    (_, false) => WalkUse::Short,
+                };
                 UserFrames {
                     frames: unwound.frames,
                     needs_dwarf: false,
                     stack_need,
+                    walk: Some(walk),
                 }
             }
             ProcessUnwinding::FramePointers => {
@@ -232,6 +253,7 @@ impl Unwinder {
                     needs_dwarf: unwound.outcome.frameless_callers > 0,
                     frames: unwound.frames,
                     stack_need: None,
+                    walk: None,
                 }
             }
         }

@@ -19,11 +19,12 @@ use agent_unwind::ObjectFrames;
 use lru::LruCache;
 use tracing::debug;
 
-use agent_common::MAX_STACK_COPY;
+use agent_common::{MAX_STACK_COPY, UNWIND_COPY_NO_WALK};
 
 use super::{
-    StackNeed, Unwinder,
+    StackNeed, Unwinder, WalkUse,
     learned::{ExecutableKey, LearnedCopies, MIN_COPY, fitted},
+    walk::WalkJudge,
 };
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
@@ -84,6 +85,18 @@ struct Decision {
     /// The copy size asked for in the map (when `in_map`).
     copy: u32,
     sizing: Sizing,
+    walk: WalkJudge,
+}
+
+impl Decision {
+    /// The map's value for this process: its copy size, flagged when the
+    /// kernel's walk of its user stack is skipped.
+    fn entry(&self, copy: u32) -> u32 {
+        match self.walk.on {
+            true => copy,
+            false => copy | UNWIND_COPY_NO_WALK,
+        }
+    }
 }
 
 /// What complete DWARF unwinds of one process needed, towards fitting its
@@ -211,7 +224,9 @@ impl UnwindPolicy {
                     ProcessUnwinding::Dwarf => learned.unwrap_or(self.copy_bytes),
                     ProcessUnwinding::FramePointers => self.leaf_copy_bytes,
                 };
-                let held = previous.map(|d| d.copy);
+                // A held entry without the walk is written again: the
+                // new decision starts with it.
+                let held = previous.filter(|d| d.walk.on).map(|d| d.copy);
                 let copy = if held == Some(wanted) || self.set_copy(tgid, wanted) {
                     Some(wanted)
                 } else {
@@ -227,6 +242,7 @@ impl UnwindPolicy {
                         fitted: learned.is_some(),
                         ..Sizing::default()
                     },
+                    walk: WalkJudge::default(),
                 }
             }
         };
@@ -275,7 +291,7 @@ impl UnwindPolicy {
         let Some(map) = &mut self.map else {
             return;
         };
-        match map.set(tgid, self.copy_bytes) {
+        match map.set(tgid, decision.entry(self.copy_bytes)) {
             Ok(()) => {
                 decision.in_map = true;
                 decision.copy = self.copy_bytes;
@@ -332,7 +348,7 @@ impl UnwindPolicy {
         let (Some((size, counter)), Some(map)) = (resized, &mut self.map) else {
             return;
         };
-        match map.set(image.tgid, size) {
+        match map.set(image.tgid, decision.entry(size)) {
             Ok(()) => {
                 debug!(
                     pid = image.tgid,
@@ -346,6 +362,44 @@ impl UnwindPolicy {
             Err(error) => {
                 Stats::inc(&self.stats.unwind_copy_map_failures);
                 debug!(%error, "stack copy not resized");
+            }
+        }
+    }
+
+    /// Judges from one DWARF unwind of `image` whether the kernel's walk
+    /// of its user stack is still worth taking (`WalkJudge`), and tells
+    /// the BPF program when that changes.
+    pub fn observe_walk(&mut self, image: &Arc<ProcessImage>, walk: WalkUse) {
+        let Some(decision) = self.decisions.peek_mut(&image.tgid) else {
+            return;
+        };
+        if !decision.in_map
+            || decision.unwinding != ProcessUnwinding::Dwarf
+            || !std::ptr::eq(decision.image.as_ptr(), Arc::as_ptr(image))
+            || !decision.walk.observe(walk)
+        {
+            return;
+        }
+        let Some(map) = &mut self.map else {
+            return;
+        };
+        match map.set(image.tgid, decision.entry(decision.copy)) {
+            Ok(()) => {
+                debug!(
+                    pid = image.tgid,
+                    walk = decision.walk.on,
+                    "kernel's user stack walk switched"
+                );
+                Stats::inc(match decision.walk.on {
+                    true => &self.stats.unwind_walk_restored,
+                    false => &self.stats.unwind_walk_skipped,
+                });
+            }
+            Err(error) => {
+                // The map keeps what it had: so does the judgement.
+                decision.walk.on = !decision.walk.on;
+                Stats::inc(&self.stats.unwind_copy_map_failures);
+                debug!(%error, "user stack walk not switched");
             }
         }
     }
@@ -365,6 +419,7 @@ impl UnwindPolicy {
                 in_map,
                 copy: self.copy_bytes,
                 sizing: Sizing::default(),
+                walk: WalkJudge::default(),
             },
         );
     }
@@ -666,6 +721,38 @@ mod tests {
             (snapshot.unwind_copy_shrunk, snapshot.unwind_copy_grown),
             (1, 1)
         );
+    }
+
+    /// A DWARF process whose unwinds complete over the copy loses the
+    /// kernel's walk of its stack (flagged in its entry, kept through a
+    /// resize); a frame-pointer one keeps it whatever it is told.
+    #[test]
+    fn the_walk_is_skipped_for_processes_unwound_from_the_copy_alone() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let (mut policy, entries) = auto_policy(stats.clone());
+        let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
+        let pid = frameless.0.id();
+        let image = processes.image(pid, "chain_inline");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        let framed = Child::spawn(agent_fixtures::CHAIN);
+        let framed_image = processes.image(framed.0.id(), "chain");
+        policy.decide(&framed_image, &mut processes, &mut unwinder);
+        for _ in 0..SHRINK_AFTER {
+            policy.observe_walk(&image, WalkUse::Unneeded);
+            policy.observe_walk(&framed_image, WalkUse::Unneeded);
+        }
+        let no_walk = 8192 | UNWIND_COPY_NO_WALK;
+        assert_eq!(
+            *entries.lock().expect("lock"),
+            [(pid, 8192), (framed.0.id(), LEAF), (pid, no_walk)]
+        );
+        policy.observe_stack(&image, StackNeed::MoreThanCopied, 8192);
+        let last = entries.lock().expect("lock").last().copied();
+        assert_eq!(
+            last,
+            Some((pid, MAX_STACK_COPY as u32 | UNWIND_COPY_NO_WALK))
+        );
+        assert_eq!(stats.snapshot().unwind_walk_skipped, 1);
     }
 
     #[test]
