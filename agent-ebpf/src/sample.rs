@@ -10,8 +10,8 @@ use core::{
 
 use agent_common::{
     BpfConfig, COMM_LEN, Counter, LOG_TARGET, MAX_STACK_COPY, MAX_STACK_DEPTH, OffCpuInfo,
-    RecordKind, STACKS_BYTES, SampleRecord, SampleScratch, StackCopy, UNWIND_COPY_NO_WALK,
-    UserRegs, sample_flags, stacks_off, tail_calls,
+    RecordKind, STACKS_BYTES, SampleRecord, SampleScratch, StackCopy, UNWIND_COPY_BY_THREAD,
+    UNWIND_COPY_BYTES, UNWIND_COPY_NO_WALK, UserRegs, sample_flags, stacks_off, tail_calls,
 };
 use aya_ebpf::{
     EbpfContext,
@@ -28,7 +28,8 @@ use aya_ebpf::{
 };
 
 use crate::{
-    EVENTS, EXCLUDED, SCRATCH, TAIL_CALLS, UNWIND_COPY, config, count, maps, offcpu, python,
+    EVENTS, EXCLUDED, SCRATCH, TAIL_CALLS, THREAD_STACKS, UNWIND_COPY, config, count, maps, offcpu,
+    python,
     user::{copy_user_stack, user_regs},
     wakeup_flag, wanted,
 };
@@ -244,10 +245,20 @@ pub(crate) unsafe fn record_sample<C: EbpfContext>(
         if let Some(regs) = unsafe { user_regs(ctx, regs, record) } {
             record.user_regs = regs;
             record.flags |= sample_flags::USER_REGS_VALID;
+            let mut wanted = entry & UNWIND_COPY_BYTES;
+            // A thread whose stack ends sooner: copied up to its end.
+            if entry & UNWIND_COPY_BY_THREAD != 0
+                // SAFETY: the value is copied out at once.
+                && let Some(&end) = unsafe { THREAD_STACKS.get(&tid) }
+                && end > regs.sp
+                && end - regs.sp < u64::from(wanted)
+            {
+                wanted = (end - regs.sp) as u32;
+            }
             // SAFETY (these accesses of `copy`): fields of the valid
             // scratch slot.
             unsafe {
-                write_volatile(addr_of_mut!((*copy).wanted), entry & !UNWIND_COPY_NO_WALK);
+                write_volatile(addr_of_mut!((*copy).wanted), wanted);
                 write_volatile(addr_of_mut!((*copy).sp), regs.sp);
             }
             // SAFETY: `scratch` is valid and ours alone (the caller's

@@ -425,6 +425,14 @@ impl Pipeline {
         if let Some(need) = stack_need {
             self.policy
                 .observe_stack(&image, need, sample.stack_copy.len());
+            if let Some(regs) = sample.user_regs {
+                self.policy.observe_thread(
+                    &image,
+                    (sample.tid, regs.sp),
+                    need,
+                    sample.stack_copy.len(),
+                );
+            }
         }
         if let Some(walk) = walk {
             self.policy.observe_walk(&image, walk);

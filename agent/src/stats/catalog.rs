@@ -271,6 +271,18 @@ declare_metrics! {
             unwind_walk_restored { direction = "restored" },
         ],
     }
+    unwind_thread_stacks: Counter,
+        "Threads of processes unwound with DWARF whose stack copy was bounded by where \
+        their own stack ends, by event: set (learned from 16 complete unwinds, with 512 \
+        bytes to spare), removed (an unwind needed more: learned anew)."
+    {
+        stats: [
+            /// Threads whose copy now ends where their stack does.
+            unwind_thread_stack_set { event = "set" },
+            /// Threads back to their process's copy.
+            unwind_thread_stack_removed { event = "removed" },
+        ],
+    }
     leaf_frames_repaired: Counter,
         "Leaf frames whose caller was recovered with CFI from the copied stack."
     {

@@ -7,6 +7,7 @@
 
 mod learned;
 mod mode;
+mod threads;
 mod walk;
 
 use std::sync::Arc;
@@ -18,7 +19,9 @@ use agent_unwind::{
 };
 use tracing::debug;
 
-pub use mode::{CopyMapError, CopySizeMap, ProcessUnwinding, UnwindPolicy, is_system_library};
+pub use mode::{
+    CopyMapError, CopySizeMap, ProcessUnwinding, ThreadStackError, UnwindPolicy, is_system_library,
+};
 
 use crate::{
     process::{ContentKey, ObjectFile, ProcessImage, ProcessTable},
