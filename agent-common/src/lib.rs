@@ -27,6 +27,22 @@ pub const STACK_READ_BYTES: usize = 4096;
 /// (the daemon fits each one's size); this is how far that may grow.
 pub const MAX_STACK_COPY: usize = 64 * 1024;
 
+/// Set in a process's `UNWIND_COPY` value (beside the copy size, which
+/// never reaches this bit): its user stack is unwound from the copy
+/// alone, so the BPF program skips the kernel's frame-pointer walk of it.
+pub const UNWIND_COPY_NO_WALK: u32 = 1 << 31;
+
+/// Set in a process's `UNWIND_COPY` value: a thread of it with an entry
+/// in `THREAD_STACKS` gets its copy up to where that says its stack ends,
+/// if that is less than the process's size.
+pub const UNWIND_COPY_BY_THREAD: u32 = 1 << 30;
+
+/// The bits of an `UNWIND_COPY` value that hold the copy size.
+pub const UNWIND_COPY_BYTES: u32 = !(UNWIND_COPY_NO_WALK | UNWIND_COPY_BY_THREAD);
+
+/// Most threads with their stack's end in `THREAD_STACKS` (an LRU map).
+pub const MAX_THREAD_STACKS: u32 = 16_384;
+
 /// Most processes with their own stack copy size in `UNWIND_COPY`.
 pub const MAX_UNWIND_PROCESSES: u32 = 16_384;
 
@@ -87,6 +103,7 @@ pub mod names {
     pub const SCRATCH: &str = "SCRATCH";
     pub const CONFIG: &str = "CONFIG";
     pub const UNWIND_COPY: &str = "UNWIND_COPY";
+    pub const THREAD_STACKS: &str = "THREAD_STACKS";
     pub const EXCLUDED: &str = "EXCLUDED";
     pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
     pub const PYTHON_EXECUTABLES: &str = "PYTHON_EXECUTABLES";
@@ -163,6 +180,10 @@ pub mod sample_flags {
     /// A read of the interpreter's frame chain failed part way: the frames
     /// recorded are the innermost ones.
     pub const INTERPRETER_READ_FAILED: u32 = 1 << 5;
+    /// The kernel's walk of the user stack was skipped: the process is
+    /// unwound from the stack copy alone ([`super::UNWIND_COPY_NO_WALK`]).
+    /// Its one user frame is the interrupted instruction, `user_regs.ip`.
+    pub const USER_WALK_SKIPPED: u32 = 1 << 6;
 }
 
 /// Bits of [`InterpreterFrame::flags`].

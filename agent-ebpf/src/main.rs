@@ -46,13 +46,13 @@ mod sample;
 mod user;
 
 use agent_common::{
-    BpfConfig, Counter, MAX_EXCLUDED_PROCESSES, MAX_PID_FILTER, MAX_UNWIND_PROCESSES,
-    SampleScratch, tail_calls,
+    BpfConfig, Counter, MAX_EXCLUDED_PROCESSES, MAX_PID_FILTER, MAX_THREAD_STACKS,
+    MAX_UNWIND_PROCESSES, SampleScratch, tail_calls,
 };
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray, ProgramArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, ProgramArray, RingBuf},
 };
 
 /// Written by the daemon before load (`EbpfLoader::override_global`).
@@ -89,6 +89,14 @@ static EXCLUDED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_EXCLUDED_PROCE
 /// `CONFIG.stack_copy_bytes` (those unwound with DWARF).
 #[map]
 static UNWIND_COPY: HashMap<u32, u32> = HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
+
+/// Where the stack of a thread ends (the highest address its unwinds
+/// read, with a margin), by tid, for threads of processes flagged
+/// `UNWIND_COPY_BY_THREAD`: the daemon learns it from the thread's
+/// complete unwinds, so a thread with shallow stacks is not copied as far
+/// as its process's deepest thread needs.
+#[map]
+static THREAD_STACKS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_THREAD_STACKS, 0);
 
 /// The programs `sample_cpu` hands a sample over to (`tail_calls`); the
 /// daemon fills it after loading them.

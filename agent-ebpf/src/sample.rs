@@ -10,8 +10,8 @@ use core::{
 
 use agent_common::{
     BpfConfig, COMM_LEN, Counter, LOG_TARGET, MAX_STACK_COPY, MAX_STACK_DEPTH, OffCpuInfo,
-    RecordKind, STACKS_BYTES, SampleRecord, SampleScratch, StackCopy, UserRegs, sample_flags,
-    stacks_off, tail_calls,
+    RecordKind, STACKS_BYTES, SampleRecord, SampleScratch, StackCopy, UNWIND_COPY_BY_THREAD,
+    UNWIND_COPY_BYTES, UNWIND_COPY_NO_WALK, UserRegs, sample_flags, stacks_off, tail_calls,
 };
 use aya_ebpf::{
     EbpfContext,
@@ -28,7 +28,8 @@ use aya_ebpf::{
 };
 
 use crate::{
-    EVENTS, EXCLUDED, SCRATCH, TAIL_CALLS, UNWIND_COPY, config, count, maps, offcpu, python,
+    EVENTS, EXCLUDED, SCRATCH, TAIL_CALLS, THREAD_STACKS, UNWIND_COPY, config, count, maps, offcpu,
+    python,
     user::{copy_user_stack, user_regs},
     wakeup_flag, wanted,
 };
@@ -167,9 +168,20 @@ pub(crate) unsafe fn record_sample<C: EbpfContext>(
             kernel
         );
     }
+    // The copy this process gets, and whether the kernel walks its user
+    // stack: not for one unwound from the copy alone
+    // (`UNWIND_COPY_NO_WALK`), whose first frame is the interrupted
+    // instruction the registers hold.
+    // SAFETY: the value is copied out at once; the daemon replacing it
+    // meanwhile only changes what this sample gets.
+    let entry = match unsafe { UNWIND_COPY.get(&tgid) } {
+        Some(&entry) if user_on => entry,
+        _ => config.stack_copy_bytes,
+    };
+    let skip_walk = user_on && entry & UNWIND_COPY_NO_WALK != 0;
     // SAFETY: as above; the user's frames follow the kernel's, and
     // `kernel_bytes` is at most STACK_BYTES, so they fit as well.
-    let user = if user_on {
+    let user = if user_on && !skip_walk {
         unsafe {
             bpf_get_stack(
                 raw_ctx,
@@ -197,8 +209,16 @@ pub(crate) unsafe fn record_sample<C: EbpfContext>(
         );
     }
 
+    if skip_walk {
+        record.flags |= sample_flags::USER_WALK_SKIPPED;
+    }
+
     // With one stack off, a sample without frames of the other is nothing.
-    if (!kernel_on || !user_on) && record.kernel_frames == 0 && record.user_frames == 0 {
+    if (!kernel_on || !user_on)
+        && record.kernel_frames == 0
+        && record.user_frames == 0
+        && !skip_walk
+    {
         count(Counter::NoStackLeft);
         return;
     }
@@ -218,18 +238,25 @@ pub(crate) unsafe fn record_sample<C: EbpfContext>(
         )
     };
 
-    // Kernel threads have no user side; nothing more to capture.
-    if record.user_frames > 0 {
+    // Kernel threads have no user side (no frames walked, and never in
+    // `UNWIND_COPY`); nothing more to capture.
+    if record.user_frames > 0 || skip_walk {
         // SAFETY: `ctx` is this run's context (the caller's promise).
         if let Some(regs) = unsafe { user_regs(ctx, regs, record) } {
             record.user_regs = regs;
             record.flags |= sample_flags::USER_REGS_VALID;
-            // SAFETY: the value is copied out at once; the daemon replacing
-            // it meanwhile only changes which size this sample gets.
-            let wanted = match unsafe { UNWIND_COPY.get(&tgid) } {
-                Some(&bytes) => bytes,
-                None => config.stack_copy_bytes,
-            };
+            let mut wanted = entry & UNWIND_COPY_BYTES;
+            // A thread whose stack ends sooner: copied up to its end.
+            if entry & UNWIND_COPY_BY_THREAD != 0
+                // SAFETY: the value is copied out at once.
+                && let Some(&end) = unsafe { THREAD_STACKS.get(&tid) }
+                && end > regs.sp
+                && end - regs.sp < u64::from(wanted)
+            {
+                wanted = (end - regs.sp) as u32;
+            }
+            // SAFETY (these accesses of `copy`): fields of the valid
+            // scratch slot.
             unsafe {
                 write_volatile(addr_of_mut!((*copy).wanted), wanted);
                 write_volatile(addr_of_mut!((*copy).sp), regs.sp);

@@ -68,7 +68,9 @@ pub struct RawSample<'a> {
     pub comm: Comm,
     /// Innermost first; the first frame is the interrupted instruction.
     pub kernel_stack: Vec<u64>,
-    /// Innermost first, from the kernel's frame-pointer walk.
+    /// Innermost first, from the kernel's frame-pointer walk; only the
+    /// interrupted instruction where the walk was skipped (a process
+    /// unwound from the stack copy alone).
     pub user_stack: Vec<u64>,
     pub kernel_stack_failed: bool,
     pub user_stack_failed: bool,
@@ -221,6 +223,12 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample<'_>, DecodeError> {
         .map(read_struct::<InterpreterFrame>)
         .collect::<Result<Vec<_>, _>>()?;
     let regs_valid = record.flags & sample_flags::USER_REGS_VALID != 0;
+    let mut user_stack = addresses(user);
+    // A process unwound from the copy alone: the kernel did not walk its
+    // stack, and the walk's first frame is the interrupted instruction.
+    if record.flags & sample_flags::USER_WALK_SKIPPED != 0 && regs_valid && user_stack.is_empty() {
+        user_stack.push(record.user_regs.ip);
+    }
     Ok(RawSample {
         timestamp_ns: record.timestamp_ns,
         cpu: record.cpu,
@@ -229,7 +237,7 @@ fn decode_sample(bytes: &[u8]) -> Result<RawSample<'_>, DecodeError> {
         cgroup_id: record.cgroup_id,
         comm: Comm(record.comm),
         kernel_stack: addresses(kernel),
-        user_stack: addresses(user),
+        user_stack,
         kernel_stack_failed: record.flags & sample_flags::KERNEL_STACK_FAILED != 0,
         user_stack_failed: record.flags & sample_flags::USER_STACK_FAILED != 0,
         user_regs: regs_valid.then_some(record.user_regs),
@@ -474,6 +482,38 @@ mod tests {
         assert_eq!(sample.user_stack, USER);
         assert_eq!(sample.user_regs.map(|r| r.sp), Some(0x7ffc_0000));
         assert_eq!(sample.stack_copy, 0x401234u64.to_ne_bytes());
+    }
+
+    /// A process unwound from the copy alone: no walk, its one user
+    /// frame the interrupted instruction; none without registers.
+    #[test]
+    fn a_skipped_walk_leaves_the_interrupted_instruction() {
+        let mut record = sample_record();
+        record.flags |= sample_flags::USER_WALK_SKIPPED;
+        record.user_frames = 0;
+        record.user_regs.ip = 0x401777;
+        let mut bytes = as_bytes(&record);
+        for address in KERNEL {
+            bytes.extend_from_slice(&address.to_ne_bytes());
+        }
+        bytes.extend_from_slice(&0x401234u64.to_ne_bytes());
+        let Ok(Record::Sample(sample)) = decode(&bytes) else {
+            panic!("expected a sample");
+        };
+        assert_eq!(sample.kernel_stack, KERNEL);
+        assert_eq!(sample.user_stack, [0x401777]);
+        assert_eq!(sample.stack_copy, 0x401234u64.to_ne_bytes());
+
+        record.flags &= !sample_flags::USER_REGS_VALID;
+        record.stack_copy_len = 0;
+        let mut bytes = as_bytes(&record);
+        for address in KERNEL {
+            bytes.extend_from_slice(&address.to_ne_bytes());
+        }
+        let Ok(Record::Sample(sample)) = decode(&bytes) else {
+            panic!("expected a sample");
+        };
+        assert!(sample.user_stack.is_empty(), "no registers, no user side");
     }
 
     #[test]

@@ -107,6 +107,9 @@ struct Cached {
     /// Where its bytecodes start.
     code: u64,
     method: Arc<JavaMethod>,
+    /// When (the caller's monotonic clock) it was last read and still
+    /// named this method; 0 for never.
+    checked_at: u64,
 }
 
 /// Names `Method*`s of one JVM, with a bounded cache.
@@ -140,13 +143,37 @@ impl MethodNamer {
         layout: &Layout,
         method: u64,
     ) -> Result<(Arc<JavaMethod>, u64), HotSpotError> {
+        self.method_at(memory, layout, method, (u64::MAX, 0))
+    }
+
+    /// [`Self::method`] for a sample taken at `sampled_at`, any read made
+    /// at or after `now` (both on the caller's monotonic clock). A method
+    /// whose `Method*` was read after the sample, and still named it, is
+    /// believed without reading it again: that read is as late as one made
+    /// now, both after the sample. So a batch of samples handled together
+    /// reads each method once (an interpreted frame is in most samples of
+    /// a thread).
+    pub fn method_at(
+        &mut self,
+        memory: &mut dyn Memory,
+        layout: &Layout,
+        method: u64,
+        (sampled_at, now): (u64, u64),
+    ) -> Result<(Arc<JavaMethod>, u64), HotSpotError> {
         if method == 0 || !method.is_multiple_of(8) {
             return Err(invalid("a Method*", method, "null or misaligned"));
         }
-        let const_method = u64_at(memory, method.wrapping_add(layout.method_const_method))?;
         if let Some(cached) = self.cache.get(&method)
+            && cached.checked_at >= sampled_at
+        {
+            self.counts.hits += 1;
+            return Ok((cached.method.clone(), cached.code));
+        }
+        let const_method = u64_at(memory, method.wrapping_add(layout.method_const_method))?;
+        if let Some(cached) = self.cache.get_mut(&method)
             && cached.const_method == const_method
         {
+            cached.checked_at = cached.checked_at.max(now);
             self.counts.hits += 1;
             return Ok((cached.method.clone(), cached.code));
         }
@@ -159,6 +186,7 @@ impl MethodNamer {
                 const_method,
                 code,
                 method: named.clone(),
+                checked_at: now,
             },
         );
         Ok((named, code))

@@ -80,9 +80,23 @@ impl JavaNamer {
         cache: &CodeCache,
         frame: &JavaFrame,
     ) -> Result<Vec<NamedJavaFrame>, HotSpotError> {
+        self.name_at(memory, layout, cache, frame, (u64::MAX, 0))
+    }
+
+    /// [`Self::name`] for a sample taken at `sampled_at`, any read made at
+    /// or after `now`: methods read after the sample are not read again
+    /// ([`MethodNamer::method_at`]).
+    pub fn name_at(
+        &mut self,
+        memory: &mut dyn Memory,
+        layout: &Layout,
+        cache: &CodeCache,
+        frame: &JavaFrame,
+        at: (u64, u64),
+    ) -> Result<Vec<NamedJavaFrame>, HotSpotError> {
         match *frame {
             JavaFrame::Interpreted { method, bcp } => {
-                let (named, code) = self.methods.method(memory, layout, method)?;
+                let (named, code) = self.methods.method_at(memory, layout, method, at)?;
                 // A native method called from interpreted code runs in
                 // the interpreter's native entry: no bytecode, no line.
                 if named.native {
@@ -103,7 +117,7 @@ impl JavaNamer {
                 }])
             }
             JavaFrame::Native { method } => {
-                let (named, _) = self.methods.method(memory, layout, method)?;
+                let (named, _) = self.methods.method_at(memory, layout, method, at)?;
                 Ok(vec![NamedJavaFrame {
                     method: named,
                     line: 0,
@@ -123,6 +137,7 @@ impl JavaNamer {
                 cache,
                 (code, method, compile_id),
                 (pc, exact, tier),
+                at,
             ),
             JavaFrame::Stub { .. } => Ok(Vec::new()),
         }
@@ -136,6 +151,7 @@ impl JavaNamer {
         cache: &CodeCache,
         (code, method, compile_id): (u64, u64, i32),
         (pc, exact, tier): (u64, bool, u8),
+        at: (u64, u64),
     ) -> Result<Vec<NamedJavaFrame>, HotSpotError> {
         let debug = match self.nmethods.get(&(code, compile_id)) {
             Some(debug) => debug.clone(),
@@ -166,7 +182,7 @@ impl JavaNamer {
             Ok(scopes) if !scopes.is_empty() => scopes,
             // No debug information at this pc: the method alone.
             _ => {
-                let (named, _) = self.methods.method(memory, layout, method)?;
+                let (named, _) = self.methods.method_at(memory, layout, method, at)?;
                 return Ok(vec![NamedJavaFrame {
                     method: named,
                     line: 0,
@@ -179,7 +195,7 @@ impl JavaNamer {
             .iter()
             .enumerate()
             .map(|(index, scope)| {
-                let (named, _) = self.methods.method(memory, layout, scope.method)?;
+                let (named, _) = self.methods.method_at(memory, layout, scope.method, at)?;
                 let line = named.line(scope.bci);
                 Ok(NamedJavaFrame {
                     method: named,

@@ -8,7 +8,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use super::{BpfError, BpfSampler};
 use crate::{
     labels::ExclusionMap,
-    unwind::{CopyMapError, CopySizeMap},
+    unwind::{CopyMapError, CopySizeMap, ThreadStackError},
 };
 
 impl BpfSampler {
@@ -21,7 +21,14 @@ impl BpfSampler {
             .take_map(name)
             .ok_or(BpfError::Missing { kind: "map", name })?;
         let map = BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name, source })?;
-        Ok(BpfCopySizeMap { map })
+        let name = names::THREAD_STACKS;
+        let threads = self
+            .ebpf
+            .take_map(name)
+            .ok_or(BpfError::Missing { kind: "map", name })?;
+        let threads =
+            BpfHashMap::try_from(threads).map_err(|source| BpfError::Map { name, source })?;
+        Ok(BpfCopySizeMap { map, threads })
     }
 
     /// Takes the map of excluded processes out, for relabeling's filter
@@ -94,9 +101,11 @@ impl crate::runtimes::PythonProcessMap for BpfPythonMap {
     }
 }
 
-/// `UNWIND_COPY`: stack copy sizes of the processes unwound with DWARF.
+/// `UNWIND_COPY`: stack copy sizes of the processes unwound with DWARF;
+/// `THREAD_STACKS`: where their threads' stacks end.
 pub struct BpfCopySizeMap {
     map: BpfHashMap<MapData, u32, u32>,
+    threads: BpfHashMap<MapData, u32, u64>,
 }
 
 impl CopySizeMap for BpfCopySizeMap {
@@ -112,6 +121,21 @@ impl CopySizeMap for BpfCopySizeMap {
     fn remove(&mut self, tgid: u32) {
         // Absent already (the process exited) is fine.
         let _ = self.map.remove(&tgid);
+    }
+
+    fn set_thread(&mut self, tid: u32, end: u64) -> Result<(), ThreadStackError> {
+        // An LRU map: a full one makes room by itself.
+        self.threads
+            .insert(tid, end, 0)
+            .map_err(|source| ThreadStackError {
+                tid,
+                source: Box::new(source),
+            })
+    }
+
+    fn remove_thread(&mut self, tid: u32) {
+        // Absent already (evicted) is fine.
+        let _ = self.threads.remove(&tid);
     }
 }
 

@@ -91,6 +91,7 @@ impl Jvm {
         stats: &Stats,
         frame: &JavaFrame,
         address: u64,
+        sampled: (u64, u64),
         out: &mut Vec<UserFrame>,
     ) {
         if let JavaFrame::Stub { name } = frame {
@@ -121,7 +122,10 @@ impl Jvm {
             }
             return;
         }
-        match self.namer.name(memory, &self.layout, &self.cache, frame) {
+        match self
+            .namer
+            .name_at(memory, &self.layout, &self.cache, frame, sampled)
+        {
             Ok(named) if named.is_empty() => out.push(UserFrame::Native(address)),
             Ok(named) => {
                 let named: Arc<[(FrameKind, UserFrame)]> = named
@@ -529,9 +533,12 @@ impl JavaRuntime {
             })
             .collect();
         let blobs: Vec<(u64, &CodeBlob)> = unchecked.iter().map(|(_, blob)| *blob).collect();
+        // Reads for this sample are made from now on: what was read after
+        // the sample is believed without another read.
+        let now = monotonic_ns();
         let changed = jvm
             .cache
-            .check_at(&mut memory, &jvm.layout, &blobs, sampled_at, monotonic_ns())
+            .check_at(&mut memory, &jvm.layout, &blobs, sampled_at, now)
             .map_or(usize::MAX, |index| unchecked[index].0);
         let mut out = Vec::with_capacity(native.len() + found.frames.len());
         for (depth, (&address, found)) in native.iter().zip(&kept).enumerate() {
@@ -541,7 +548,14 @@ impl JavaRuntime {
                 break;
             }
             match found {
-                Some(found) => jvm.name(&mut memory, &self.stats, &found.frame, address, &mut out),
+                Some(found) => jvm.name(
+                    &mut memory,
+                    &self.stats,
+                    &found.frame,
+                    address,
+                    (sampled_at, now),
+                    &mut out,
+                ),
                 None => out.push(UserFrame::Native(address)),
             }
         }

@@ -417,6 +417,7 @@ impl Pipeline {
             frames,
             needs_dwarf,
             stack_need,
+            walk,
         } = self.unwinder.finish(attempt, unwinding);
         if needs_dwarf {
             self.policy.require_dwarf(&image);
@@ -424,6 +425,17 @@ impl Pipeline {
         if let Some(need) = stack_need {
             self.policy
                 .observe_stack(&image, need, sample.stack_copy.len());
+            if let Some(regs) = sample.user_regs {
+                self.policy.observe_thread(
+                    &image,
+                    (sample.tid, regs.sp),
+                    need,
+                    sample.stack_copy.len(),
+                );
+            }
+        }
+        if let Some(walk) = walk {
+            self.policy.observe_walk(&image, walk);
         }
         (frames, image)
     }

@@ -258,6 +258,31 @@ declare_metrics! {
             unwind_copy_shrunk { direction = "shrunk" },
         ],
     }
+    unwind_user_walk_switched: Counter,
+        "Processes unwound with DWARF whose user stack the kernel stopped or resumed \
+        walking, by direction: skipped (at most 1% of 200 unwinds needed the walk to \
+        continue them: their samples carry the stack copy alone), restored (more unwinds \
+        stopped short without it)."
+    {
+        stats: [
+            /// The kernel's user stack walk skipped for a DWARF process.
+            unwind_walk_skipped { direction = "skipped" },
+            /// The kernel's user stack walk taken again for a DWARF process.
+            unwind_walk_restored { direction = "restored" },
+        ],
+    }
+    unwind_thread_stacks: Counter,
+        "Threads of processes unwound with DWARF whose stack copy was bounded by where \
+        their own stack ends, by event: set (learned from 16 complete unwinds, with 512 \
+        bytes to spare), removed (an unwind needed more: learned anew)."
+    {
+        stats: [
+            /// Threads whose copy now ends where their stack does.
+            unwind_thread_stack_set { event = "set" },
+            /// Threads back to their process's copy.
+            unwind_thread_stack_removed { event = "removed" },
+        ],
+    }
     leaf_frames_repaired: Counter,
         "Leaf frames whose caller was recovered with CFI from the copied stack."
     {

@@ -7,6 +7,8 @@
 
 mod learned;
 mod mode;
+mod threads;
+mod walk;
 
 use std::sync::Arc;
 
@@ -17,7 +19,9 @@ use agent_unwind::{
 };
 use tracing::debug;
 
-pub use mode::{CopyMapError, CopySizeMap, ProcessUnwinding, UnwindPolicy, is_system_library};
+pub use mode::{
+    CopyMapError, CopySizeMap, ProcessUnwinding, ThreadStackError, UnwindPolicy, is_system_library,
+};
 
 use crate::{
     process::{ContentKey, ObjectFile, ProcessImage, ProcessTable},
@@ -107,6 +111,19 @@ pub struct UserFrames {
     pub needs_dwarf: bool,
     /// What a DWARF unwind learned about the stack copy it needs.
     pub stack_need: Option<StackNeed>,
+    /// What a DWARF unwind owed the kernel's walk of the stack.
+    pub walk: Option<WalkUse>,
+}
+
+/// What a DWARF unwind owed the kernel's frame-pointer walk of the stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WalkUse {
+    /// It completed over the copy alone.
+    Unneeded,
+    /// It stopped short, and the walk continued it.
+    Stitched,
+    /// It stopped short, and the walk (if taken) did not continue it.
+    Short,
 }
 
 /// How much of the stack a DWARF unwind needed copied.
@@ -204,6 +221,7 @@ impl Unwinder {
                     frames: walk,
                     needs_dwarf: false,
                     stack_need: None,
+                    walk: None,
                 };
             }
             Attempt::Unwound(unwound) => unwound,
@@ -216,10 +234,16 @@ impl Unwinder {
                     Stop::Truncated => Some(StackNeed::MoreThanCopied),
                     _ => None,
                 };
+                let walk = match (unwound.outcome.stop, unwound.stitched) {
+                    (Stop::Complete, _) => WalkUse::Unneeded,
+                    (_, true) => WalkUse::Stitched,
+                    (_, false) => WalkUse::Short,
+                };
                 UserFrames {
                     frames: unwound.frames,
                     needs_dwarf: false,
                     stack_need,
+                    walk: Some(walk),
                 }
             }
             ProcessUnwinding::FramePointers => {
@@ -232,6 +256,7 @@ impl Unwinder {
                     needs_dwarf: unwound.outcome.frameless_callers > 0,
                     frames: unwound.frames,
                     stack_need: None,
+                    walk: None,
                 }
             }
         }

@@ -19,11 +19,13 @@ use agent_unwind::ObjectFrames;
 use lru::LruCache;
 use tracing::debug;
 
-use agent_common::MAX_STACK_COPY;
+use agent_common::{MAX_STACK_COPY, UNWIND_COPY_BY_THREAD, UNWIND_COPY_NO_WALK};
 
 use super::{
-    StackNeed, Unwinder,
+    StackNeed, Unwinder, WalkUse,
     learned::{ExecutableKey, LearnedCopies, MIN_COPY, fitted},
+    threads::{ThreadChange, ThreadStacks},
+    walk::WalkJudge,
 };
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
@@ -48,11 +50,22 @@ pub struct CopyMapError {
     pub source: Box<dyn std::error::Error + Send + Sync>,
 }
 
-/// The BPF map of per-process stack copy sizes; a trait so the policy is
-/// tested without BPF.
+#[derive(Debug, thiserror::Error)]
+#[error("could not set where the stack of thread {tid} ends")]
+pub struct ThreadStackError {
+    pub tid: u32,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// The BPF maps of per-process stack copy sizes and per-thread stack
+/// ends; a trait so the policy is tested without BPF.
 pub trait CopySizeMap: Send {
     fn set(&mut self, tgid: u32, bytes: u32) -> Result<(), CopyMapError>;
     fn remove(&mut self, tgid: u32);
+    /// Thread `tid`'s copy ends at `end` (`THREAD_STACKS`).
+    fn set_thread(&mut self, tid: u32, end: u64) -> Result<(), ThreadStackError>;
+    fn remove_thread(&mut self, tid: u32);
 }
 
 /// Libraries here come with the distribution. Debian builds them without
@@ -84,6 +97,29 @@ struct Decision {
     /// The copy size asked for in the map (when `in_map`).
     copy: u32,
     sizing: Sizing,
+    walk: WalkJudge,
+}
+
+impl Decision {
+    /// The map's value for this process: its copy size, flagged when the
+    /// kernel's walk of its user stack is skipped.
+    fn entry(&self, copy: u32) -> u32 {
+        entry(copy, self.unwinding, self.walk.on)
+    }
+}
+
+/// An `UNWIND_COPY` value: the copy size, flagged for a DWARF process
+/// (whose threads' copies end where `THREAD_STACKS` says) and when the
+/// kernel's walk of its user stack is skipped.
+fn entry(copy: u32, unwinding: ProcessUnwinding, walk: bool) -> u32 {
+    let mut entry = copy;
+    if unwinding == ProcessUnwinding::Dwarf {
+        entry |= UNWIND_COPY_BY_THREAD;
+    }
+    if !walk {
+        entry |= UNWIND_COPY_NO_WALK;
+    }
+    entry
 }
 
 /// What complete DWARF unwinds of one process needed, towards fitting its
@@ -139,6 +175,8 @@ pub struct UnwindPolicy {
     /// The copy each executable's processes need, over all of them: its
     /// next processes (a compiler run again and again) start there.
     learned: LearnedCopies,
+    /// Where the stacks of DWARF processes' threads end.
+    threads: ThreadStacks,
     stats: Arc<Stats>,
 }
 
@@ -152,6 +190,7 @@ impl UnwindPolicy {
             map: None,
             decisions: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
             learned: LearnedCopies::default(),
+            threads: ThreadStacks::default(),
             stats,
         }
     }
@@ -211,8 +250,14 @@ impl UnwindPolicy {
                     ProcessUnwinding::Dwarf => learned.unwrap_or(self.copy_bytes),
                     ProcessUnwinding::FramePointers => self.leaf_copy_bytes,
                 };
-                let held = previous.map(|d| d.copy);
-                let copy = if held == Some(wanted) || self.set_copy(tgid, wanted) {
+                // A held entry without the walk is written again: the
+                // new decision starts with it.
+                let held = previous
+                    .filter(|d| d.walk.on && d.unwinding == unwinding)
+                    .map(|d| d.copy);
+                let copy = if held == Some(wanted)
+                    || self.set_copy(tgid, entry(wanted, unwinding, true))
+                {
                     Some(wanted)
                 } else {
                     held
@@ -227,6 +272,7 @@ impl UnwindPolicy {
                         fitted: learned.is_some(),
                         ..Sizing::default()
                     },
+                    walk: WalkJudge::default(),
                 }
             }
         };
@@ -275,7 +321,7 @@ impl UnwindPolicy {
         let Some(map) = &mut self.map else {
             return;
         };
-        match map.set(tgid, self.copy_bytes) {
+        match map.set(tgid, decision.entry(self.copy_bytes)) {
             Ok(()) => {
                 decision.in_map = true;
                 decision.copy = self.copy_bytes;
@@ -332,7 +378,7 @@ impl UnwindPolicy {
         let (Some((size, counter)), Some(map)) = (resized, &mut self.map) else {
             return;
         };
-        match map.set(image.tgid, size) {
+        match map.set(image.tgid, decision.entry(size)) {
             Ok(()) => {
                 debug!(
                     pid = image.tgid,
@@ -346,6 +392,84 @@ impl UnwindPolicy {
             Err(error) => {
                 Stats::inc(&self.stats.unwind_copy_map_failures);
                 debug!(%error, "stack copy not resized");
+            }
+        }
+    }
+
+    /// Learns from one DWARF unwind of thread `tid` of `image`, from stack
+    /// pointer `sp`, where the thread's stack ends (`ThreadStacks`), and
+    /// tells the BPF program.
+    pub fn observe_thread(
+        &mut self,
+        image: &Arc<ProcessImage>,
+        (tid, sp): (u32, u64),
+        need: StackNeed,
+        copied: usize,
+    ) {
+        let Some(decision) = self.decisions.peek(&image.tgid) else {
+            return;
+        };
+        if !decision.in_map
+            || decision.unwinding != ProcessUnwinding::Dwarf
+            || !std::ptr::eq(decision.image.as_ptr(), Arc::as_ptr(image))
+        {
+            return;
+        }
+        let Some(change) = self.threads.observe((image.tgid, tid), sp, need, copied) else {
+            return;
+        };
+        let Some(map) = &mut self.map else {
+            return;
+        };
+        match change {
+            ThreadChange::Set { tid, end } => match map.set_thread(tid, end) {
+                Ok(()) => Stats::inc(&self.stats.unwind_thread_stack_set),
+                Err(error) => {
+                    Stats::inc(&self.stats.unwind_copy_map_failures);
+                    debug!(%error, "thread keeps its process's copy");
+                }
+            },
+            ThreadChange::Remove { tid } => {
+                map.remove_thread(tid);
+                Stats::inc(&self.stats.unwind_thread_stack_removed);
+            }
+        }
+    }
+
+    /// Judges from one DWARF unwind of `image` whether the kernel's walk
+    /// of its user stack is still worth taking (`WalkJudge`), and tells
+    /// the BPF program when that changes.
+    pub fn observe_walk(&mut self, image: &Arc<ProcessImage>, walk: WalkUse) {
+        let Some(decision) = self.decisions.peek_mut(&image.tgid) else {
+            return;
+        };
+        if !decision.in_map
+            || decision.unwinding != ProcessUnwinding::Dwarf
+            || !std::ptr::eq(decision.image.as_ptr(), Arc::as_ptr(image))
+            || !decision.walk.observe(walk)
+        {
+            return;
+        }
+        let Some(map) = &mut self.map else {
+            return;
+        };
+        match map.set(image.tgid, decision.entry(decision.copy)) {
+            Ok(()) => {
+                debug!(
+                    pid = image.tgid,
+                    walk = decision.walk.on,
+                    "kernel's user stack walk switched"
+                );
+                Stats::inc(match decision.walk.on {
+                    true => &self.stats.unwind_walk_restored,
+                    false => &self.stats.unwind_walk_skipped,
+                });
+            }
+            Err(error) => {
+                // The map keeps what it had: so does the judgement.
+                decision.walk.on = !decision.walk.on;
+                Stats::inc(&self.stats.unwind_copy_map_failures);
+                debug!(%error, "user stack walk not switched");
             }
         }
     }
@@ -365,6 +489,7 @@ impl UnwindPolicy {
                 in_map,
                 copy: self.copy_bytes,
                 sizing: Sizing::default(),
+                walk: WalkJudge::default(),
             },
         );
     }
@@ -454,6 +579,7 @@ mod tests {
     #[derive(Default)]
     struct FakeMap {
         entries: Arc<Mutex<Vec<(u32, u32)>>>,
+        threads: Arc<Mutex<Vec<(u32, u64)>>>,
         full: bool,
     }
 
@@ -465,8 +591,23 @@ mod tests {
                     source: "full".into(),
                 });
             }
+            // The flag every DWARF process has is left out of what the
+            // tests compare.
+            let bytes = bytes & !UNWIND_COPY_BY_THREAD;
             self.entries.lock().expect("lock").push((tgid, bytes));
             Ok(())
+        }
+
+        fn set_thread(&mut self, tid: u32, end: u64) -> Result<(), ThreadStackError> {
+            self.threads.lock().expect("lock").push((tid, end));
+            Ok(())
+        }
+
+        fn remove_thread(&mut self, tid: u32) {
+            self.threads
+                .lock()
+                .expect("lock")
+                .retain(|&(entry, _)| entry != tid);
         }
 
         fn remove(&mut self, tgid: u32) {
@@ -486,7 +627,7 @@ mod tests {
         let entries = Arc::new(Mutex::new(Vec::new()));
         let map = FakeMap {
             entries: entries.clone(),
-            full: false,
+            ..FakeMap::default()
         };
         let policy =
             UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats).with_map(Box::new(map), LEAF);
@@ -668,6 +809,69 @@ mod tests {
         );
     }
 
+    /// A DWARF process whose unwinds complete over the copy loses the
+    /// kernel's walk of its stack (flagged in its entry, kept through a
+    /// resize); a frame-pointer one keeps it whatever it is told.
+    #[test]
+    fn the_walk_is_skipped_for_processes_unwound_from_the_copy_alone() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let (mut policy, entries) = auto_policy(stats.clone());
+        let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
+        let pid = frameless.0.id();
+        let image = processes.image(pid, "chain_inline");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        let framed = Child::spawn(agent_fixtures::CHAIN);
+        let framed_image = processes.image(framed.0.id(), "chain");
+        policy.decide(&framed_image, &mut processes, &mut unwinder);
+        for _ in 0..SHRINK_AFTER {
+            policy.observe_walk(&image, WalkUse::Unneeded);
+            policy.observe_walk(&framed_image, WalkUse::Unneeded);
+        }
+        let no_walk = 8192 | UNWIND_COPY_NO_WALK;
+        assert_eq!(
+            *entries.lock().expect("lock"),
+            [(pid, 8192), (framed.0.id(), LEAF), (pid, no_walk)]
+        );
+        policy.observe_stack(&image, StackNeed::MoreThanCopied, 8192);
+        let last = entries.lock().expect("lock").last().copied();
+        assert_eq!(
+            last,
+            Some((pid, MAX_STACK_COPY as u32 | UNWIND_COPY_NO_WALK))
+        );
+        assert_eq!(stats.snapshot().unwind_walk_skipped, 1);
+    }
+
+    /// A DWARF process's threads get their copies bounded where their
+    /// unwinds end; a frame-pointer process's threads never.
+    #[test]
+    fn threads_of_dwarf_processes_are_copied_up_to_their_stacks_end() {
+        let (stats, mut processes, mut unwinder) = setup();
+        let threads = Arc::new(Mutex::new(Vec::new()));
+        let map = FakeMap {
+            threads: threads.clone(),
+            ..FakeMap::default()
+        };
+        let mut policy = UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone())
+            .with_map(Box::new(map), LEAF);
+        let frameless = Child::spawn(agent_fixtures::CHAIN_INLINE);
+        let image = processes.image(frameless.0.id(), "chain_inline");
+        policy.decide(&image, &mut processes, &mut unwinder);
+        let framed = Child::spawn(agent_fixtures::CHAIN);
+        let framed_image = processes.image(framed.0.id(), "chain");
+        policy.decide(&framed_image, &mut processes, &mut unwinder);
+        for _ in 0..16 {
+            policy.observe_thread(&image, (7, 0x7000), StackNeed::Used(0x100), 8192);
+            policy.observe_thread(&framed_image, (8, 0x7000), StackNeed::Used(0x100), 8192);
+        }
+        assert_eq!(*threads.lock().expect("lock"), [(7, 0x7100 + 512)]);
+        assert_eq!(stats.snapshot().unwind_thread_stack_set, 1);
+        assert_eq!(
+            entry(4096, ProcessUnwinding::Dwarf, false),
+            4096 | UNWIND_COPY_BY_THREAD | UNWIND_COPY_NO_WALK
+        );
+        assert_eq!(entry(LEAF, ProcessUnwinding::FramePointers, true), LEAF);
+    }
+
     #[test]
     fn the_next_process_of_an_executable_starts_with_the_copy_it_needed() {
         let (stats, mut processes, mut unwinder) = setup();
@@ -785,7 +989,7 @@ mod tests {
         let entries = Arc::new(Mutex::new(vec![(4_194_305, 8192)]));
         let map = FakeMap {
             entries: entries.clone(),
-            full: false,
+            ..FakeMap::default()
         };
         let mut policy =
             UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats).with_map(Box::new(map), LEAF);

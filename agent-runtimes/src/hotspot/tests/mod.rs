@@ -367,6 +367,44 @@ fn a_blob_found_again_is_believed_only_while_its_header_says_the_same() {
     }
 }
 
+/// A method read after a sample is named for it without another read;
+/// one read before the sample is read again, and a change found then is
+/// the sample's.
+#[test]
+fn a_method_read_after_the_sample_is_not_read_again() {
+    for capture in CAPTURES {
+        let mut loaded = load(capture);
+        let (_, layout) = layout_of(&mut loaded);
+        let cache = CodeCache::read(&mut loaded.memory, &layout).expect("the code heaps");
+        let blob = cache
+            .find(&mut loaded.memory, &layout, loaded.nmethods[0])
+            .expect("readable")
+            .expect("a blob");
+        let mut namer = MethodNamer::new();
+        let (method, _) = namer
+            .method_at(&mut loaded.memory, &layout, blob.method, (50, 100))
+            .expect("named");
+        namer.take_counts();
+        // Its Method* reused for another method, but read at 100, after a
+        // sample at 90: not read again, so the change is not seen.
+        let at = blob.method + layout.method_const_method;
+        loaded.memory.write(at, &8u64.to_le_bytes());
+        let (again, _) = namer
+            .method_at(&mut loaded.memory, &layout, blob.method, (90, 200))
+            .expect("believed");
+        assert!(std::sync::Arc::ptr_eq(&again, &method));
+        assert_eq!(namer.take_counts(), NamerCounts { hits: 1, misses: 0 });
+        // A sample at 150, after that read: read again, changed.
+        assert!(
+            namer
+                .method_at(&mut loaded.memory, &layout, blob.method, (150, 200))
+                .is_err(),
+            "{}",
+            capture.name
+        );
+    }
+}
+
 /// A blob read after a sample is believed for it without another read;
 /// one last read before the sample is read again, and a change found then
 /// is the sample's.
