@@ -579,6 +579,13 @@ impl JavaRuntime {
     pub fn forget(&mut self, tgid: u32) {
         self.processes.remove(&tgid);
     }
+
+    /// Whether `tgid`'s image was looked at and holds no JVM.
+    pub fn passed_over(&self, tgid: u32) -> bool {
+        self.processes
+            .get(&tgid)
+            .is_some_and(|entry| matches!(entry.state, State::NotJava))
+    }
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of the samples' times

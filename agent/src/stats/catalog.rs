@@ -496,6 +496,25 @@ declare_metrics! {
             maps_refreshed {},
         ],
     }
+    process_maps_deferred: Counter,
+        "New programs whose maps were not read at their exec: no runtime registers a process \
+        of their executable at once, so the read waits for the first sample (most short-lived \
+        processes have none)."
+    {
+        stats: [
+            /// New programs whose maps read waits for their first sample.
+            maps_deferred {},
+        ],
+    }
+    plain_executables_forgotten: Counter,
+        "Executables firn had found need no read of their maps at exec, forgotten to stay \
+        within the table's size (their next process is read at its exec again)."
+    {
+        stats: [
+            /// Executables let go from the table of those needing no read at exec.
+            plain_executables_forgotten {},
+        ],
+    }
     processes_evicted: Counter,
         "Processes dropped from the process table to stay within its size."
     {
