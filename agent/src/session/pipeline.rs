@@ -194,13 +194,18 @@ impl Pipeline {
                 // Samples of the image before: placed with what firn has
                 // of it.
                 self.release(event.tgid, Released::NoMaps);
-                let deferrable = event
+                let preset = event
                     .executable
-                    .is_some_and(|executable| self.plain.contains(&executable));
+                    .and_then(|executable| self.plain.get(&executable));
                 self.processes
-                    .on_exec(event.tgid, &event.comm.to_string(), deferrable);
+                    .on_exec(event.tgid, &event.comm.to_string(), preset.is_some());
                 self.metadata.forget(event.tgid);
                 self.policy.on_exec(event.tgid);
+                if let Some(preset) = preset
+                    && self.processes.unread(event.tgid)
+                {
+                    self.policy.apply_preset(event.tgid, preset);
+                }
                 self.forget(event.tgid);
                 // Decide now, while the new image is fresh: until then the
                 // BPF program copies its whole stack. (A deferred read is
@@ -213,8 +218,9 @@ impl Pipeline {
                             .runtimes
                             .iter()
                             .all(|runtime| runtime.passed_over(event.tgid))
+                        && let Some(preset) = self.policy.preset_of(&image)
                     {
-                        self.plain.insert(executable);
+                        self.plain.insert(executable, preset);
                     }
                 }
             }

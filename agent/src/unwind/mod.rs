@@ -17,7 +17,9 @@ use agent_unwind::{
 };
 use tracing::debug;
 
-pub use mode::{CopyMapError, CopySizeMap, ProcessUnwinding, UnwindPolicy, is_system_library};
+pub use mode::{
+    CopyMapError, CopySizeMap, Preset, ProcessUnwinding, UnwindPolicy, is_system_library,
+};
 
 use crate::{
     process::{ContentKey, ObjectFile, ProcessImage, ProcessTable},

@@ -11,14 +11,15 @@ use std::{num::NonZeroUsize, sync::Arc};
 use agent_common::ExecutableKey;
 use lru::LruCache;
 
-use crate::stats::Stats;
+use crate::{stats::Stats, unwind::Preset};
 
 /// Executables remembered: a host runs far fewer distinct programs; one
 /// forgotten is read at its next exec again and remembered anew.
 const MAX_PLAIN_EXECUTABLES: usize = 4096;
 
 pub(super) struct PlainExecutables {
-    known: LruCache<ExecutableKey, ()>,
+    /// With the unwinding each one's processes get at their exec.
+    known: LruCache<ExecutableKey, Preset>,
     stats: Arc<Stats>,
 }
 
@@ -32,13 +33,14 @@ impl PlainExecutables {
         }
     }
 
-    /// Whether a new process of `executable` can wait for its first sample.
-    pub(super) fn contains(&mut self, executable: &ExecutableKey) -> bool {
-        self.known.get(executable).is_some()
+    /// Whether a new process of `executable` can wait for its first
+    /// sample, and how it is unwound meanwhile.
+    pub(super) fn get(&mut self, executable: &ExecutableKey) -> Option<Preset> {
+        self.known.get(executable).copied()
     }
 
-    pub(super) fn insert(&mut self, executable: ExecutableKey) {
-        if let Some((evicted, ())) = self.known.push(executable, ())
+    pub(super) fn insert(&mut self, executable: ExecutableKey, preset: Preset) {
+        if let Some((evicted, _)) = self.known.push(executable, preset)
             && evicted != executable
         {
             Stats::inc(&self.stats.plain_executables_forgotten);
@@ -62,16 +64,16 @@ mod tests {
     fn bounded_and_counts_what_it_forgets() {
         let stats = Arc::new(Stats::default());
         let mut plain = PlainExecutables::new(stats.clone());
-        assert!(!plain.contains(&key(1)));
-        plain.insert(key(1));
-        plain.insert(key(1));
-        assert!(plain.contains(&key(1)));
+        assert_eq!(plain.get(&key(1)), None);
+        plain.insert(key(1), Preset::frame_pointers());
+        plain.insert(key(1), Preset::frame_pointers());
+        assert_eq!(plain.get(&key(1)), Some(Preset::frame_pointers()));
         assert_eq!(stats.snapshot().plain_executables_forgotten, 0);
         for inode in 2..=MAX_PLAIN_EXECUTABLES as u64 + 1 {
-            plain.insert(key(inode));
+            plain.insert(key(inode), Preset::frame_pointers());
         }
-        assert!(!plain.contains(&key(1)), "the least recently used");
-        assert!(plain.contains(&key(2)));
+        assert_eq!(plain.get(&key(1)), None, "the least recently used");
+        assert!(plain.get(&key(2)).is_some());
         assert_eq!(stats.snapshot().plain_executables_forgotten, 1);
     }
 }
