@@ -740,6 +740,20 @@ declare_metrics! {
             python_processes_3_13 { version = "3.13" },
         ],
     }
+    python_executables: Counter,
+        "Interpreter executables loaded where they were linked, whose processes the BPF \
+        program registers at their exec (PYTHON_EXECUTABLES), by event: set (written to the \
+        map, an LRU of 256: past 256 each new one displaces the least recently used), \
+        forgotten (the daemon's record of those it set, cleared at 4096: each is set again \
+        at its next registration)."
+    {
+        stats: [
+            /// Executables written to PYTHON_EXECUTABLES.
+            python_executables_set { event = "set" },
+            /// Executables dropped from the daemon's record of those set.
+            python_executables_forgotten { event = "forgotten" },
+        ],
+    }
     python_processes_skipped: Counter,
         "CPython processes whose frames firn does not walk (their native frames are still \
         profiled), by reason: unsupported_version (outside 3.8-3.13), missing_symbols (a \
