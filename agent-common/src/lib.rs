@@ -376,6 +376,10 @@ pub struct ProcessRecord {
     pub tgid: u32,
     pub timestamp_ns: u64,
     pub comm: [u8; COMM_LEN],
+    /// An exec's new executable (zeros when the kernel's offsets are not
+    /// known, and in exit events): what firn keys per-executable choices
+    /// by without reading the process's maps.
+    pub executable: ExecutableKey,
 }
 
 /// Scratch space where a sample is assembled before it is copied into the
@@ -625,7 +629,7 @@ const _: () = assert!(core::mem::size_of::<OffCpuInfo>() == 24);
 const _: () = assert!(core::mem::size_of::<SampleRecord>() == 120);
 const _: () = assert!(core::mem::size_of::<InterpreterFrame>() == 32);
 const _: () = assert!(core::mem::size_of::<PythonProcess>() == 48);
-const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 32);
+const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 48);
 const _: () = assert!(core::mem::size_of::<BpfConfig>() == 40);
 const _: () = assert!(MAX_STACK_COPY.is_multiple_of(STACK_COPY_CHUNK));
 const _: () = assert!(MAX_STACK_COPY >= 16 * 1024 + STACK_READ_BYTES);

@@ -3,7 +3,7 @@
 //! keep the per-process maps in step; `follow_fork` extends the pid filter
 //! to the children of filtered processes.
 
-use agent_common::{COMM_LEN, Counter, LOG_TARGET, ProcessRecord, RecordKind};
+use agent_common::{COMM_LEN, Counter, ExecutableKey, LOG_TARGET, ProcessRecord, RecordKind};
 use aya_ebpf::{
     bindings::BPF_RB_FORCE_WAKEUP,
     helpers::{
@@ -41,15 +41,20 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     // The new image is not the interpreter the daemon registered, if any;
     // it may be one of an executable the daemon knows.
     let _ = python::PYTHON_PROCESSES.remove(&tgid);
-    if wanted(&config, tgid)
-        && let Some(executable) = maps::executable(&ctx)
-    {
-        python::exec(tgid, &executable);
+    let executable = if wanted(&config, tgid) {
+        maps::executable(&ctx)
+    } else {
+        None
+    };
+    if let Some(executable) = &executable {
+        python::exec(tgid, executable);
     }
     if wanted(&config, tgid) {
         maps::started(tgid);
     }
-    if !process_event(RecordKind::Exec) {
+    // The executable rides with the event: the daemon's choices per
+    // executable need no read of the new image's maps.
+    if !process_event(RecordKind::Exec, executable.unwrap_or(NO_EXECUTABLE)) {
         failed!(
             &ctx,
             "exec event of tgid {} lost: ring buffer reservation failed",
@@ -70,7 +75,7 @@ pub fn process_exit(ctx: RawTracePointContext) -> u32 {
         let _ = UNWIND_COPY.remove(&tgid);
         let _ = python::PYTHON_PROCESSES.remove(&tgid);
         let _ = EXCLUDED.remove(&tgid);
-        let lost = !process_event(RecordKind::Exit);
+        let lost = !process_event(RecordKind::Exit, NO_EXECUTABLE);
         // After the event, which the filter decides on; a later process
         // that reuses the pid is no descendant of anything followed.
         if config().filter_pids != 0 {
@@ -88,6 +93,13 @@ pub fn process_exit(ctx: RawTracePointContext) -> u32 {
 }
 
 const CLONE_THREAD: u64 = 0x0001_0000;
+
+/// An event without an executable (an exit, or the offsets unknown).
+const NO_EXECUTABLE: ExecutableKey = ExecutableKey {
+    inode: 0,
+    dev: 0,
+    reserved: 0,
+};
 
 /// A filtered process starting another: the child is sampled too, from
 /// its first instruction (the fork runs in the parent, before the child
@@ -141,7 +153,7 @@ pub fn follow_fork(ctx: RawTracePointContext) -> u32 {
 /// here, logged by the caller: one log site per program keeps the logging
 /// code inlined, so the object holds no symbol named after its build path).
 #[inline(always)]
-fn process_event(kind: RecordKind) -> bool {
+fn process_event(kind: RecordKind, executable: ExecutableKey) -> bool {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let config = config();
     if !wanted(&config, tgid) {
@@ -157,6 +169,7 @@ fn process_event(kind: RecordKind) -> bool {
         // SAFETY: a helper without arguments or preconditions.
         timestamp_ns: unsafe { bpf_ktime_get_ns() },
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
+        executable,
     });
     // A new image wakes the reader at once: the daemon reads its maps and
     // registers an interpreter with its walker, which it can only do while

@@ -11,9 +11,9 @@ use std::{fmt, mem::size_of};
 pub mod fuzzing;
 
 use agent_common::{
-    COMM_LEN, InterpreterFrame, MAPPING_PATH_BYTES, MAX_INTERPRETER_FRAMES, MAX_STACK_DEPTH,
-    MappingRecord, OffCpuInfo, ProcessRecord, RecordKind, SampleRecord, UserRegs, mapping_flags,
-    sample_flags,
+    COMM_LEN, ExecutableKey, InterpreterFrame, MAPPING_PATH_BYTES, MAX_INTERPRETER_FRAMES,
+    MAX_STACK_DEPTH, MappingRecord, OffCpuInfo, ProcessRecord, RecordKind, SampleRecord, UserRegs,
+    mapping_flags, sample_flags,
 };
 
 /// A task's name as the kernel stores it (at most 15 bytes and a NUL).
@@ -94,6 +94,8 @@ pub struct ProcessEvent {
     pub tgid: u32,
     pub timestamp_ns: u64,
     pub comm: Comm,
+    /// An exec's executable, when the kernel told.
+    pub executable: Option<ExecutableKey>,
 }
 
 /// One executable file mapping of a process whose leader was exiting,
@@ -274,6 +276,7 @@ fn decode_process(bytes: &[u8]) -> Result<ProcessEvent, DecodeError> {
         tgid: record.tgid,
         timestamp_ns: record.timestamp_ns,
         comm: Comm(record.comm),
+        executable: (record.executable.inode != 0).then_some(record.executable),
     })
 }
 
@@ -553,12 +556,30 @@ mod tests {
             tgid: 55,
             timestamp_ns: 9,
             comm: *b"sh\0\0\0\0\0\0\0\0\0\0\0\0\0\0",
+            executable: ExecutableKey {
+                inode: 12,
+                dev: 0x80_0001,
+                reserved: 0,
+            },
         };
         let Ok(Record::Exec(event)) = decode(&as_bytes(&record)) else {
             panic!("expected exec");
         };
         assert_eq!(event.tgid, 55);
         assert_eq!(event.comm.to_string(), "sh");
+        assert_eq!(event.executable, Some(record.executable));
+        let unknown = ProcessRecord {
+            executable: ExecutableKey {
+                inode: 0,
+                dev: 0,
+                reserved: 0,
+            },
+            ..record
+        };
+        let Ok(Record::Exec(event)) = decode(&as_bytes(&unknown)) else {
+            panic!("expected exec");
+        };
+        assert_eq!(event.executable, None, "zeros: not known");
     }
 
     #[test]

@@ -20,6 +20,7 @@ use super::{
     sources::PerfMapFile,
 };
 use agent_proc::maps::{MappingKind, MappingSpec};
+use exits::ExitQueue;
 
 use crate::{
     stats::Stats,
@@ -169,6 +170,10 @@ struct Entry {
     /// libraries (at its exec): with mappings captured at exit, its
     /// samples wait for those or for a read once it has run a while.
     unsettled: bool,
+    /// A new program whose maps are not read yet: read at its first
+    /// sample, so a process that is never sampled (most short ones) costs
+    /// no read of its maps.
+    unread: bool,
     /// Its exit event was handled (not only a failed read).
     exit_seen: bool,
 }
@@ -188,6 +193,8 @@ pub struct ProcessTableStats {
 pub struct ProcessTable {
     proc_root: PathBuf,
     processes: LruCache<u32, Entry>,
+    /// Exits in the order they were seen, for `expire`.
+    exits: ExitQueue,
     objects: ObjectRegistry,
     grace: Duration,
     stats: Arc<Stats>,
@@ -222,6 +229,7 @@ impl ProcessTable {
             objects,
             proc_root,
             processes: LruCache::new(capacity),
+            exits: ExitQueue::default(),
             grace: config.exited_process_grace,
             refusals: Refusals::new(stats.clone()),
             stats,
@@ -248,7 +256,7 @@ impl ProcessTable {
         if !self.captures_exit_maps {
             return false;
         }
-        if self.processes.peek(&tgid).is_none() {
+        if self.processes.peek(&tgid).is_none_or(|entry| entry.unread) {
             self.image(tgid, comm);
         }
         let Some(entry) = self.processes.peek(&tgid) else {
@@ -316,7 +324,16 @@ impl ProcessTable {
 
     /// The image of `tgid` if firn has read it, without any I/O.
     pub fn lookup(&mut self, tgid: u32) -> Option<Arc<ProcessImage>> {
-        self.processes.get(&tgid).map(|entry| entry.image.clone())
+        self.processes
+            .get(&tgid)
+            .filter(|entry| !entry.unread)
+            .map(|entry| entry.image.clone())
+    }
+
+    /// Whether `tgid` executed a program whose maps are still to be read
+    /// (at its first sample, by [`Self::image`]).
+    pub fn unread(&self, tgid: u32) -> bool {
+        self.processes.peek(&tgid).is_some_and(|entry| entry.unread)
     }
 
     /// The image of `tgid`, reading /proc on first sight. A process that is
@@ -327,6 +344,11 @@ impl ProcessTable {
     /// thread outliving its leader): its maps are read again, at most once
     /// per [`REFRESH_INTERVAL`], and the old image is kept if that fails.
     pub fn image(&mut self, tgid: u32, fallback_comm: &str) -> Arc<ProcessImage> {
+        if let Some(entry) = self.processes.peek(&tgid)
+            && entry.unread
+        {
+            return self.first_read(tgid);
+        }
         if let Some(entry) = self.processes.get(&tgid) {
             let stale = entry.exited_at.is_some()
                 && !entry.image.gone
@@ -467,7 +489,26 @@ impl ProcessTable {
     /// The process executed a new program: read its new image now, while it
     /// is most likely still alive. `comm` is the event's, taken after the
     /// exec: the process's name, not read again.
-    pub fn on_exec(&mut self, tgid: u32, comm: &str) {
+    ///
+    /// `deferrable`: nothing needs the image before the process's first
+    /// sample (no runtime registers a process of its executable at once).
+    /// With the kernel capturing exit maps the read then waits for that
+    /// sample: most new processes on a busy host are never sampled, and
+    /// the samples of those that are wait for the capture or a later read
+    /// anyway (they are unsettled).
+    pub fn on_exec(&mut self, tgid: u32, comm: &str, deferrable: bool) {
+        if deferrable && self.captures_exit_maps {
+            Stats::inc(&self.stats.maps_deferred);
+            self.insert(
+                tgid,
+                Arc::new(ProcessImage::new(tgid, comm.to_owned(), Vec::new())),
+            );
+            if let Some(entry) = self.processes.peek_mut(&tgid) {
+                entry.unsettled = true;
+                entry.unread = true;
+            }
+            return;
+        }
         let image = Arc::new(self.read_image(tgid, comm, true));
         self.insert(tgid, image);
         if self.captures_exit_maps
@@ -477,41 +518,34 @@ impl ProcessTable {
         }
     }
 
-    /// The process exited: keep it resolvable for the grace period.
-    pub fn on_exit(&mut self, tgid: u32) {
-        if let Some(entry) = self.processes.peek_mut(&tgid) {
-            entry.exited_at.get_or_insert_with(Instant::now);
-            entry.exit_seen = true;
-        }
-    }
-
-    /// Forgets processes that exited more than the grace period ago.
-    pub fn expire(&mut self, now: Instant) {
-        let grace = self.grace;
-        let expired: Vec<u32> = self
+    /// The first read of the maps of a new program whose read was deferred
+    /// (see [`Self::on_exec`]): it stays unsettled, as if read at its exec.
+    fn first_read(&mut self, tgid: u32) -> Arc<ProcessImage> {
+        let comm = self
             .processes
-            .iter()
-            .filter(|(_, entry)| {
-                entry
-                    .exited_at
-                    .is_some_and(|at| now.duration_since(at) >= grace)
-            })
-            .map(|(&tgid, _)| tgid)
-            .collect();
-        for tgid in expired {
-            self.processes.pop(&tgid);
+            .peek(&tgid)
+            .map(|entry| entry.image.comm.clone())
+            .unwrap_or_default();
+        let image = Arc::new(self.read_image(tgid, &comm, true));
+        self.insert(tgid, image.clone());
+        if !image.gone
+            && let Some(entry) = self.processes.peek_mut(&tgid)
+        {
+            entry.unsettled = true;
         }
-        // Called every second: often enough for the gauges.
-        Stats::set(&self.stats.processes_tracked, self.processes.len() as u64);
-        Stats::set(&self.stats.objects_tracked, self.objects.len() as u64);
+        image
     }
 
     fn insert(&mut self, tgid: u32, image: Arc<ProcessImage>) {
         let exited_at = image.gone.then(Instant::now);
+        if let Some(at) = exited_at {
+            self.exits.push(at, tgid, self.processes.cap().get());
+        }
         let entry = Entry {
             image,
             exited_at,
             unsettled: false,
+            unread: false,
             exit_seen: false,
         };
         if let Some((evicted, _)) = self.processes.push(tgid, entry)
@@ -574,5 +608,6 @@ fn namespace_pid(process_dir: &Path) -> Option<u32> {
     agent_proc::status::namespace_pid(&status)
 }
 
+mod exits;
 #[cfg(test)]
 mod tests;

@@ -593,6 +593,13 @@ impl JavaRuntime {
     pub fn forget(&mut self, tgid: u32) {
         self.processes.remove(&tgid);
     }
+
+    /// Whether `tgid`'s image was looked at and holds no JVM.
+    pub fn passed_over(&self, tgid: u32) -> bool {
+        self.processes
+            .get(&tgid)
+            .is_some_and(|entry| matches!(entry.state, State::NotJava))
+    }
 }
 
 /// The JVM's major version (`Abstract_VM_Version::_vm_major_version`),

@@ -45,6 +45,12 @@ pub trait RuntimeSupport {
     /// The process executed a new image or exited.
     fn forget(&mut self, tgid: u32);
 
+    /// Whether the runtime looked at `tgid`'s image and found it is not
+    /// its own. Looked at right after an exec, that is the executable's
+    /// verdict: the next processes of that executable need no look before
+    /// their first sample.
+    fn passed_over(&self, tgid: u32) -> bool;
+
     /// Whether `tgid`'s frames are found over its stack copy, so it must be
     /// unwound with DWARF over a copy even if its code keeps frame
     /// pointers.
@@ -119,6 +125,10 @@ impl RuntimeSupport for JavaSupport {
         self.runtime.forget(tgid);
     }
 
+    fn passed_over(&self, tgid: u32) -> bool {
+        self.runtime.passed_over(tgid)
+    }
+
     fn unwinder(&mut self, tgid: u32) -> Option<Box<dyn ForeignUnwind + '_>> {
         let unwinder = self.runtime.unwinder(tgid, &mut self.found)?;
         Some(Box::new(unwinder))
@@ -163,6 +173,10 @@ impl RuntimeSupport for PythonSupport {
 
     fn forget(&mut self, tgid: u32) {
         self.runtime.forget(tgid);
+    }
+
+    fn passed_over(&self, tgid: u32) -> bool {
+        self.runtime.passed_over(tgid)
     }
 
     fn splice(&mut self, sample: &RawSample, native: Vec<u64>) -> Spliced {

@@ -11,9 +11,11 @@ use std::{
 use agent_common::MAX_STACK_DEPTH;
 use tracing::debug;
 
+use self::plain::PlainExecutables;
 use super::hold::{HeldSamples, Released, page_size};
 
 mod loading;
+mod plain;
 use crate::{
     aggregate::{AggregateConfig, AggregatedProfile, Aggregator, ThreadName, UnwoundSample},
     host::Host,
@@ -79,6 +81,8 @@ pub struct Pipeline {
     /// Samples waiting for their process's maps (see `hold`).
     pub(super) held: HeldSamples,
     pub(super) page_size: u64,
+    /// Executables whose processes' maps wait for their first sample.
+    plain: PlainExecutables,
 }
 
 impl Pipeline {
@@ -127,13 +131,14 @@ impl Pipeline {
             filter: config.exclusion.as_ref().map(|metadata| {
                 ProcessFilter::new(metadata, &config.host, max_processes, stats.clone())
             }),
-            stats,
+            stats: stats.clone(),
             last_expire: Instant::now(),
             last_sweep: Instant::now(),
             host: config.host.clone(),
             thread_labels: config.thread_labels,
             held: HeldSamples::default(),
             page_size: page_size(),
+            plain: PlainExecutables::new(stats.clone()),
         }
     }
 
@@ -165,6 +170,12 @@ impl Pipeline {
     pub fn handle(&mut self, bytes: &[u8]) {
         match sampler::decode(bytes) {
             Ok(Record::Sample(sample)) => {
+                // A new program's first sample: its maps are read and its
+                // unwinding decided now (not at its exec, see
+                // `ProcessTable::on_exec`).
+                if self.processes.unread(sample.tgid) {
+                    self.prepare(sample.tgid);
+                }
                 let comm = sample.comm.to_string();
                 // A sample without user frames (a kernel thread's) needs
                 // no maps.
@@ -183,14 +194,34 @@ impl Pipeline {
                 // Samples of the image before: placed with what firn has
                 // of it.
                 self.release(event.tgid, Released::NoMaps);
-                self.processes.on_exec(event.tgid, &event.comm.to_string());
+                let preset = event
+                    .executable
+                    .and_then(|executable| self.plain.get(&executable));
+                self.processes
+                    .on_exec(event.tgid, &event.comm.to_string(), preset.is_some());
                 self.metadata.forget(event.tgid);
                 self.policy.on_exec(event.tgid);
+                if let Some(preset) = preset
+                    && self.processes.unread(event.tgid)
+                {
+                    self.policy.apply_preset(event.tgid, preset);
+                }
                 self.forget(event.tgid);
                 // Decide now, while the new image is fresh: until then the
-                // BPF program copies its whole stack.
+                // BPF program copies its whole stack. (A deferred read is
+                // decided at the process's first sample.)
                 if let Some(image) = self.processes.lookup(event.tgid) {
                     self.prepare_image(&image);
+                    if let Some(executable) = event.executable
+                        && !image.gone
+                        && self
+                            .runtimes
+                            .iter()
+                            .all(|runtime| runtime.passed_over(event.tgid))
+                        && let Some(preset) = self.policy.preset_of(&image)
+                    {
+                        self.plain.insert(executable, preset);
+                    }
                 }
             }
             Ok(Record::Exit(event)) => {

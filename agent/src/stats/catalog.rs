@@ -521,6 +521,25 @@ declare_metrics! {
             maps_refreshed {},
         ],
     }
+    process_maps_deferred: Counter,
+        "New programs whose maps were not read at their exec: no runtime registers a process \
+        of their executable at once, so the read waits for the first sample (most short-lived \
+        processes have none)."
+    {
+        stats: [
+            /// New programs whose maps read waits for their first sample.
+            maps_deferred {},
+        ],
+    }
+    plain_executables_forgotten: Counter,
+        "Executables firn had found need no read of their maps at exec, forgotten to stay \
+        within the table's size (their next process is read at its exec again)."
+    {
+        stats: [
+            /// Executables let go from the table of those needing no read at exec.
+            plain_executables_forgotten {},
+        ],
+    }
     processes_evicted: Counter,
         "Processes dropped from the process table to stay within its size."
     {
@@ -744,6 +763,20 @@ declare_metrics! {
             python_processes_3_11 { version = "3.11" },
             python_processes_3_12 { version = "3.12" },
             python_processes_3_13 { version = "3.13" },
+        ],
+    }
+    python_executables: Counter,
+        "Interpreter executables loaded where they were linked, whose processes the BPF \
+        program registers at their exec (PYTHON_EXECUTABLES), by event: set (written to the \
+        map, an LRU of 256: past 256 each new one displaces the least recently used), \
+        forgotten (the daemon's record of those it set, cleared at 4096: each is set again \
+        at its next registration)."
+    {
+        stats: [
+            /// Executables written to PYTHON_EXECUTABLES.
+            python_executables_set { event = "set" },
+            /// Executables dropped from the daemon's record of those set.
+            python_executables_forgotten { event = "forgotten" },
         ],
     }
     python_processes_skipped: Counter,

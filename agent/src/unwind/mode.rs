@@ -15,8 +15,11 @@ use std::{
     sync::{Arc, Weak},
 };
 
+mod preset;
+
 use agent_unwind::ObjectFrames;
 use lru::LruCache;
+pub use preset::Preset;
 use tracing::debug;
 
 use agent_common::{MAX_STACK_COPY, UNWIND_COPY_BY_THREAD, UNWIND_COPY_NO_WALK};

@@ -253,19 +253,40 @@ fn with_exit_maps_a_new_program_is_held_until_settled_or_captured() {
     std::fs::write(process.join("maps"), program).expect("write");
     let mut table = table(root.path(), stats.clone());
 
-    // Without the kernel's capture nothing is held.
-    table.on_exec(42, "short");
+    // Without the kernel's capture nothing is held, and nothing waits.
+    table.on_exec(42, "short", true);
+    assert!(!table.unread(42), "read at its exec");
     assert!(!table.holds(42, "short"));
 
     table.set_captures_exit_maps(true);
-    table.on_exec(42, "short");
+    table.on_exec(42, "short", false);
+    assert!(!table.unread(42));
     assert!(table.holds(42, "short"), "read at its exec: unsettled");
+    assert!(table.settle(42, "short"), "alive: its maps read again");
+    assert!(!table.holds(42, "short"));
+
+    // Deferred: read at its first sample, not at its exec (a process that
+    // is never sampled costs no read).
+    std::fs::remove_file(process.join("maps")).expect("rm");
+    table.on_exec(42, "short", true);
+    assert!(table.unread(42));
+    assert!(table.lookup(42).is_none(), "not read yet");
+    assert_eq!(stats.snapshot().maps_deferred, 1);
+    std::fs::write(process.join("maps"), program).expect("write");
+    assert!(
+        table.holds(42, "short"),
+        "read at its first sample: unsettled"
+    );
+    assert!(!table.unread(42));
+    let image = table.lookup(42).expect("read");
+    assert_eq!(image.comm, "short", "the exec event's name");
+    assert!(image.mapping_index(0x55d4_e0a0_1800).is_some());
     assert!(table.settle(42, "short"), "alive: its maps read again");
     assert!(!table.holds(42, "short"));
 
     // Gone before its samples were drained, its exit not yet handled:
     // held for the capture, which replaces the image.
-    table.on_exec(42, "short");
+    table.on_exec(42, "short", false);
     std::fs::remove_dir_all(&process).expect("rm");
     assert!(!table.settle(42, "short"), "gone: nothing to read");
     assert!(table.holds(42, "short"));

@@ -361,6 +361,12 @@ impl RuntimeSupport for NodeRuntime {
         self.processes.remove(&tgid);
     }
 
+    fn passed_over(&self, tgid: u32) -> bool {
+        self.processes
+            .get(&tgid)
+            .is_some_and(|entry| matches!(entry.state, State::NotNode))
+    }
+
     fn unwinds_over_stack(&self, tgid: u32) -> bool {
         matches!(
             self.processes.get(&tgid),

@@ -20,7 +20,10 @@ use agent_common::{ExecutableKey, PythonProcess};
 use agent_runtimes::{libc::libc_kind, python::loads_libpython};
 
 use super::{MAX_REMEMBERED_OBJECTS, ProcessState, PythonRuntime, remember};
-use crate::process::{MappingKind, ProcessImage, ProcessTable};
+use crate::{
+    process::{MappingKind, ProcessImage, ProcessTable},
+    stats::Stats,
+};
 
 /// The first read again, after the exec's.
 const FIRST_PAUSE: Duration = Duration::from_millis(1);
@@ -96,9 +99,14 @@ impl PythonRuntime {
             reserved: 0,
         };
         if self.registered_at_exec.len() >= MAX_REMEMBERED_OBJECTS {
+            Stats::add(
+                &self.stats.python_executables_forgotten,
+                self.registered_at_exec.len() as u64,
+            );
             self.registered_at_exec.clear();
         }
         if self.registered_at_exec.insert(executable) {
+            Stats::inc(&self.stats.python_executables_set);
             let wake_ms = u32::try_from(WAKE_FOR.as_millis()).unwrap_or(u32::MAX);
             self.map.set_executable(
                 executable,

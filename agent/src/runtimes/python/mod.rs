@@ -476,6 +476,14 @@ impl PythonRuntime {
 
     /// The process executed a new image (the BPF program dropped its entry
     /// already) or exited.
+    /// Whether `tgid`'s image was looked at and runs no CPython, nor
+    /// waits for its loader to map one.
+    pub fn passed_over(&self, tgid: u32) -> bool {
+        self.processes
+            .get(&tgid)
+            .is_some_and(|entry| matches!(entry.state, ProcessState::NotPython))
+    }
+
     pub fn forget(&mut self, tgid: u32) {
         self.loading.forget(tgid);
         if let Some(Entry {
