@@ -90,8 +90,9 @@ enum Verdict {
 /// CLOCK_MONOTONIC nanoseconds (0: not yet).
 static SHUTDOWN_ASKED_NS: AtomicU64 = AtomicU64::new(0);
 
-/// CLOCK_MONOTONIC in nanoseconds; async-signal-safe.
-fn monotonic_ns() -> u64 {
+/// CLOCK_MONOTONIC in nanoseconds, the clock of the samples' times
+/// (`bpf_ktime_get_ns`); async-signal-safe.
+pub(crate) fn monotonic_ns() -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -31,11 +31,12 @@ use tracing::{debug, info};
 
 use super::{
     InterpretedFrame, JavaKind, ProcessMemory, Runtime, UserFrame, file_name,
-    java_threads::JvmThreads, load_bias, memory::monotonic_ns,
+    java_threads::JvmThreads, load_bias,
 };
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
     stats::Stats,
+    watchdog::monotonic_ns,
 };
 
 /// What the Java support does.

@@ -91,20 +91,6 @@ impl Memory for ProcessMemory {
     }
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of the samples' times
-/// (`bpf_ktime_get_ns`).
-pub(crate) fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    (now.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(now.tv_nsec as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,12 +31,13 @@ use tracing::{debug, info};
 
 use super::{
     ForeignUnwind, ProcessMemory, Runtime, RuntimeSupport, Spliced, UserFrame, file_name,
-    find_runtime_object, memory::monotonic_ns,
+    find_runtime_object,
 };
 use crate::{
     process::{ProcessImage, ProcessTable},
     sampler::RawSample,
     stats::Stats,
+    watchdog::monotonic_ns,
 };
 
 /// What the Node.js support does.
