@@ -3,6 +3,7 @@
 //! processes.
 
 mod debugfiles;
+mod ids;
 mod maps;
 mod objects;
 pub mod offload;
@@ -11,6 +12,7 @@ mod table;
 
 pub use agent_proc::maps::{MappingKind, MappingSpec, parse_maps};
 pub use debugfiles::{DebugFile, DebugFileConfig, DebugFileKind, open_debug_files};
+pub use ids::ContentId;
 pub use maps::MapsError;
 pub use objects::{ContentKey, ObjectContents, ObjectData, ObjectFile, ObjectKey, ObjectRegistry};
 pub use sources::PerfMapFile;

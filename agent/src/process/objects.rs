@@ -18,6 +18,7 @@ use tracing::debug;
 
 use super::{
     debugfiles::{DebugFile, open_debug_files},
+    ids::{ContentId, ContentIds},
     offload::{OPEN_DEADLINE, Offload, OffloadError, SlowRoots},
 };
 use crate::{
@@ -42,6 +43,9 @@ pub struct ObjectFile {
     /// Candidate separate debug files, best first, not yet checked against
     /// the object (empty when the object has DWARF of its own).
     pub debug_files: Vec<DebugFile>,
+    /// Names the object's content in the unwinder's caches: shared by
+    /// the registry's objects of one content, else the object's own.
+    pub content_id: ContentId,
     source: ObjectSource,
 }
 
@@ -162,6 +166,7 @@ impl ObjectFile {
             path: path.to_owned(),
             layout,
             debug_files: Vec::new(),
+            content_id: ContentId::fresh(),
             source: ObjectSource::File(file),
         })
     }
@@ -176,6 +181,7 @@ impl ObjectFile {
             path: path.to_owned(),
             layout,
             debug_files: Vec::new(),
+            content_id: ContentId::fresh(),
             source: ObjectSource::Memory(bytes),
         })
     }
@@ -219,6 +225,8 @@ pub struct ObjectRegistry {
     /// Where separate debug files are looked for (`/usr/lib/debug`).
     debug_directories: Vec<PathBuf>,
     objects: LruCache<ObjectKey, Arc<ObjectFile>>,
+    /// The content ids of `objects`, an entry per content held.
+    content_ids: ContentIds,
     vdso: Option<Arc<ObjectFile>>,
     stats: Arc<Stats>,
     refusals: Refusals,
@@ -259,6 +267,7 @@ impl ObjectRegistry {
             proc_root,
             debug_directories,
             objects: LruCache::new(capacity),
+            content_ids: ContentIds::default(),
             vdso,
             refusals,
             stats,
@@ -273,6 +282,11 @@ impl ObjectRegistry {
 
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty()
+    }
+
+    /// How many contents the registry's objects have ids for.
+    pub fn content_ids(&self) -> usize {
+        self.content_ids.len()
     }
 
     /// The object behind `mapping` of process `pid`, opened on first use.
@@ -300,16 +314,18 @@ impl ObjectRegistry {
         if let Some(object) = self.objects.get(&key) {
             return Ok(object.clone());
         }
-        let result = self.open(pid, mapping, key).map(Arc::new);
+        let result = self.open(pid, mapping, key).map(|mut object| {
+            object.content_id = self.content_ids.acquire(object.content_key());
+            Arc::new(object)
+        });
         match &result {
             Ok(object) => {
                 Stats::inc(&self.stats.objects_opened);
-                if self
-                    .objects
-                    .push(key, object.clone())
-                    .is_some_and(|(k, _)| k != key)
+                if let Some((evicted_key, evicted)) = self.objects.push(key, object.clone())
+                    && evicted_key != key
                 {
                     Stats::inc(&self.stats.objects_evicted);
+                    self.content_ids.release(&evicted.content_key());
                 }
             }
             Err(_) => Stats::inc(&self.stats.object_open_failures),
@@ -521,6 +537,35 @@ mod tests {
         assert!(Arc::ptr_eq(&first, &second));
         assert_eq!(stats.snapshot().objects_opened, 1);
         assert!(first.build_id().is_some());
+    }
+
+    #[test]
+    fn content_ids_go_with_the_objects_let_go() {
+        let stats = Arc::new(Stats::default());
+        let mut registry =
+            ObjectRegistry::new(PathBuf::from("/proc"), 1, Vec::new(), stats.clone());
+        let pid = std::process::id();
+        let maps = super::super::maps::read_maps(Path::new("/proc"), pid).expect("own maps");
+        let mut files = maps.iter().filter(|m| m.kind == MappingKind::File);
+        let own = files.next().expect("the test binary is file-backed");
+        let other = files
+            .find(|m| (m.dev, m.inode) != (own.dev, own.inode))
+            .expect("a shared library is mapped");
+        let first = registry.resolve(pid, own).expect("opens");
+        assert_eq!(registry.content_ids(), 1);
+        let library = registry.resolve(pid, other).expect("opens");
+        assert_ne!(first.content_id, library.content_id);
+        assert_eq!(stats.snapshot().objects_evicted, 1);
+        assert_eq!(
+            registry.content_ids(),
+            1,
+            "the evicted object's id is forgotten"
+        );
+        // Opened again, the object's content gets a new id: rows cached
+        // under the old one are never taken for another object's.
+        let again = registry.resolve(pid, own).expect("opens again");
+        assert_ne!(again.content_id, first.content_id);
+        assert_eq!(registry.content_ids(), 1);
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub use mode::{
 };
 
 use crate::{
-    process::{ContentKey, ObjectFile, ProcessImage, ProcessTable},
+    process::{ContentId, MappingKind, ObjectFile, ProcessImage, ProcessTable},
     runtimes::ForeignUnwind,
     sampler::RawSample,
     stats::Stats,
@@ -40,21 +40,30 @@ struct ImageObjects<'a, 'j> {
 }
 
 impl ObjectLookup for ImageObjects<'_, '_> {
-    type Key = ContentKey;
+    type Key = ContentId;
 
-    fn object(&mut self, address: u64) -> Mapped<ContentKey> {
+    fn object(&mut self, address: u64) -> Mapped<ContentId> {
         let Some(index) = self.image.mapping_index(address) else {
             return Mapped::Unmapped;
         };
-        let Some(object) = self.processes.object(self.image, index) else {
-            return Mapped::NoObject;
-        };
         let mapping = &self.image.mappings[index];
+        // JIT code: the pipeline looks for its perf map once per sample,
+        // not here for every frame.
+        if mapping.spec.kind == MappingKind::Anonymous {
+            return Mapped::NoObject;
+        }
+        let object = match mapping.object() {
+            Some(object) => object.content_id,
+            None => match self.processes.object(self.image, index) {
+                Some(object) => object.content_id,
+                None => return Mapped::NoObject,
+            },
+        };
         let Some(vaddr) = mapping.object_vaddr(address) else {
             return Mapped::NoObject;
         };
         Mapped::Object {
-            key: object.content_key(),
+            key: object,
             vaddr,
             system: is_system_library(&mapping.spec.path),
         }
@@ -153,7 +162,7 @@ impl Default for UnwinderConfig {
 
 /// Unwinds samples over process images and counts what it saw.
 pub struct Unwinder {
-    unwinder: agent_unwind::Unwinder<ContentKey>,
+    unwinder: agent_unwind::Unwinder<ContentId>,
     stats: Arc<Stats>,
     /// The cache counts already added to `stats`.
     published: CacheCounts,
@@ -293,7 +302,7 @@ impl Unwinder {
     pub fn object_frames(&mut self, object: &ObjectFile) -> ObjectFrames {
         let verdict = self
             .unwinder
-            .object_frames(&object.content_key(), || object_bytes(object));
+            .object_frames(&object.content_id, || object_bytes(object));
         self.publish_cache_counts();
         verdict
     }
