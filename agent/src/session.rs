@@ -219,12 +219,16 @@ impl Session {
             }
         };
         step();
+        // The records are timed once a batch; the watchdog still sees each
+        // step, so one record stuck (on a deadline) is told from many slow.
         let pending = drain_for(slice, |limit| {
+            pipeline.begin_batch();
             reader.drain(limit, |bytes| {
                 pipeline.handle(bytes);
                 step();
             })
         });
+        pipeline.end_batch();
         pipeline.housekeeping();
         if last_mirror.elapsed() >= EXPIRE_INTERVAL {
             *last_mirror = Instant::now();

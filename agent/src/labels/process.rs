@@ -142,7 +142,17 @@ impl MetadataReader {
     /// first sight, once the entry expired, or when the sample comes from
     /// another cgroup than the one read (at most once a second).
     pub fn get(&mut self, tgid: u32, cgroup_id: u64) -> (Arc<ProcessMetadata>, bool) {
-        let now = Instant::now();
+        self.get_at(tgid, cgroup_id, Instant::now())
+    }
+
+    /// [`Self::get`] at `now`, a time the caller read once for many
+    /// samples.
+    pub fn get_at(
+        &mut self,
+        tgid: u32,
+        cgroup_id: u64,
+        now: Instant,
+    ) -> (Arc<ProcessMetadata>, bool) {
         if let Some(metadata) = self.processes.get(&tgid, now) {
             let moved = metadata.cgroup_id != cgroup_id;
             let recheck = moved
@@ -260,6 +270,19 @@ mod tests {
         let (third, fresh) = reader.get(pid, 7);
         assert!(fresh && !Arc::ptr_eq(&first, &third));
         assert_eq!(stats.snapshot().cgroup_cache_hits, 1, "same cgroup text");
+    }
+
+    #[test]
+    fn metadata_expires_by_the_time_given() {
+        let stats = Arc::new(Stats::default());
+        let limits = MetadataLimits::default();
+        let mut reader = MetadataReader::new(PathBuf::from("/proc"), &limits, stats);
+        let pid = std::process::id();
+        let batch = Instant::now();
+        assert!(reader.get_at(pid, 7, batch).1);
+        assert!(!reader.get_at(pid, 7, batch).1, "one read for the batch");
+        let later = batch + limits.process_ttl + Duration::from_secs(1);
+        assert!(reader.get_at(pid, 7, later).1, "read again once expired");
     }
 
     #[test]

@@ -208,6 +208,9 @@ pub struct ProcessTable {
     /// The kernel captures exiting processes' mappings: new programs are
     /// unsettled until their maps are read again or captured.
     captures_exit_maps: bool,
+    /// The time of the records being handled, read once for a batch of
+    /// them (`set_clock`); without one, the clock is read when needed.
+    clock: Option<Instant>,
 }
 
 impl ProcessTable {
@@ -237,6 +240,7 @@ impl ProcessTable {
             maps_offload: Offload::new("firn-read-maps", MAPS_DEADLINE),
             read_maps: Arc::new(read_maps),
             captures_exit_maps: false,
+            clock: None,
         }
     }
 
@@ -395,6 +399,12 @@ impl ProcessTable {
         fresh
     }
 
+    /// The time of the records handled until the next call (`None`: read
+    /// the clock when needed).
+    pub fn set_clock(&mut self, now: Option<Instant>) {
+        self.clock = now;
+    }
+
     /// Opens (once) and returns the object behind a mapping of `image`. For
     /// JIT code (anonymous executable memory) it opens the process's perf
     /// map instead and returns no object.
@@ -425,14 +435,15 @@ impl ProcessTable {
             .perf_map
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = self.clock.unwrap_or_else(Instant::now);
         if slot.file.is_some()
             || slot
                 .tried_at
-                .is_some_and(|at| at.elapsed() < REFRESH_INTERVAL)
+                .is_some_and(|at| now.saturating_duration_since(at) < REFRESH_INTERVAL)
         {
             return;
         }
-        slot.tried_at = Some(Instant::now());
+        slot.tried_at = Some(now);
         let process_dir = self.proc_root.join(image.tgid.to_string());
         let pid = image.tgid;
         let namespace = SlowRoots::namespace(&process_dir);

@@ -83,6 +83,8 @@ pub struct Pipeline {
     pub(super) page_size: u64,
     /// Executables whose processes' maps wait for their first sample.
     plain: PlainExecutables,
+    /// The time of the batch of records being handled ([`Self::begin_batch`]).
+    clock: Option<Instant>,
 }
 
 impl Pipeline {
@@ -139,7 +141,24 @@ impl Pipeline {
             held: HeldSamples::default(),
             page_size: page_size(),
             plain: PlainExecutables::new(stats.clone()),
+            clock: None,
         }
+    }
+
+    /// The records handled until [`Self::end_batch`] are timed by one
+    /// read of the clock, not one (or several) each: a batch is handled
+    /// within a drain slice, far shorter than anything timed per sample
+    /// (metadata kept, perf maps looked for again).
+    pub fn begin_batch(&mut self) {
+        let now = Instant::now();
+        self.clock = Some(now);
+        self.processes.set_clock(Some(now));
+    }
+
+    /// Records handled from now on read the clock as they need it.
+    pub fn end_batch(&mut self) {
+        self.clock = None;
+        self.processes.set_clock(None);
     }
 
     /// The kernel captures exiting processes' mappings (`Record::Mapping`):
@@ -309,7 +328,8 @@ impl Pipeline {
             Some(&ip) => self.processes.image_covering(sample.tgid, &comm, ip),
             None => self.processes.image(sample.tgid, &comm),
         };
-        let (metadata, fresh) = self.metadata.get(sample.tgid, sample.cgroup_id);
+        let now = self.clock.unwrap_or_else(Instant::now);
+        let (metadata, fresh) = self.metadata.get_at(sample.tgid, sample.cgroup_id, now);
         if fresh && let Some(executable) = &metadata.executable {
             // The executable's build id is a relabeling input even when
             // no sample lands in its own code.
