@@ -5,7 +5,7 @@
 //! anything in it is read. No I/O: the daemon drains the ring buffer and
 //! hands each record here.
 
-use std::{fmt, mem::size_of};
+use std::{borrow::Cow, fmt, mem::size_of};
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
@@ -31,9 +31,18 @@ impl Comm {
     }
 }
 
+impl Comm {
+    /// The name as text, borrowed unless it is not UTF-8 (the kernel
+    /// takes whatever bytes a task names itself): no allocation for a
+    /// sample's usual name.
+    pub fn to_str(&self) -> Cow<'_, str> {
+        String::from_utf8_lossy(self.as_bytes())
+    }
+}
+
 impl fmt::Display for Comm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&String::from_utf8_lossy(self.as_bytes()))
+        f.write_str(&self.to_str())
     }
 }
 
@@ -319,6 +328,20 @@ fn decode_mapping(bytes: &[u8]) -> Result<CapturedMapping, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_is_borrowed_unless_it_is_not_utf8() {
+        let mut raw = [0; COMM_LEN];
+        raw[..4].copy_from_slice(b"java");
+        let comm = Comm::new(raw);
+        assert!(matches!(comm.to_str(), Cow::Borrowed("java")));
+        raw[..2].copy_from_slice(&[0xff, 0xfe]);
+        let odd = Comm::new(raw);
+        assert_eq!(odd.to_str(), "\u{fffd}\u{fffd}va");
+        assert_eq!(odd.to_string(), odd.to_str());
+        // All sixteen bytes used: no NUL ends it.
+        assert_eq!(Comm::new([b'a'; COMM_LEN]).to_str().len(), COMM_LEN);
+    }
 
     #[test]
     fn a_captured_mapping_gets_its_path_root_first() {

@@ -5,7 +5,10 @@
 use std::{
     num::NonZeroUsize,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, OnceLock},
+    sync::{
+        Arc, Mutex, OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -113,6 +116,8 @@ pub struct ProcessImage {
     pub gone: bool,
     read_at: Instant,
     perf_map: Mutex<PerfMapSlot>,
+    /// Every runtime looked at this image and found it is not theirs.
+    passed_over: AtomicBool,
 }
 
 /// The process's `/tmp/perf-PID.map`, or else its `/tmp/jit-PID.dump`,
@@ -132,6 +137,7 @@ impl ProcessImage {
             gone: false,
             read_at: Instant::now(),
             perf_map: Mutex::default(),
+            passed_over: AtomicBool::new(false),
         }
     }
 
@@ -142,6 +148,16 @@ impl ProcessImage {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .file
             .clone()
+    }
+
+    /// Whether every runtime looked at this image and passed it over (a
+    /// new image is looked at again).
+    pub fn passed_over(&self) -> bool {
+        self.passed_over.load(Ordering::Relaxed)
+    }
+
+    pub fn set_passed_over(&self) {
+        self.passed_over.store(true, Ordering::Relaxed);
     }
 
     /// The image of a process whose maps could not be read (it exited).

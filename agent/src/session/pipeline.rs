@@ -195,7 +195,7 @@ impl Pipeline {
                 if self.processes.unread(sample.tgid) {
                     self.prepare(sample.tgid);
                 }
-                let comm = sample.comm.to_string();
+                let comm = sample.comm.to_str();
                 // A sample without user frames (a kernel thread's) needs
                 // no maps.
                 if !sample.user_stack.is_empty() && self.processes.holds(sample.tgid, &comm) {
@@ -304,10 +304,25 @@ impl Pipeline {
         unwinding
     }
 
-    /// Every runtime looks at `image`.
+    /// Every runtime looks at `image`, until all passed it over: most
+    /// processes' samples then cost no runtime a look.
     fn observe(&mut self, image: &Arc<ProcessImage>) {
+        if image.passed_over() {
+            return;
+        }
         for runtime in &mut self.runtimes {
             runtime.observe(image, &mut self.processes);
+        }
+        // An image the runtimes could not look at (gone, nothing mapped)
+        // holds no verdict of theirs.
+        if !image.gone
+            && !image.mappings.is_empty()
+            && self
+                .runtimes
+                .iter()
+                .all(|runtime| runtime.passed_over(image.tgid))
+        {
+            image.set_passed_over();
         }
     }
 
@@ -323,7 +338,7 @@ impl Pipeline {
 
     pub fn sample(&mut self, sample: RawSample<'_>) {
         Stats::inc(&self.stats.samples_received);
-        let comm = sample.comm.to_string();
+        let comm = sample.comm.to_str();
         let image = match sample.user_stack.first() {
             Some(&ip) => self.processes.image_covering(sample.tgid, &comm, ip),
             None => self.processes.image(sample.tgid, &comm),
@@ -361,11 +376,20 @@ impl Pipeline {
                 && last != Some(index)
             {
                 last = Some(index);
-                self.processes.object(&image, index);
+                if image.mappings[index].object().is_none() {
+                    self.processes.object(&image, index);
+                }
             }
         }
-        let user = self.with_runtime_frames(&sample, native);
-        let thread_name = self.thread_labels.then(|| self.thread_name(&sample));
+        let runtime = !image.passed_over();
+        let user = match runtime {
+            true => self.with_runtime_frames(&sample, native),
+            false => native.into_iter().map(UserFrame::Native).collect(),
+        };
+        let thread_name = self.thread_labels.then(|| match runtime {
+            true => self.thread_name(&sample),
+            false => ThreadName::Comm(sample.comm),
+        });
         let unwound = UnwoundSample {
             image,
             metadata,
@@ -430,10 +454,13 @@ impl Pipeline {
         // runtime's process: this sample on gets its frames named.
         let unwinding = self.decide_unwinding(&image);
         let mut reread = false;
-        let mut jit = self
-            .runtimes
-            .iter_mut()
-            .find_map(|runtime| runtime.unwinder(sample.tgid));
+        let mut jit = match image.passed_over() {
+            true => None,
+            false => self
+                .runtimes
+                .iter_mut()
+                .find_map(|runtime| runtime.unwinder(sample.tgid)),
+        };
         let mut attempt = self.unwinder.attempt(
             sample,
             &image,
@@ -445,9 +472,9 @@ impl Pipeline {
         // exec, or before a dlopen): re-read them, once per unwind and at
         // most once a second per process, and unwind again over them.
         if let Some(address) = attempt.unmapped() {
-            let fresh =
-                self.processes
-                    .image_covering(image.tgid, &sample.comm.to_string(), address);
+            let fresh = self
+                .processes
+                .image_covering(image.tgid, &sample.comm.to_str(), address);
             if !Arc::ptr_eq(&fresh, &image) {
                 image = fresh;
                 reread = true;

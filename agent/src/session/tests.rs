@@ -151,3 +151,69 @@ fn malformed_records_are_counted() {
     assert_eq!(stats.snapshot().records_malformed, 2);
     assert_eq!(pipeline.take_profile().samples, 0);
 }
+
+/// A runtime that counts its looks at processes, and claims them or not.
+struct Counting {
+    looks: Arc<std::sync::atomic::AtomicUsize>,
+    seen: std::collections::HashSet<u32>,
+    claims: bool,
+}
+
+impl crate::runtimes::RuntimeSupport for Counting {
+    fn runtime(&self) -> crate::runtimes::Runtime {
+        crate::runtimes::Runtime::Python
+    }
+
+    fn observe(
+        &mut self,
+        image: &Arc<crate::process::ProcessImage>,
+        _: &mut crate::process::ProcessTable,
+    ) {
+        self.looks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.seen.insert(image.tgid);
+    }
+
+    fn forget(&mut self, tgid: u32) {
+        self.seen.remove(&tgid);
+    }
+
+    fn passed_over(&self, tgid: u32) -> bool {
+        !self.claims && self.seen.contains(&tgid)
+    }
+
+    fn splice(&mut self, _: &RawSample, native: Vec<u64>) -> crate::runtimes::Spliced {
+        crate::runtimes::Spliced::NotMine(native)
+    }
+}
+
+/// A process every runtime passed over costs them no look at its later
+/// samples; one a runtime keeps is looked at each time, as before.
+#[test]
+fn runtimes_look_again_only_at_processes_not_passed_over() {
+    let pid = std::process::id();
+    let code = runtimes_look_again_only_at_processes_not_passed_over as *const () as usize as u64;
+    for (claims, expected) in [(false, 1), (true, 3)] {
+        let stats = Arc::new(Stats::default());
+        let looks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut pipeline = Pipeline::new(&PipelineConfig::default(), stats.clone()).with_runtime(
+            Box::new(Counting {
+                looks: looks.clone(),
+                seen: Default::default(),
+                claims,
+            }),
+        );
+        for _ in 0..3 {
+            pipeline.sample(RawSample {
+                tgid: pid,
+                tid: pid,
+                comm: "test".into(),
+                user_stack: vec![code],
+                ..RawSample::default()
+            });
+        }
+        let looked = looks.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(looked, expected, "claims: {claims}");
+        assert_eq!(pipeline.take_profile().samples, 3);
+    }
+}
