@@ -69,6 +69,9 @@ impl Default for ProcessTableConfig {
 #[derive(Debug)]
 pub struct Mapping {
     pub spec: MappingSpec,
+    /// The path is a system library's ([`crate::unwind::is_system_library`]),
+    /// judged once rather than for every frame unwound in it.
+    pub system: bool,
     object: OnceLock<Option<Arc<ObjectFile>>>,
 }
 
@@ -81,6 +84,7 @@ impl AsRef<MappingSpec> for Mapping {
 impl Mapping {
     pub fn new(spec: MappingSpec) -> Self {
         Self {
+            system: crate::unwind::is_system_library(&spec.path),
             spec,
             object: OnceLock::new(),
         }

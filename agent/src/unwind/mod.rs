@@ -65,7 +65,7 @@ impl ObjectLookup for ImageObjects<'_, '_> {
         Mapped::Object {
             key: object,
             vaddr,
-            system: is_system_library(&mapping.spec.path),
+            system: mapping.system,
         }
     }
 

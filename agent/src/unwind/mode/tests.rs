@@ -439,4 +439,19 @@ fn system_library_paths() {
     assert!(!is_system_library("/usr/bin/python3"));
     assert!(!is_system_library("/opt/app/lib/libapp.so"));
     assert!(!is_system_library("/usr/library/x"));
+    // A mapping is judged once, by its path.
+    let mapping = |path: &str| {
+        crate::process::Mapping::new(crate::process::MappingSpec {
+            start: 0x1000,
+            end: 0x2000,
+            offset: 0,
+            dev: 1,
+            inode: 2,
+            path: path.into(),
+            kind: crate::process::MappingKind::File,
+            deleted: false,
+        })
+    };
+    assert!(mapping("/usr/lib/x86_64-linux-gnu/libc.so.6").system);
+    assert!(!mapping("/opt/app/lib/libapp.so").system);
 }
