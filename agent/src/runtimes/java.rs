@@ -15,6 +15,7 @@ use std::{
     collections::HashMap,
     num::NonZeroUsize,
     sync::{Arc, atomic::AtomicU64},
+    time::Instant,
 };
 
 use agent_elf::ContentKey;
@@ -571,7 +572,7 @@ impl JavaRuntime {
 
     /// The Java name of thread `tid` of `tgid`, if it is a JVM's thread
     /// whose name could be read; counted either way for a JVM.
-    pub fn thread_name(&mut self, tgid: u32, tid: u32) -> Option<Arc<str>> {
+    pub fn thread_name(&mut self, tgid: u32, tid: u32, now: Instant) -> Option<Arc<str>> {
         let Some(Entry {
             state: State::Java(jvm),
             ..
@@ -582,7 +583,7 @@ impl JavaRuntime {
         let name = jvm
             .threads
             .as_mut()
-            .and_then(|threads| threads.name(tgid, tid));
+            .and_then(|threads| threads.name(tgid, tid, now));
         Stats::inc(match name {
             Some(_) => &self.stats.java_thread_names_java,
             None => &self.stats.java_thread_names_comm,

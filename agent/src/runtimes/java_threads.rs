@@ -39,8 +39,9 @@ impl JvmThreads {
         }
     }
 
-    pub(super) fn name(&mut self, tgid: u32, tid: u32) -> Option<Arc<str>> {
-        let age = self.read_at.map(|at| at.elapsed());
+    /// `now`: the time of the sample, read once for a batch of them.
+    pub(super) fn name(&mut self, tgid: u32, tid: u32, now: Instant) -> Option<Arc<str>> {
+        let age = self.read_at.map(|at| now.saturating_duration_since(at));
         let stale = match age {
             None => true,
             Some(age) => {
@@ -49,7 +50,7 @@ impl JvmThreads {
             }
         };
         if stale {
-            self.read_at = Some(Instant::now());
+            self.read_at = Some(now);
             self.names.clear();
             if let Err(error) = self.read(tgid) {
                 debug!(tgid, %error, "Java thread names not read");

@@ -71,7 +71,8 @@ pub trait RuntimeSupport {
 
     /// The runtime's own name of thread `tid` of `tgid`, where longer than
     /// the OS thread's (asked only with thread labels on).
-    fn thread_name(&mut self, _tgid: u32, _tid: u32) -> Option<Arc<str>> {
+    /// `now`: the sample's time, read once for a batch of them.
+    fn thread_name(&mut self, _tgid: u32, _tid: u32, _now: Instant) -> Option<Arc<str>> {
         None
     }
 
@@ -145,8 +146,8 @@ impl RuntimeSupport for JavaSupport {
         Spliced::Named(spliced)
     }
 
-    fn thread_name(&mut self, tgid: u32, tid: u32) -> Option<Arc<str>> {
-        self.runtime.thread_name(tgid, tid)
+    fn thread_name(&mut self, tgid: u32, tid: u32, now: Instant) -> Option<Arc<str>> {
+        self.runtime.thread_name(tgid, tid, now)
     }
 }
 

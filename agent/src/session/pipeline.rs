@@ -412,9 +412,10 @@ impl Pipeline {
     /// A thread's name for its labels: its runtime's (a Java thread's
     /// whole name) where one has it, else the OS thread's.
     fn thread_name(&mut self, sample: &RawSample) -> ThreadName {
+        let now = self.clock.unwrap_or_else(Instant::now);
         self.runtimes
             .iter_mut()
-            .find_map(|runtime| runtime.thread_name(sample.tgid, sample.tid))
+            .find_map(|runtime| runtime.thread_name(sample.tgid, sample.tid, now))
             .map_or(ThreadName::Comm(sample.comm), ThreadName::Runtime)
     }
 
