@@ -206,6 +206,11 @@ impl Pipeline {
                 {
                     self.policy.apply_preset(event.tgid, preset);
                 }
+                // What the executable's processes taught since reaches
+                // the BPF program's preset too.
+                if let (Some(preset), Some(executable)) = (preset, event.executable) {
+                    self.policy.publish_preset(executable, preset);
+                }
                 self.forget(event.tgid);
                 // Decide now, while the new image is fresh: until then the
                 // BPF program copies its whole stack. (A deferred read is
@@ -221,6 +226,7 @@ impl Pipeline {
                         && let Some(preset) = self.policy.preset_of(&image)
                     {
                         self.plain.insert(executable, preset);
+                        self.policy.publish_preset(executable, preset);
                     }
                 }
             }

@@ -20,8 +20,8 @@ use agent_unwind::{
 use tracing::debug;
 
 pub use mode::{
-    CopyMapError, CopySizeMap, Preset, ProcessUnwinding, ThreadStackError, UnwindPolicy,
-    is_system_library,
+    CopyMapError, CopySizeMap, ExecPresetError, Preset, ProcessUnwinding, ThreadStackError,
+    UnwindPolicy, is_system_library,
 };
 
 use crate::{
