@@ -552,7 +552,9 @@ declare_metrics! {
         ],
     }
     processes_evicted: Counter,
-        "Processes dropped from the process table to stay within its size."
+        "Processes dropped from the process table to stay within its size: the least \
+        recently used, or an exited one before its grace period ends when more processes \
+        exit within it than the table holds."
     {
         stats: [
             /// Processes dropped from the table to stay within its size.
