@@ -168,8 +168,8 @@ impl Unwinder {
         }
     }
 
-    /// Once an interval: the object pages unwinding touched are dropped
-    /// from RSS, as the symbolizer does after each profile.
+    /// Once a second: the object pages unwinding touched are dropped from
+    /// RSS, as the symbolizer does after each profile.
     pub fn release_pages(&self) {
         self.unwinder.release_pages();
     }
