@@ -484,6 +484,12 @@ impl Pipeline {
         if now.duration_since(self.last_expire) >= EXPIRE_INTERVAL {
             self.processes.expire(now);
             self.last_expire = now;
+            // The CFI pages new processes' objects were read for would
+            // otherwise pile up in RSS until the profile is taken: on a
+            // host starting compilers, tens of MB over the first interval,
+            // on top of what building that profile reads. The rows that
+            // matter are cached; pages touched again fault back in.
+            self.unwinder.release_pages();
         }
         if now.duration_since(self.last_sweep) >= SWEEP_INTERVAL {
             self.policy.sweep(self.host.proc());
@@ -492,7 +498,6 @@ impl Pipeline {
     }
 
     pub fn take_profile(&mut self) -> AggregatedProfile {
-        self.unwinder.release_pages();
         self.aggregator.take()
     }
 
