@@ -6,7 +6,12 @@
 //! every value is rebuilt every round. Here values used in the current or
 //! the previous round stay; what does not fit beside them is held alone,
 //! as the transient value, until the round ends. Only the overflow is then
-//! rebuilt each round.
+//! rebuilt each round, and the overflow is the cheaper side: a value's
+//! rebuild grows with its bytes (a DWARF context's index and the units
+//! parsed into it), so a value that needs room pushes out smaller ones
+//! used in these rounds when together they hold fewer bytes than it does.
+//! Otherwise the largest context, used every round for the few addresses
+//! new in it, would be the one rebuilt each round.
 
 use std::hash::Hash;
 
@@ -95,11 +100,14 @@ impl<K: Hash + Eq + Clone, V> ResidentCache<K, V> {
     }
 
     /// Inserts a value of `bytes`: as a resident if it fits once values
-    /// unused for a whole round are evicted, else as the transient value
+    /// unused for a whole round are evicted, or once residents that together
+    /// hold fewer bytes than it are (rebuilding them costs less than
+    /// rebuilding it), else as the transient value
     /// (replacing the one before). Returns how many values were evicted.
     pub fn insert(&mut self, key: K, value: V, bytes: usize) -> usize {
         let mut evicted = self.remove(&key);
         evicted += self.evict_stale(bytes);
+        evicted += self.evict_cheaper(None, bytes);
         let held = Held {
             value,
             bytes,
@@ -116,9 +124,9 @@ impl<K: Hash + Eq + Clone, V> ResidentCache<K, V> {
 
     /// Records that the value at `key` now takes `bytes` (values that grow
     /// as they are used). A resident that no longer fits once values unused
-    /// for a whole round are evicted becomes the transient value itself: it
-    /// grew, so it is the overflow, not the values used beside it. Returns
-    /// how many values were evicted.
+    /// for a whole round, and smaller ones that together hold fewer bytes,
+    /// are evicted becomes the transient value itself. Returns how many
+    /// values were evicted.
     pub fn set_bytes(&mut self, key: &K, bytes: usize) -> usize {
         if let Some((held_key, held)) = &mut self.transient
             && held_key == key
@@ -134,8 +142,14 @@ impl<K: Hash + Eq + Clone, V> ResidentCache<K, V> {
         if self.bytes <= self.max_bytes {
             return 0;
         }
-        // The grown value is the most recently used: stale ones go first.
+        // The grown value is the most recently used: stale ones go first,
+        // then smaller ones worth less than it.
         let mut evicted = self.evict_stale(0);
+        if self.bytes > self.max_bytes {
+            self.bytes -= bytes;
+            evicted += self.evict_cheaper(Some(key), bytes);
+            self.bytes += bytes;
+        }
         if self.bytes > self.max_bytes
             && let Some(held) = self.residents.pop(key)
         {
@@ -165,6 +179,48 @@ impl<K: Hash + Eq + Clone, V> ResidentCache<K, V> {
             }
             _ => 0,
         }
+    }
+
+    /// Makes room for `bytes` more by evicting the smallest residents
+    /// (other than `keep`), if together they hold fewer bytes than that:
+    /// they are cheaper to rebuild each round than the value needing the
+    /// room. All or none: a value that would not fit even then evicts
+    /// nothing. Returns how many values were evicted.
+    fn evict_cheaper(&mut self, keep: Option<&K>, bytes: usize) -> usize {
+        let need = self
+            .bytes
+            .saturating_add(bytes)
+            .saturating_sub(self.max_bytes);
+        if need == 0 || bytes > self.max_bytes {
+            return 0;
+        }
+        // Least recently used first among values of one size.
+        let mut sizes: Vec<(usize, &K)> = self
+            .residents
+            .iter()
+            .rev()
+            .filter(|(key, _)| Some(*key) != keep)
+            .map(|(key, held)| (held.bytes, key))
+            .collect();
+        sizes.sort_by_key(|(size, _)| *size);
+        let mut freed = 0usize;
+        let mut victims = Vec::new();
+        for (size, key) in sizes {
+            if freed >= need {
+                break;
+            }
+            freed = freed.saturating_add(size);
+            victims.push(key.clone());
+        }
+        if freed < need || freed >= bytes {
+            return 0;
+        }
+        for key in &victims {
+            if let Some(held) = self.residents.pop(key) {
+                self.bytes = self.bytes.saturating_sub(held.bytes);
+            }
+        }
+        victims.len()
     }
 
     /// Evicts residents unused in this round and the one before, least
@@ -244,17 +300,17 @@ mod tests {
     #[test]
     fn a_value_that_grows_past_the_budget_becomes_the_transient_one() {
         let mut cache = ResidentCache::new(100);
-        cache.insert("a", 1, 30);
-        cache.insert("b", 2, 30);
-        assert_eq!(cache.set_bytes(&"b", 60), 0, "90 bytes fit");
-        assert_eq!(cache.set_bytes(&"b", 80), 0);
+        cache.insert("a", 1, 60);
+        cache.insert("b", 2, 20);
+        assert_eq!(cache.set_bytes(&"b", 40), 0, "100 bytes fit");
+        assert_eq!(cache.set_bytes(&"b", 50), 0, "a is larger: b goes");
         assert_eq!(is_resident(cache.get_mut(&"b")), Some(false));
         assert_eq!(is_resident(cache.get_mut(&"a")), Some(true), "a stays");
         assert_eq!(cache.bytes(), 110);
         assert_eq!(cache.set_bytes(&"b", 500), 0);
         assert_eq!(cache.set_bytes(&"missing", 500), 0);
         assert_eq!(cache.end_round(), 1);
-        assert_eq!(cache.bytes(), 30);
+        assert_eq!(cache.bytes(), 60);
         assert_eq!(cache.len(), 1);
         // A value larger than the whole budget is usable for one round.
         assert_eq!(cache.insert("huge", 3, 1000), 0);
@@ -264,5 +320,56 @@ mod tests {
         );
         assert_eq!(cache.values().count(), 2);
         assert_eq!(cache.end_round(), 1);
+    }
+
+    /// A context that grows to most of the budget, used every round beside
+    /// two small ones: the small ones are rebuilt each round (one of them),
+    /// not the large one with everything parsed into it.
+    #[test]
+    fn the_smaller_values_are_the_overflow() {
+        let mut cache = ResidentCache::new(100);
+        let mut rebuilt_bytes = 0;
+        let mut evicted = 0;
+        for round in 0..5 {
+            for (key, first, grown) in [("s1", 20, 20), ("s2", 20, 20), ("big", 30, 70)] {
+                if cache.get_mut(&key).is_none() {
+                    rebuilt_bytes += grown;
+                    evicted += cache.insert(key, 0, first);
+                }
+                evicted += cache.set_bytes(&key, grown);
+            }
+            assert!(
+                cache.bytes() <= 100 + 20,
+                "round {round}: {}",
+                cache.bytes()
+            );
+            assert_eq!(is_resident(cache.get_mut(&"big")), Some(true));
+            evicted += cache.end_round();
+        }
+        assert_eq!(
+            rebuilt_bytes,
+            110 + 4 * 20,
+            "only s1 again after the first round"
+        );
+        assert_eq!(
+            evicted,
+            1 + 4,
+            "s1 pushed out once, then dropped as the transient"
+        );
+        assert_eq!(is_resident(cache.get_mut(&"s2")), Some(true));
+        assert_eq!(cache.bytes(), 90);
+    }
+
+    /// Making room is all or none, and never for what outgrows the budget.
+    #[test]
+    fn a_value_too_large_for_the_budget_evicts_nothing() {
+        let mut cache = ResidentCache::new(100);
+        cache.insert("a", 1, 10);
+        cache.insert("b", 2, 10);
+        assert_eq!(cache.insert("huge", 3, 101), 0);
+        assert_eq!(is_resident(cache.get_mut(&"huge")), Some(false));
+        assert_eq!(cache.insert("fits", 4, 95), 2, "a and b hold fewer bytes");
+        assert_eq!(is_resident(cache.get_mut(&"fits")), Some(true));
+        assert_eq!(cache.bytes(), 95 + 101);
     }
 }

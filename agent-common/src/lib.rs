@@ -46,6 +46,10 @@ pub const MAX_THREAD_STACKS: u32 = 16_384;
 /// Most processes with their own stack copy size in `UNWIND_COPY`.
 pub const MAX_UNWIND_PROCESSES: u32 = 16_384;
 
+/// Most executables whose new processes get their stack copy from
+/// `EXEC_PRESETS` at their exec (an LRU map).
+pub const MAX_EXEC_PRESETS: u32 = 4096;
+
 /// Most processes `EXCLUDED` holds (those relabeling drops).
 pub const MAX_EXCLUDED_PROCESSES: u32 = 16_384;
 
@@ -104,6 +108,7 @@ pub mod names {
     pub const CONFIG: &str = "CONFIG";
     pub const UNWIND_COPY: &str = "UNWIND_COPY";
     pub const THREAD_STACKS: &str = "THREAD_STACKS";
+    pub const EXEC_PRESETS: &str = "EXEC_PRESETS";
     pub const EXCLUDED: &str = "EXCLUDED";
     pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
     pub const PYTHON_EXECUTABLES: &str = "PYTHON_EXECUTABLES";

@@ -46,8 +46,8 @@ mod sample;
 mod user;
 
 use agent_common::{
-    BpfConfig, Counter, MAX_EXCLUDED_PROCESSES, MAX_PID_FILTER, MAX_THREAD_STACKS,
-    MAX_UNWIND_PROCESSES, SampleScratch, tail_calls,
+    BpfConfig, Counter, ExecutableKey, MAX_EXCLUDED_PROCESSES, MAX_EXEC_PRESETS, MAX_PID_FILTER,
+    MAX_THREAD_STACKS, MAX_UNWIND_PROCESSES, SampleScratch, tail_calls,
 };
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
@@ -89,6 +89,15 @@ static EXCLUDED: HashMap<u32, u8> = HashMap::with_max_entries(MAX_EXCLUDED_PROCE
 /// `CONFIG.stack_copy_bytes` (those unwound with DWARF).
 #[map]
 static UNWIND_COPY: HashMap<u32, u32> = HashMap::with_max_entries(MAX_UNWIND_PROCESSES, 0);
+
+/// The `UNWIND_COPY` value a new process of an executable gets at its exec,
+/// by the executable's device and inode, for executables whose processes
+/// need nothing of the daemon before their first sample: written by the
+/// daemon once one of their processes was decided. Such an exec does not
+/// wake the daemon at once.
+#[map]
+static EXEC_PRESETS: LruHashMap<ExecutableKey, u32> =
+    LruHashMap::with_max_entries(MAX_EXEC_PRESETS, 0);
 
 /// Where the stack of a thread ends (the highest address its unwinds
 /// read, with a margin), by tid, for threads of processes flagged

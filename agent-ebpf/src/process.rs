@@ -15,7 +15,8 @@ use aya_ebpf::{
 };
 
 use crate::{
-    EVENTS, EXCLUDED, PID_FILTER, UNWIND_COPY, config, count, maps, python, wakeup_flag, wanted,
+    EVENTS, EXCLUDED, EXEC_PRESETS, PID_FILTER, UNWIND_COPY, config, count, maps, python,
+    wakeup_flag, wanted,
 };
 
 #[raw_tracepoint(tracepoint = "sched_process_exec")]
@@ -24,11 +25,24 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     // The new image is judged anew by the daemon.
     let _ = EXCLUDED.remove(&tgid);
     let config = config();
-    // The daemon has not seen this image yet; until it decides, the image
-    // is unwound as if it had no frame pointers.
-    if config.exec_copy_bytes != 0
+    let executable = if wanted(&config, tgid) {
+        maps::executable(&ctx)
+    } else {
+        None
+    };
+    // An executable the daemon has decided gets its copy now; any other
+    // image is unwound as if it had no frame pointers until the daemon
+    // has seen it.
+    // SAFETY: `get` is unsafe because the daemon may rewrite the value
+    // under the reference; the u32 is copied out at once.
+    let preset = executable
+        .as_ref()
+        .filter(|_| config.exec_copy_bytes != 0)
+        .and_then(|executable| unsafe { EXEC_PRESETS.get(executable) }.copied());
+    let copy = preset.unwrap_or(config.exec_copy_bytes);
+    if copy != 0
         && wanted(&config, tgid)
-        && let Err(error) = UNWIND_COPY.insert(&tgid, &config.exec_copy_bytes, 0)
+        && let Err(error) = UNWIND_COPY.insert(&tgid, &copy, 0)
     {
         count(Counter::UnwindCopyMapFull);
         failed!(
@@ -41,11 +55,6 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     // The new image is not the interpreter the daemon registered, if any;
     // it may be one of an executable the daemon knows.
     let _ = python::PYTHON_PROCESSES.remove(&tgid);
-    let executable = if wanted(&config, tgid) {
-        maps::executable(&ctx)
-    } else {
-        None
-    };
     if let Some(executable) = &executable {
         python::exec(tgid, executable);
     }
@@ -54,7 +63,11 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     }
     // The executable rides with the event: the daemon's choices per
     // executable need no read of the new image's maps.
-    if !process_event(RecordKind::Exec, executable.unwrap_or(NO_EXECUTABLE)) {
+    let wake = match preset {
+        Some(_) => Wake::WhenDue,
+        None => Wake::AtOnce,
+    };
+    if !process_event(RecordKind::Exec, executable.unwrap_or(NO_EXECUTABLE), wake) {
         failed!(
             &ctx,
             "exec event of tgid {} lost: ring buffer reservation failed",
@@ -75,7 +88,7 @@ pub fn process_exit(ctx: RawTracePointContext) -> u32 {
         let _ = UNWIND_COPY.remove(&tgid);
         let _ = python::PYTHON_PROCESSES.remove(&tgid);
         let _ = EXCLUDED.remove(&tgid);
-        let lost = !process_event(RecordKind::Exit, NO_EXECUTABLE);
+        let lost = !process_event(RecordKind::Exit, NO_EXECUTABLE, Wake::WhenDue);
         // After the event, which the filter decides on; a later process
         // that reuses the pid is no descendant of anything followed.
         if config().filter_pids != 0 {
@@ -149,11 +162,22 @@ pub fn follow_fork(ctx: RawTracePointContext) -> u32 {
     0
 }
 
+/// Whether a process event wakes the daemon.
+enum Wake {
+    /// A new image the daemon must look at while it lives: it reads its
+    /// maps and registers an interpreter with its walker, before the
+    /// image's first samples are taken.
+    AtOnce,
+    /// With the samples, once enough has accumulated or on the daemon's
+    /// timer.
+    WhenDue,
+}
+
 /// Writes a process event; false when the ring buffer had no room (counted
 /// here, logged by the caller: one log site per program keeps the logging
 /// code inlined, so the object holds no symbol named after its build path).
 #[inline(always)]
-fn process_event(kind: RecordKind, executable: ExecutableKey) -> bool {
+fn process_event(kind: RecordKind, executable: ExecutableKey, wake: Wake) -> bool {
     let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     let config = config();
     if !wanted(&config, tgid) {
@@ -171,12 +195,9 @@ fn process_event(kind: RecordKind, executable: ExecutableKey) -> bool {
         comm: bpf_get_current_comm().unwrap_or([0; COMM_LEN]),
         executable,
     });
-    // A new image wakes the reader at once: the daemon reads its maps and
-    // registers an interpreter with its walker, which it can only do while
-    // the process lives, and before its first samples are taken.
-    let flag = match kind {
-        RecordKind::Exec => BPF_RB_FORCE_WAKEUP as u64,
-        _ => wakeup_flag(&config),
+    let flag = match wake {
+        Wake::AtOnce => BPF_RB_FORCE_WAKEUP as u64,
+        Wake::WhenDue => wakeup_flag(&config),
     };
     entry.submit(flag);
     true

@@ -65,12 +65,17 @@ const MAX_INLINE_DEPTH: usize = 64;
 // row per one to three opcode bytes) and functions are parsed when an
 // address first falls in it. Fitted on firn's own debug and release builds
 // and Debian's glibc debug files with `cargo bench -p firn --bench
-// symbolize`, within about 40% of the heap measured there.
+// symbolize`, within about 40% of the heap measured there. The parsed
+// units' cost was refitted on firn's debug build and a pyenv libpython
+// 3.11 (2000 addresses: 80.1 and 8.6 MiB measured, 80.0 and 10 MiB
+// estimated; 6 per line byte and 1/2 per info byte counted 1.5 to 1.7
+// times the heap, which pushed libpython's context out of the default
+// cache every profile, to be indexed and parsed again the next).
 const INDEX_COST_PER_UNIT: usize = 7 << 10;
 const INDEX_COST_PER_ABBREV_BYTE: usize = 6;
 const INDEX_COST_PER_LINE_BYTE: usize = 1;
-const PARSED_COST_PER_LINE_BYTE: usize = 6;
-const PARSED_INFO_BYTES_PER_COST: usize = 2;
+const PARSED_COST_PER_LINE_BYTE: usize = 4;
+const PARSED_INFO_BYTES_PER_COST: usize = 3;
 
 /// The sections addr2line reads; the rest are never loaded (which matters
 /// for compressed ones: they would be decompressed for nothing).

@@ -383,6 +383,11 @@ impl FrameSymbolizer for Symbolizer {
     /// A context that did not fit beside those in use (or grew past the
     /// whole cache) while one profile was built is kept for that build only.
     fn end_of_profile(&mut self) {
+        debug!(
+            contexts = self.dwarf.len(),
+            bytes = self.dwarf.bytes(),
+            "DWARF contexts at the end of the profile"
+        );
         let evicted = self.dwarf.end_round();
         self.counts.debuginfo.evictions += evicted as u64;
         let evicted = self.symbols.end_round();

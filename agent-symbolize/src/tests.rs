@@ -404,14 +404,20 @@ fn the_dwarf_cache_is_bounded_and_counts_evictions() {
         symbolizer.end_of_profile();
         assert!(symbolizer.cache_bytes().debuginfo <= limits.debuginfo_cache_bytes);
     }
+    // The templates' context, even just indexed, is larger than the
+    // chain's with its lookups parsed: it takes the room.
+    let templates_index = DwarfInfo::parse(Bytes::new(Arc::new(TEMPLATES.to_vec())), usize::MAX)
+        .expect("indexes")
+        .heap_bytes();
+    assert!(templates_index > parsed(INLINE_CHAIN, "burn_leaf"));
     let counts = symbolizer.take_counts();
     assert_eq!(
         counts.debuginfo.misses,
-        1 + profiles,
-        "the first object stays; the second, which does not fit beside it, \
-         is indexed once a profile and dropped at its end"
+        2 + profiles,
+        "the larger context stays once indexed; the smaller, which does not \
+         fit beside it, is indexed once a profile and dropped at its end"
     );
-    assert_eq!(counts.debuginfo.evictions, profiles);
+    assert_eq!(counts.debuginfo.evictions, 1 + profiles);
     assert_eq!(counts.debuginfo_too_large, 0);
 
     // An object whose DWARF alone exceeds the cache is not indexed at all.

@@ -19,6 +19,12 @@
 //! medians of paired rounds take most of the rest. The workload is one
 //! thread: the other CPU is free for firn, so neither profiler's cost
 //! turns into lost throughput instead of CPU time.
+//!
+//! A fourth measurement, `perf record` of the JVM at the same rate without
+//! stacks, gives the floor of any sampler that the kernel interrupts for:
+//! the timer's interrupt and one sample record, in the JVM's time. firn's
+//! time in the JVM is that floor plus its BPF program; async-profiler's is
+//! that floor plus its signal and its walk.
 
 use std::{
     collections::BTreeMap,
@@ -55,6 +61,8 @@ enum Mode {
     Alone,
     AsyncProfiler,
     Firn,
+    /// `perf record` without stacks: the kernel's sampling alone.
+    Floor,
 }
 
 /// One measurement of the fixed work.
@@ -80,6 +88,8 @@ pub struct Costs {
     ratio: Vec<f64>,
     /// firn's BPF time per sample, by the kernel's statistics.
     bpf: Vec<f64>,
+    /// The kernel's sampling alone, per sample in the JVM.
+    floor: Vec<f64>,
 }
 
 /// The fixed-work JVM: its stdin takes a batch size, its stdout says when
@@ -155,7 +165,7 @@ pub fn run(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<C
     jvm.work(probe)?;
     let seconds = cpu_seconds(pid)? - before;
     let iterations = ((probe as f64 * WORK_SECONDS / seconds.max(1e-3)) as u64).max(probe);
-    let order = [Mode::Alone, Mode::AsyncProfiler, Mode::Firn];
+    let order = [Mode::Alone, Mode::AsyncProfiler, Mode::Firn, Mode::Floor];
     let mut costs = Costs::default();
     let mut spread = (Vec::new(), Vec::new());
     let (mut alone_cpu, mut samples) = (Vec::new(), Vec::new());
@@ -165,39 +175,9 @@ pub fn run(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<C
             let mode = order[(index + round) % order.len()];
             measured.push((mode, measure(tools, &mut jvm, pid, mode, iterations)?));
         }
-        let get = |mode: Mode| {
-            measured
-                .iter()
-                .find(|(m, _)| *m == mode)
-                .map(|(_, work)| *work)
-                .unwrap_or_default()
-        };
-        let (alone, ap, firn) = (get(Mode::Alone), get(Mode::AsyncProfiler), get(Mode::Firn));
-        let ap_cost = (ap.jvm_cpu - alone.jvm_cpu) * 1e6 / ap.samples.max(1) as f64;
-        let firn_bpf = (firn.jvm_cpu - alone.jvm_cpu) * 1e6 / firn.samples.max(1) as f64;
-        let firn_own = firn.firn_cpu * 1e6 / firn.samples.max(1) as f64;
-        let kernel_bpf = firn.bpf_ns / 1e3 / firn.samples.max(1) as f64;
-        println!(
-            "  round {}: JVM {:.3} CPU s alone, {:.3} with async-profiler ({} samples: {ap_cost:.1} \
-             us each), {:.3} with firn ({} samples: {firn_own:.1} us in firn + {firn_bpf:.1} us \
-             in the JVM each, BPF {kernel_bpf:.1} us by the kernel's count); firn/async-profiler \
-             {:.2}",
-            round + 1,
-            alone.jvm_cpu,
-            ap.jvm_cpu,
-            ap.samples,
-            firn.jvm_cpu,
-            firn.samples,
-            (firn_own + firn_bpf) / ap_cost,
-        );
-        alone_cpu.push(alone.jvm_cpu);
-        samples.push(ap.samples as f64);
-        costs.async_profiler.push(ap_cost);
-        costs.firn.push(firn_own + firn_bpf);
-        costs.ratio.push((firn_own + firn_bpf) / ap_cost);
-        costs.bpf.push(kernel_bpf);
-        spread.0.push(firn_own);
-        spread.1.push(firn_bpf);
+        costs.add_round(round, &measured, &mut spread);
+        alone_cpu.push(work_of(&measured, Mode::Alone).jvm_cpu);
+        samples.push(work_of(&measured, Mode::AsyncProfiler).samples as f64);
     }
     println!(
         "  per sample: async-profiler {}, firn {} ({} in firn, {} in the JVM; its BPF programs \
@@ -209,6 +189,18 @@ pub fn run(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<C
         summary(&costs.bpf),
         ratio_summary(&costs.ratio),
     );
+    let floor_ratio: Vec<f64> = costs
+        .floor
+        .iter()
+        .zip(&costs.async_profiler)
+        .map(|(floor, ap)| floor / ap)
+        .collect();
+    println!(
+        "  the kernel's sampling alone (perf record, no stacks): {} in the JVM, {} of \
+         async-profiler's cost",
+        summary(&costs.floor),
+        ratio_summary(&floor_ratio),
+    );
     // What the JVM's CPU for the same work varies by alone, per sample:
     // a difference in the JVM's CPU below this is noise.
     let low = alone_cpu.iter().copied().fold(f64::INFINITY, f64::min);
@@ -219,6 +211,58 @@ pub fn run(tools: &Tools, name: &str, java: &Path, args: &BenchArgs) -> Result<C
         (high - low) * 1e6 / median(samples.iter().copied()).max(1.0)
     );
     Ok(costs)
+}
+
+/// The measurement of `mode` in a round.
+fn work_of(measured: &[(Mode, Work)], mode: Mode) -> Work {
+    measured
+        .iter()
+        .find(|(m, _)| *m == mode)
+        .map(|(_, work)| *work)
+        .unwrap_or_default()
+}
+
+impl Costs {
+    /// One round's costs, printed and kept; `spread` gets firn's own and
+    /// in-JVM parts.
+    fn add_round(
+        &mut self,
+        round: usize,
+        measured: &[(Mode, Work)],
+        spread: &mut (Vec<f64>, Vec<f64>),
+    ) {
+        let get = |mode| work_of(measured, mode);
+        let (alone, ap, firn) = (get(Mode::Alone), get(Mode::AsyncProfiler), get(Mode::Firn));
+        let floor = get(Mode::Floor);
+        let ap_cost = (ap.jvm_cpu - alone.jvm_cpu) * 1e6 / ap.samples.max(1) as f64;
+        let floor_cost = (floor.jvm_cpu - alone.jvm_cpu) * 1e6 / floor.samples.max(1) as f64;
+        let firn_bpf = (firn.jvm_cpu - alone.jvm_cpu) * 1e6 / firn.samples.max(1) as f64;
+        let firn_own = firn.firn_cpu * 1e6 / firn.samples.max(1) as f64;
+        let kernel_bpf = firn.bpf_ns / 1e3 / firn.samples.max(1) as f64;
+        println!(
+            "  round {}: JVM {:.3} CPU s alone, {:.3} with async-profiler ({} samples: {ap_cost:.1} \
+             us each), {:.3} with firn ({} samples: {firn_own:.1} us in firn + {firn_bpf:.1} us \
+             in the JVM each, BPF {kernel_bpf:.1} us by the kernel's count), {:.3} with perf \
+             record and no stacks ({} samples: {floor_cost:.1} us each); firn/async-profiler \
+             {:.2}",
+            round + 1,
+            alone.jvm_cpu,
+            ap.jvm_cpu,
+            ap.samples,
+            firn.jvm_cpu,
+            firn.samples,
+            floor.jvm_cpu,
+            floor.samples,
+            (firn_own + firn_bpf) / ap_cost,
+        );
+        self.async_profiler.push(ap_cost);
+        self.firn.push(firn_own + firn_bpf);
+        self.ratio.push((firn_own + firn_bpf) / ap_cost);
+        self.bpf.push(kernel_bpf);
+        self.floor.push(floor_cost);
+        spread.0.push(firn_own);
+        spread.1.push(firn_bpf);
+    }
 }
 
 /// `median (min–max)` of ratios.
@@ -241,8 +285,10 @@ fn summary(values: &[f64]) -> String {
 fn measure(tools: &Tools, jvm: &mut Jvm, pid: u32, mode: Mode, iterations: u64) -> Result<Work> {
     let output = tools.work.join("java-cost-async-profiler.txt");
     let mut firn = None;
+    let mut perf = None;
     match mode {
         Mode::Alone => {}
+        Mode::Floor => perf = Some(Perf::start(tools, pid)?),
         Mode::AsyncProfiler => async_profiler_command(
             tools,
             pid,
@@ -269,6 +315,7 @@ fn measure(tools: &Tools, jvm: &mut Jvm, pid: u32, mode: Mode, iterations: u64) 
     };
     let samples = match mode {
         Mode::Alone => 0,
+        Mode::Floor => perf.context("perf started")?.stop()?,
         Mode::AsyncProfiler => {
             async_profiler_command(
                 tools,
@@ -402,6 +449,63 @@ impl Drop for Firn {
     }
 }
 
+/// `perf record` of the JVM's threads at the same rate, samples without
+/// stacks, written to a file nobody reads.
+struct Perf {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Perf {
+    fn start(tools: &Tools, pid: u32) -> Result<Self> {
+        let log = tools.work.join("java-cost-perf.log");
+        let _ = fs::remove_file(tools.work.join("java-cost-perf.data"));
+        let child = Command::new("perf")
+            .args(["record", "-e", "cpu-clock", "-F"])
+            .arg(RATE_HZ.to_string())
+            .args(["-p", &pid.to_string(), "-o"])
+            .arg(tools.work.join("java-cost-perf.data"))
+            .stdout(Stdio::null())
+            .stderr(
+                fs::File::create(&log)
+                    .with_context(|| format!("could not create {}", log.display()))?,
+            )
+            .spawn()
+            .context("could not start perf (linux-perf)")?;
+        let perf = Self { child, log };
+        // perf says nothing when it samples; it writes its file's header
+        // once its events are open (the unmeasured first batch follows).
+        let data = tools.work.join("java-cost-perf.data");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while fs::metadata(&data).map(|m| m.len()).unwrap_or(0) == 0 {
+            if Instant::now() > deadline {
+                bail!("perf did not start: see {}", perf.log.display());
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        Ok(perf)
+    }
+
+    /// Stops perf (SIGINT); returns the samples it wrote, from its last
+    /// line (`… (N samples) ]`).
+    fn stop(mut self) -> Result<u64> {
+        // SAFETY: signalling our own child, which has not been waited for.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.child.wait()?;
+        let text = fs::read_to_string(&self.log)?;
+        text.rsplit_once(" samples)")
+            .and_then(|(head, _)| head.rsplit_once('(')?.1.trim().parse().ok())
+            .with_context(|| format!("perf wrote no sample count: see {}", self.log.display()))
+    }
+}
+
+impl Drop for Perf {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The last lines of the Java bench: CPU per sample side by side.
 pub fn print_summary(per_jvm: &[(String, f64, Costs)]) {
     println!(
@@ -412,11 +516,13 @@ pub fn print_summary(per_jvm: &[(String, f64, Costs)]) {
     for (name, window, costs) in per_jvm {
         println!(
             "  {name:<8} async-profiler {}, firn {} (its BPF programs {} by the kernel's count); \
-             firn/async-profiler {}; firn in the main bench's window: {window:.1} us",
+             firn/async-profiler {}; the kernel's sampling alone {}; firn in the main bench's \
+             window: {window:.1} us",
             summary(&costs.async_profiler),
             summary(&costs.firn),
             summary(&costs.bpf),
             ratio_summary(&costs.ratio),
+            summary(&costs.floor),
         );
     }
 }

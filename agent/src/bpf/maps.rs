@@ -8,7 +8,7 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use super::{BpfError, BpfSampler};
 use crate::{
     labels::ExclusionMap,
-    unwind::{CopyMapError, CopySizeMap, ThreadStackError},
+    unwind::{CopyMapError, CopySizeMap, ExecPresetError, ThreadStackError},
 };
 
 impl BpfSampler {
@@ -28,7 +28,18 @@ impl BpfSampler {
             .ok_or(BpfError::Missing { kind: "map", name })?;
         let threads =
             BpfHashMap::try_from(threads).map_err(|source| BpfError::Map { name, source })?;
-        Ok(BpfCopySizeMap { map, threads })
+        let name = names::EXEC_PRESETS;
+        let presets = self
+            .ebpf
+            .take_map(name)
+            .ok_or(BpfError::Missing { kind: "map", name })?;
+        let presets =
+            BpfHashMap::try_from(presets).map_err(|source| BpfError::Map { name, source })?;
+        Ok(BpfCopySizeMap {
+            map,
+            threads,
+            presets,
+        })
     }
 
     /// Takes the map of excluded processes out, for relabeling's filter
@@ -102,10 +113,12 @@ impl crate::runtimes::PythonProcessMap for BpfPythonMap {
 }
 
 /// `UNWIND_COPY`: stack copy sizes of the processes unwound with DWARF;
-/// `THREAD_STACKS`: where their threads' stacks end.
+/// `THREAD_STACKS`: where their threads' stacks end; `EXEC_PRESETS`: what
+/// new processes of executables decided before get at their exec.
 pub struct BpfCopySizeMap {
     map: BpfHashMap<MapData, u32, u32>,
     threads: BpfHashMap<MapData, u32, u64>,
+    presets: BpfHashMap<MapData, agent_common::ExecutableKey, u32>,
 }
 
 impl CopySizeMap for BpfCopySizeMap {
@@ -136,6 +149,20 @@ impl CopySizeMap for BpfCopySizeMap {
     fn remove_thread(&mut self, tid: u32) {
         // Absent already (evicted) is fine.
         let _ = self.threads.remove(&tid);
+    }
+
+    fn set_exec_preset(
+        &mut self,
+        executable: agent_common::ExecutableKey,
+        entry: u32,
+    ) -> Result<(), ExecPresetError> {
+        // An LRU map: a full one makes room by itself.
+        self.presets
+            .insert(executable, entry, 0)
+            .map_err(|source| ExecPresetError {
+                executable,
+                source: Box::new(source),
+            })
     }
 }
 

@@ -570,7 +570,7 @@ impl ProcessTable {
     fn insert(&mut self, tgid: u32, image: Arc<ProcessImage>) {
         let exited_at = image.gone.then(Instant::now);
         if let Some(at) = exited_at {
-            self.exits.push(at, tgid, self.processes.cap().get());
+            self.queue_exit(at, tgid);
         }
         let entry = Entry {
             image,

@@ -225,6 +225,11 @@ impl Pipeline {
                 {
                     self.policy.apply_preset(event.tgid, preset);
                 }
+                // What the executable's processes taught since reaches
+                // the BPF program's preset too.
+                if let (Some(preset), Some(executable)) = (preset, event.executable) {
+                    self.policy.publish_preset(executable, preset);
+                }
                 self.forget(event.tgid);
                 // Decide now, while the new image is fresh: until then the
                 // BPF program copies its whole stack. (A deferred read is
@@ -240,6 +245,7 @@ impl Pipeline {
                         && let Some(preset) = self.policy.preset_of(&image)
                     {
                         self.plain.insert(executable, preset);
+                        self.policy.publish_preset(executable, preset);
                     }
                 }
             }
@@ -526,6 +532,12 @@ impl Pipeline {
         if now.duration_since(self.last_expire) >= EXPIRE_INTERVAL {
             self.processes.expire(now);
             self.last_expire = now;
+            // The CFI pages new processes' objects were read for would
+            // otherwise pile up in RSS until the profile is taken: on a
+            // host starting compilers, tens of MB over the first interval,
+            // on top of what building that profile reads. The rows that
+            // matter are cached; pages touched again fault back in.
+            self.unwinder.release_pages();
         }
         if now.duration_since(self.last_sweep) >= SWEEP_INTERVAL {
             self.policy.sweep(self.host.proc());
@@ -534,7 +546,6 @@ impl Pipeline {
     }
 
     pub fn take_profile(&mut self) -> AggregatedProfile {
-        self.unwinder.release_pages();
         self.aggregator.take()
     }
 

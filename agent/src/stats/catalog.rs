@@ -246,6 +246,17 @@ declare_metrics! {
             UnwindCopyMapFull { reason = "map_full" },
         ],
     }
+    unwind_exec_presets: Counter,
+        "Executables whose new processes the BPF program gives their stack copy at exec \
+        (EXEC_PRESETS, an LRU map of 4096), without waking firn: set (written, or written \
+        again with a new copy size). An executable the map let go wakes firn at its next \
+        exec and is written again."
+    {
+        stats: [
+            /// Executables written to EXEC_PRESETS.
+            unwind_exec_presets_set { event = "set" },
+        ],
+    }
     unwind_stack_copy_resized: Counter,
         "Stack copies of processes unwound with DWARF fitted to their stacks, by direction: \
         grown (an unwind needed more than a full copy; grown to the most the BPF program \
@@ -541,7 +552,9 @@ declare_metrics! {
         ],
     }
     processes_evicted: Counter,
-        "Processes dropped from the process table to stay within its size."
+        "Processes dropped from the process table to stay within its size: the least \
+        recently used, or an exited one before its grace period ends when more processes \
+        exit within it than the table holds."
     {
         stats: [
             /// Processes dropped from the table to stay within its size.

@@ -20,8 +20,8 @@ use agent_unwind::{
 use tracing::debug;
 
 pub use mode::{
-    CopyMapError, CopySizeMap, Preset, ProcessUnwinding, ThreadStackError, UnwindPolicy,
-    is_system_library,
+    CopyMapError, CopySizeMap, ExecPresetError, Preset, ProcessUnwinding, ThreadStackError,
+    UnwindPolicy, is_system_library,
 };
 
 use crate::{
@@ -166,6 +166,9 @@ pub struct Unwinder {
     stats: Arc<Stats>,
     /// The cache counts already added to `stats`.
     published: CacheCounts,
+    /// Row cache misses when the object pages were last released: only a
+    /// miss reads an object's CFI.
+    misses_at_release: u64,
 }
 
 impl Unwinder {
@@ -174,13 +177,20 @@ impl Unwinder {
             unwinder: agent_unwind::Unwinder::new(config.cache_bytes),
             stats,
             published: CacheCounts::default(),
+            misses_at_release: 0,
         }
     }
 
-    /// Once an interval: the object pages unwinding touched are dropped
-    /// from RSS, as the symbolizer does after each profile.
-    pub fn release_pages(&self) {
-        self.unwinder.release_pages();
+    /// Once a second: the object pages unwinding touched since the last
+    /// call are dropped from RSS, as the symbolizer does after each
+    /// profile. Nothing to do (not one madvise per object) when every row
+    /// came from the cache.
+    pub fn release_pages(&mut self) {
+        let misses = self.unwinder.cache_counts().misses;
+        if misses != self.misses_at_release {
+            self.misses_at_release = misses;
+            self.unwinder.release_pages();
+        }
     }
 
     /// Unwinds the user side of `sample` over `image`, without reading

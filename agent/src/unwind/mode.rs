@@ -54,6 +54,14 @@ pub struct CopyMapError {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[error("could not preset the stack copy of executable {executable:?}")]
+pub struct ExecPresetError {
+    pub executable: agent_common::ExecutableKey,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+#[derive(Debug, thiserror::Error)]
 #[error("could not set where the stack of thread {tid} ends")]
 pub struct ThreadStackError {
     pub tid: u32,
@@ -69,6 +77,13 @@ pub trait CopySizeMap: Send {
     /// Thread `tid`'s copy ends at `end` (`THREAD_STACKS`).
     fn set_thread(&mut self, tid: u32, end: u64) -> Result<(), ThreadStackError>;
     fn remove_thread(&mut self, tid: u32);
+    /// New processes of `executable` get `entry` at their exec, without
+    /// waking the daemon (`EXEC_PRESETS`, an LRU map).
+    fn set_exec_preset(
+        &mut self,
+        executable: agent_common::ExecutableKey,
+        entry: u32,
+    ) -> Result<(), ExecPresetError>;
 }
 
 /// Libraries here come with the distribution. Debian builds them without
@@ -180,6 +195,8 @@ pub struct UnwindPolicy {
     learned: LearnedCopies,
     /// Where the stacks of DWARF processes' threads end.
     threads: ThreadStacks,
+    /// What the BPF program gives each preset executable's new processes.
+    published: preset::Published,
     stats: Arc<Stats>,
 }
 
@@ -194,6 +211,7 @@ impl UnwindPolicy {
             decisions: LruCache::new(NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN)),
             learned: LearnedCopies::default(),
             threads: ThreadStacks::default(),
+            published: preset::Published::default(),
             stats,
         }
     }

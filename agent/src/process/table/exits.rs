@@ -18,8 +18,26 @@ impl ProcessTable {
             if entry.exited_at.is_none() {
                 let now = Instant::now();
                 entry.exited_at = Some(now);
-                self.exits.push(now, tgid, self.processes.cap().get());
+                self.queue_exit(now, tgid);
             }
+        }
+    }
+
+    /// Queues an exit; a full queue (as many exits within the grace period
+    /// as the table holds processes) forgets its oldest at once, as the
+    /// table's own bound would.
+    pub(super) fn queue_exit(&mut self, at: Instant, tgid: u32) {
+        let Some(oldest) = self.exits.push(at, tgid, self.processes.cap().get()) else {
+            return;
+        };
+        // Only an exited process: the pid may be a live one's by now.
+        if self
+            .processes
+            .peek(&oldest)
+            .is_some_and(|entry| entry.exited_at.is_some())
+        {
+            self.processes.pop(&oldest);
+            Stats::inc(&self.stats.processes_evicted);
         }
     }
 
@@ -31,9 +49,6 @@ impl ProcessTable {
                 .exited_at
                 .is_some_and(|at| now.duration_since(at) >= grace)
         };
-        if self.exits.overflowed() {
-            self.expire_walking(now);
-        }
         while let Some(tgid) = self.exits.pop_due(now, grace) {
             // The entry may have been replaced since (a new process
             // reusing the pid) or evicted: only its own exit counts.
@@ -45,64 +60,27 @@ impl ProcessTable {
         Stats::set(&self.stats.processes_tracked, self.processes.len() as u64);
         Stats::set(&self.stats.objects_tracked, self.objects.len() as u64);
     }
-
-    /// `expire` after the exit queue overflowed: the whole table walked
-    /// once, the queue rebuilt from the exited processes that stay.
-    fn expire_walking(&mut self, now: Instant) {
-        let grace = self.grace;
-        let expired: Vec<u32> = self
-            .processes
-            .iter()
-            .filter(|(_, entry)| {
-                entry
-                    .exited_at
-                    .is_some_and(|at| now.duration_since(at) >= grace)
-            })
-            .map(|(&tgid, _)| tgid)
-            .collect();
-        for tgid in expired {
-            self.processes.pop(&tgid);
-        }
-        self.exits.rebuild(
-            self.processes
-                .iter()
-                .filter_map(|(&tgid, entry)| Some((entry.exited_at?, tgid))),
-        );
-    }
 }
 
-/// At most as long as the table (`cap`); beyond that the queue gives up
-/// until the table is walked once and the queue rebuilt from it.
+/// Exits in order, at most as many as the table holds (`cap`): beyond
+/// that the oldest is handed back to be forgotten before its grace ends
+/// (a host exiting more processes per grace period than the table holds
+/// would push them out of the table anyway).
 #[derive(Default)]
 pub(super) struct ExitQueue {
     queue: VecDeque<(Instant, u32)>,
-    overflowed: bool,
 }
 
 impl ExitQueue {
-    pub(super) fn push(&mut self, at: Instant, tgid: u32, cap: usize) {
-        if self.overflowed {
-            return;
-        }
-        if self.queue.len() >= cap {
-            self.overflowed = true;
-            self.queue = VecDeque::new();
-            return;
-        }
+    /// Queues `tgid`'s exit; returns the oldest exit let go to make room.
+    pub(super) fn push(&mut self, at: Instant, tgid: u32, cap: usize) -> Option<u32> {
+        let oldest = if self.queue.len() >= cap {
+            self.queue.pop_front().map(|(_, tgid)| tgid)
+        } else {
+            None
+        };
         self.queue.push_back((at, tgid));
-    }
-
-    /// Whether exits were let go: the table is to be walked.
-    pub(super) fn overflowed(&self) -> bool {
-        self.overflowed
-    }
-
-    /// The queue anew, from the exits of the processes the walk kept.
-    pub(super) fn rebuild(&mut self, exits: impl Iterator<Item = (Instant, u32)>) {
-        let mut exits: Vec<(Instant, u32)> = exits.collect();
-        exits.sort_unstable();
-        self.queue = exits.into();
-        self.overflowed = false;
+        oldest
     }
 
     /// The next process that exited `grace` or longer before `now`, taken
@@ -122,23 +100,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hands_out_the_due_in_order_and_gives_up_beyond_its_bound() {
+    fn hands_out_the_due_in_order_and_lets_the_oldest_go_beyond_its_bound() {
         let grace = Duration::from_secs(5);
         let start = Instant::now();
         let mut exits = ExitQueue::default();
-        exits.push(start, 1, 3);
-        exits.push(start + Duration::from_secs(1), 2, 3);
+        assert_eq!(exits.push(start, 1, 3), None);
+        assert_eq!(exits.push(start + Duration::from_secs(1), 2, 3), None);
         assert_eq!(exits.pop_due(start + grace, grace), Some(1));
         assert_eq!(exits.pop_due(start + grace, grace), None, "2 not yet");
-        exits.push(start + Duration::from_secs(2), 3, 3);
-        exits.push(start + Duration::from_secs(2), 4, 3);
-        assert!(!exits.overflowed());
-        exits.push(start + Duration::from_secs(2), 5, 3);
-        assert!(exits.overflowed());
-        assert_eq!(exits.pop_due(start + 2 * grace, grace), None, "let go");
-        exits.rebuild([(start + Duration::from_secs(3), 7), (start, 6)].into_iter());
-        assert!(!exits.overflowed());
-        assert_eq!(exits.pop_due(start + 2 * grace, grace), Some(6));
-        assert_eq!(exits.pop_due(start + 2 * grace, grace), Some(7));
+        assert_eq!(exits.push(start + Duration::from_secs(2), 3, 3), None);
+        assert_eq!(exits.push(start + Duration::from_secs(2), 4, 3), None);
+        assert_eq!(exits.push(start + Duration::from_secs(2), 5, 3), Some(2));
+        assert_eq!(exits.pop_due(start + 2 * grace, grace), Some(3));
+        assert_eq!(exits.pop_due(start + 2 * grace, grace), Some(4));
+        assert_eq!(exits.pop_due(start + 2 * grace, grace), Some(5));
+        assert_eq!(exits.pop_due(start + 2 * grace, grace), None);
     }
 }

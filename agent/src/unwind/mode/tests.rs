@@ -13,6 +13,7 @@ const LEAF: u32 = 1024;
 struct FakeMap {
     entries: Arc<Mutex<Vec<(u32, u32)>>>,
     threads: Arc<Mutex<Vec<(u32, u64)>>>,
+    presets: Arc<Mutex<Vec<(agent_common::ExecutableKey, u32)>>>,
     full: bool,
 }
 
@@ -48,6 +49,21 @@ impl CopySizeMap for FakeMap {
             .lock()
             .expect("lock")
             .retain(|&(entry, _)| entry != tgid);
+    }
+
+    fn set_exec_preset(
+        &mut self,
+        executable: agent_common::ExecutableKey,
+        entry: u32,
+    ) -> Result<(), ExecPresetError> {
+        if self.full {
+            return Err(ExecPresetError {
+                executable,
+                source: "full".into(),
+            });
+        }
+        self.presets.lock().expect("lock").push((executable, entry));
+        Ok(())
     }
 }
 
@@ -454,4 +470,68 @@ fn system_library_paths() {
     };
     assert!(mapping("/usr/lib/x86_64-linux-gnu/libc.so.6").system);
     assert!(!mapping("/opt/app/lib/libapp.so").system);
+}
+
+#[test]
+fn an_executables_preset_is_written_for_the_bpf_program_once_per_value() {
+    let stats = Arc::new(Stats::default());
+    let presets = Arc::new(Mutex::new(Vec::new()));
+    let map = FakeMap {
+        presets: presets.clone(),
+        ..FakeMap::default()
+    };
+    let mut policy =
+        UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map), LEAF);
+    let executable = agent_common::ExecutableKey {
+        inode: 7,
+        dev: 0x80_0001,
+        reserved: 0,
+    };
+    policy.publish_preset(executable, Preset::frame_pointers());
+    policy.publish_preset(executable, Preset::frame_pointers());
+    // Another copy for the same executable is written again.
+    policy.publish_preset(executable, Preset::dwarf());
+    assert_eq!(
+        *presets.lock().expect("lock"),
+        vec![
+            (executable, LEAF),
+            (executable, 8192 | UNWIND_COPY_BY_THREAD)
+        ]
+    );
+    assert_eq!(stats.snapshot().unwind_exec_presets_set, 2);
+
+    // Outside `auto` every process gets the configured copy: no preset.
+    let fixed_presets = Arc::new(Mutex::new(Vec::new()));
+    let map = FakeMap {
+        presets: fixed_presets.clone(),
+        ..FakeMap::default()
+    };
+    let mut fixed =
+        UnwindPolicy::new(UnwindMode::Dwarf, 8192, 8, stats).with_map(Box::new(map), LEAF);
+    fixed.publish_preset(executable, Preset::dwarf());
+    assert!(fixed_presets.lock().expect("lock").is_empty());
+}
+
+#[test]
+fn a_preset_the_map_refuses_is_counted_and_not_remembered() {
+    let stats = Arc::new(Stats::default());
+    let map = FakeMap {
+        full: true,
+        ..FakeMap::default()
+    };
+    let mut policy =
+        UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map), LEAF);
+    let executable = agent_common::ExecutableKey {
+        inode: 9,
+        dev: 0x80_0001,
+        reserved: 0,
+    };
+    policy.publish_preset(executable, Preset::frame_pointers());
+    policy.publish_preset(executable, Preset::frame_pointers());
+    let snapshot = stats.snapshot();
+    assert_eq!(snapshot.unwind_exec_presets_set, 0);
+    assert_eq!(
+        snapshot.unwind_copy_map_failures, 2,
+        "tried again, not remembered"
+    );
 }
