@@ -13,7 +13,7 @@ const LEAF: u32 = 1024;
 struct FakeMap {
     entries: Arc<Mutex<Vec<(u32, u32)>>>,
     threads: Arc<Mutex<Vec<(u32, u64)>>>,
-    presets: Arc<Mutex<Vec<(agent_common::ExecutableKey, u32)>>>,
+    presets: Presets,
     full: bool,
 }
 
@@ -472,21 +472,35 @@ fn system_library_paths() {
     assert!(!mapping("/opt/app/lib/libapp.so").system);
 }
 
-#[test]
-fn an_executables_preset_is_written_for_the_bpf_program_once_per_value() {
-    let stats = Arc::new(Stats::default());
+/// The (executable, entry) presets a `FakeMap` was given, in order.
+type Presets = Arc<Mutex<Vec<(agent_common::ExecutableKey, u32)>>>;
+
+/// A policy in `mode` over a map that records the presets written (or
+/// refuses them all when `full`), and an executable to preset.
+fn preset_policy(
+    mode: UnwindMode,
+    full: bool,
+    stats: Arc<Stats>,
+) -> (UnwindPolicy, Presets, agent_common::ExecutableKey) {
     let presets = Arc::new(Mutex::new(Vec::new()));
     let map = FakeMap {
         presets: presets.clone(),
+        full,
         ..FakeMap::default()
     };
-    let mut policy =
-        UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map), LEAF);
+    let policy = UnwindPolicy::new(mode, 8192, 8, stats).with_map(Box::new(map), LEAF);
     let executable = agent_common::ExecutableKey {
         inode: 7,
         dev: 0x80_0001,
         reserved: 0,
     };
+    (policy, presets, executable)
+}
+
+#[test]
+fn an_executables_preset_is_written_for_the_bpf_program_once_per_value() {
+    let stats = Arc::new(Stats::default());
+    let (mut policy, presets, executable) = preset_policy(UnwindMode::Auto, false, stats.clone());
     policy.publish_preset(executable, Preset::frame_pointers());
     policy.publish_preset(executable, Preset::frame_pointers());
     // Another copy for the same executable is written again.
@@ -501,13 +515,7 @@ fn an_executables_preset_is_written_for_the_bpf_program_once_per_value() {
     assert_eq!(stats.snapshot().unwind_exec_presets_set, 2);
 
     // Outside `auto` every process gets the configured copy: no preset.
-    let fixed_presets = Arc::new(Mutex::new(Vec::new()));
-    let map = FakeMap {
-        presets: fixed_presets.clone(),
-        ..FakeMap::default()
-    };
-    let mut fixed =
-        UnwindPolicy::new(UnwindMode::Dwarf, 8192, 8, stats).with_map(Box::new(map), LEAF);
+    let (mut fixed, fixed_presets, executable) = preset_policy(UnwindMode::Dwarf, false, stats);
     fixed.publish_preset(executable, Preset::dwarf());
     assert!(fixed_presets.lock().expect("lock").is_empty());
 }
@@ -515,17 +523,7 @@ fn an_executables_preset_is_written_for_the_bpf_program_once_per_value() {
 #[test]
 fn a_preset_the_map_refuses_is_counted_and_not_remembered() {
     let stats = Arc::new(Stats::default());
-    let map = FakeMap {
-        full: true,
-        ..FakeMap::default()
-    };
-    let mut policy =
-        UnwindPolicy::new(UnwindMode::Auto, 8192, 8, stats.clone()).with_map(Box::new(map), LEAF);
-    let executable = agent_common::ExecutableKey {
-        inode: 9,
-        dev: 0x80_0001,
-        reserved: 0,
-    };
+    let (mut policy, _, executable) = preset_policy(UnwindMode::Auto, true, stats.clone());
     policy.publish_preset(executable, Preset::frame_pointers());
     policy.publish_preset(executable, Preset::frame_pointers());
     let snapshot = stats.snapshot();
