@@ -20,7 +20,7 @@ mod tests;
 use std::fmt;
 
 pub use layout::walker_layout;
-pub use namer::{NameError, NamerCounts, PythonFrame, PythonNamer};
+pub use namer::{NameError, NamerCounts, PythonFrame, PythonNamer, SharedObject};
 pub use object::{PythonObject, inspect_object, loads_libpython};
 
 /// A CPython version. `patch` is 0 when only a file name told the version.

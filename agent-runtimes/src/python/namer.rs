@@ -1,7 +1,7 @@
 //! Names the interpreter frames the BPF walker recorded: function, file and
 //! line, read from the process's code objects and cached per code object.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{collections::HashMap, ops::Range, sync::Arc};
 
 use agent_cache::ByteBoundedCache;
 use agent_common::InterpreterFrame;
@@ -54,8 +54,11 @@ pub enum NameError {
 /// What the namer did since the counts were last taken.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NamerCounts {
-    /// Frames named from the cache.
+    /// Frames named from the cache, from an entry the same process read.
     pub hits: u64,
+    /// Frames named from an entry another process of the same object and
+    /// owner read: a code object in the interpreter's file-backed data.
+    pub shared_hits: u64,
     /// Frames whose code object was read from the process (named or not).
     pub misses: u64,
     /// Cached code objects dropped to stay within the byte bound.
@@ -68,8 +71,61 @@ pub struct NamerCounts {
     pub read_failures: u64,
 }
 
+/// Where an interpreter object (libpython, or the executable) lies in one
+/// process, for the code objects inside it: since 3.11 those of the
+/// frozen start-up modules are static objects in its data, at the same
+/// offset in every process of that file, so one process's read names
+/// them for the next.
+///
+/// A process can write its private copy of that data, so an entry one
+/// process read could mislabel another's frames. Entries are shared only
+/// between processes of one `owner`: the processes of one user can
+/// already change each other (`ptrace`, `/proc/PID/mem`; where Yama
+/// narrows that, through the user's files they all load), so sharing
+/// among them lets none mislabel what it could not already change. The
+/// stamp still has to match, as for a process's own entries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedObject {
+    /// Who can write the process's memory (the caller's uid for it).
+    pub owner: u32,
+    /// The object's content, as the caller keys objects: equal only for
+    /// the same bytes.
+    pub content: u64,
+    /// The object's file-backed runtime ranges in this process, each with
+    /// the file offset of its start.
+    pub ranges: Vec<(Range<u64>, u64)>,
+}
+
+impl SharedObject {
+    /// The key of the code object at `code` if it lies in the object.
+    fn key(&self, code: u64) -> Option<CodeKey> {
+        self.ranges.iter().find_map(|(range, file_offset)| {
+            range.contains(&code).then(|| CodeKey::Shared {
+                owner: self.owner,
+                content: self.content,
+                file_offset: file_offset.wrapping_add(code - range.start),
+            })
+        })
+    }
+}
+
+/// What a cached code object is known by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum CodeKey {
+    /// On the heap: one process's, by address.
+    Process { process: u64, code: u64 },
+    /// In an interpreter object's data: every process's of that owner.
+    Shared {
+        owner: u32,
+        content: u64,
+        file_offset: u64,
+    },
+}
+
 /// A code object as decoded once: what names its frames.
 struct CodeEntry {
+    /// The process whose memory it was read from.
+    reader: u64,
     stamp: u64,
     function: Arc<str>,
     file: Arc<str>,
@@ -121,10 +177,11 @@ fn bytecode_offset(layout: &Layout, code: u64, instruction: u64) -> Option<u64> 
     }
 }
 
-/// Names CPython frames, caching each process's decoded code objects.
+/// Names CPython frames, caching decoded code objects: each process's own,
+/// and those in an interpreter object's data for every process of that
+/// object and owner ([`SharedObject`]), within one byte bound.
 pub struct PythonNamer {
-    /// By (process, code object address).
-    cache: ByteBoundedCache<(u64, u64), CodeEntry>,
+    cache: ByteBoundedCache<CodeKey, CodeEntry>,
     /// The address of each process's `code` type, once one of its objects
     /// was checked to be a code object by the type's name: later objects
     /// only compare their type pointer.
@@ -157,12 +214,35 @@ impl PythonNamer {
         memory: &mut dyn Memory,
         frame: &InterpreterFrame,
     ) -> Result<PythonFrame, NameError> {
+        self.name_shared(process, None, version, memory, frame)
+    }
+
+    /// [`Self::name`], for a process whose interpreter object is `shared`:
+    /// a code object inside it is cached for every process of that object
+    /// and owner, one on the heap for `process` alone.
+    pub fn name_shared(
+        &mut self,
+        process: u64,
+        shared: Option<&SharedObject>,
+        version: PythonVersion,
+        memory: &mut dyn Memory,
+        frame: &InterpreterFrame,
+    ) -> Result<PythonFrame, NameError> {
         let layout = Layout::of(version).map_err(|_| NameError::UnsupportedVersion { version })?;
-        let key = (process, frame.code);
+        let key = shared
+            .and_then(|shared| shared.key(frame.code))
+            .unwrap_or(CodeKey::Process {
+                process,
+                code: frame.code,
+            });
         if let Some(entry) = self.cache.get(&key)
             && entry.stamp == frame.stamp
         {
-            self.counts.hits += 1;
+            if entry.reader == process {
+                self.counts.hits += 1;
+            } else {
+                self.counts.shared_hits += 1;
+            }
             return Ok(entry.frame(layout, frame.code, frame.instruction));
         }
         self.counts.misses += 1;
@@ -184,8 +264,9 @@ impl PythonNamer {
     }
 
     /// Forgets what is known of `process` (it exited). Its cached code
-    /// objects are not looked for: no frame of it will ask for them again,
-    /// so they are the least recently used and leave the cache first.
+    /// objects are not looked for: no frame of it will ask for its own
+    /// again, so they are the least recently used and leave the cache
+    /// first; the shared ones stay for the object's next process.
     pub fn forget(&mut self, process: u64) {
         self.code_types.remove(&process);
     }
@@ -224,6 +305,7 @@ impl PythonNamer {
             Bytecode::Inline { .. } => field_u64(&header, OBJECT_SIZE).saturating_mul(2),
         };
         Ok(CodeEntry {
+            reader: process,
             stamp,
             function,
             file,

@@ -17,7 +17,7 @@ use crate::{
 
 /// Process memory as captured: copies of regions, by address.
 #[derive(Clone)]
-struct Regions(Vec<(u64, Vec<u8>)>);
+pub(super) struct Regions(Vec<(u64, Vec<u8>)>);
 
 impl Regions {
     fn of(capture: &Value) -> Self {
@@ -30,7 +30,7 @@ impl Regions {
         Self(spans)
     }
 
-    fn write(&mut self, address: u64, data: &[u8]) {
+    pub(super) fn write(&mut self, address: u64, data: &[u8]) {
         for (start, bytes) in &mut self.0 {
             if address >= *start && address + data.len() as u64 <= *start + bytes.len() as u64 {
                 let offset = (address - *start) as usize;
@@ -229,7 +229,7 @@ fn line_tables_decode_as_python_reads_them() {
 }
 
 /// The first capture of `minor`, its memory and its innermost frame.
-fn innermost(minor: u8) -> (PythonVersion, Regions, InterpreterFrame, Value) {
+pub(super) fn innermost(minor: u8) -> (PythonVersion, Regions, InterpreterFrame, Value) {
     let (version, _, json) = captures()
         .into_iter()
         .find(|(version, _, _)| version.minor == minor)

@@ -3,6 +3,7 @@
 
 mod captures;
 mod dwarf;
+mod shared;
 
 use agent_fixtures::python::{INTERPRETERS, Interpreter};
 
