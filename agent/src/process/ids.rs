@@ -25,6 +25,12 @@ impl ContentId {
     pub fn fresh() -> Self {
         Self(NEXT.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// The id as a number, for keys outside the agent (never reused, so
+    /// equal numbers name equal contents).
+    pub fn get(self) -> u64 {
+        self.0
+    }
 }
 
 /// The ids of the contents of a registry's objects, each with how many of

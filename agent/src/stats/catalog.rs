@@ -905,12 +905,16 @@ declare_metrics! {
         ],
     }
     python_code_cache: Counter,
-        "Lookups in firn's cache of Python code objects, by result: hit, miss, and \
-        eviction (entries dropped to stay within the cache's size)."
+        "Lookups in firn's cache of Python code objects, by result: hit, shared_hit (an \
+        entry another process of the same interpreter object and user read: a code object \
+        in the interpreter's data), miss, and eviction (entries dropped to stay within the \
+        cache's size)."
     {
         stats: [
-            /// Code object cache hits.
+            /// Code object cache hits on the process's own entries.
             python_code_cache_hits { result = "hit" },
+            /// Code object cache hits on an entry another process read.
+            python_code_cache_shared_hits { result = "shared_hit" },
             /// Code object cache misses (the object was read from the process).
             python_code_cache_misses { result = "miss" },
             /// Code object cache entries evicted by the byte bound.

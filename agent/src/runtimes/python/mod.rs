@@ -4,6 +4,7 @@
 //! A process caught before its loader ran is read again shortly (`loading`).
 
 mod loading;
+mod shared;
 mod thread_pointer;
 
 use std::{
@@ -16,7 +17,10 @@ use agent_common::{ExecutableKey, InterpreterFrame, PythonProcess, interpreter_f
 use agent_elf::ContentKey;
 use agent_runtimes::{
     libc::{LibcKind, glibc_thread_specific_offset, libc_kind},
-    python::{NameError, PythonNamer, PythonObject, PythonVersion, inspect_object, walker_layout},
+    python::{
+        NameError, PythonNamer, PythonObject, PythonVersion, SharedObject, inspect_object,
+        walker_layout,
+    },
 };
 use loading::{Loading, WAKE_FOR, loader_pending, wake_until_ms};
 pub use thread_pointer::ThreadPointerLookup;
@@ -98,6 +102,9 @@ struct Registered {
     /// Unique per registration: keys the namer's cache, so a reused pid
     /// never hits the previous process's code objects.
     key: u64,
+    /// The interpreter object, for the code objects in its data that the
+    /// namer shares with the object's other processes of the same owner.
+    shared: Option<SharedObject>,
 }
 
 struct Entry {
@@ -277,6 +284,7 @@ impl PythonRuntime {
             eval_loop: object.eval_loop.start.wrapping_add(bias)
                 ..object.eval_loop.end.wrapping_add(bias),
             key,
+            shared: shared::shared_object(image, index, bias),
         })
     }
 
@@ -431,28 +439,29 @@ impl PythonRuntime {
         let named = frames
             .iter()
             .map(|frame| {
-                let named =
-                    match self
-                        .namer
-                        .name(registered.key, registered.version, &mut memory, frame)
-                    {
-                        Ok(python) => InterpretedFrame {
-                            runtime: Runtime::Python,
-                            function: python.function,
-                            file: python.file,
-                            line: python.line,
-                        },
-                        Err(error) => {
-                            debug!(tgid, %error, "Python frame not named");
-                            if matches!(error, NameError::Stale { .. } | NameError::NotCode { .. })
-                            {
-                                Stats::inc(&self.stats.python_name_stale);
-                            } else {
-                                Stats::inc(&self.stats.python_name_failures);
-                            }
-                            unknown_frame()
+                let named = match self.namer.name_shared(
+                    registered.key,
+                    registered.shared.as_ref(),
+                    registered.version,
+                    &mut memory,
+                    frame,
+                ) {
+                    Ok(python) => InterpretedFrame {
+                        runtime: Runtime::Python,
+                        function: python.function,
+                        file: python.file,
+                        line: python.line,
+                    },
+                    Err(error) => {
+                        debug!(tgid, %error, "Python frame not named");
+                        if matches!(error, NameError::Stale { .. } | NameError::NotCode { .. }) {
+                            Stats::inc(&self.stats.python_name_stale);
+                        } else {
+                            Stats::inc(&self.stats.python_name_failures);
                         }
-                    };
+                        unknown_frame()
+                    }
+                };
                 NamedFrame {
                     frame: Arc::new(named),
                     entry: frame.flags & interpreter_frame_flags::ENTRY != 0,
@@ -461,6 +470,10 @@ impl PythonRuntime {
             .collect();
         let counts = self.namer.take_counts();
         Stats::add(&self.stats.python_code_cache_hits, counts.hits);
+        Stats::add(
+            &self.stats.python_code_cache_shared_hits,
+            counts.shared_hits,
+        );
         Stats::add(&self.stats.python_code_cache_misses, counts.misses);
         Stats::add(&self.stats.python_code_cache_evictions, counts.evictions);
         named
