@@ -72,10 +72,10 @@ pub struct NamerCounts {
 }
 
 /// Where an interpreter object (libpython, or the executable) lies in one
-/// process, for the code objects inside it: since 3.11 those of the
-/// frozen start-up modules are static objects in its data, at the same
-/// offset in every process of that file, so one process's read names
-/// them for the next.
+/// process, for the code objects inside it: in 3.11 and 3.12 those of the
+/// frozen start-up modules are static objects in its data (deep-frozen;
+/// 3.13 unmarshals them onto the heap), at the same offset in every
+/// process of that file, so one process's read names them for the next.
 ///
 /// A process can write its private copy of that data, so an entry one
 /// process read could mislabel another's frames. Entries are shared only
