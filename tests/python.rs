@@ -14,7 +14,7 @@ use std::{path::Path, time::Duration};
 
 use agent_pprof::proto::Profile;
 use common::*;
-use python_support::{brief::*, expect::*, frames::*, scripts::*, *};
+use python_support::{brief::*, expect::*, frames::*, frozen::*, scripts::*, *};
 
 /// `firn record` of `processes` for `seconds`, with `extra` arguments.
 fn record_processes(
@@ -355,22 +355,25 @@ fn a_python_script_of_50_ms_is_named_from_its_first_samples_at_1000_hz() {
     brief_processes_are_named_at("1000", 20, 0.05);
 }
 
+/// frozen.py, in `posixpath.join` (deep-frozen: a static code object in
+/// the interpreter's data), run again and again under Debian's 3.11 (in
+/// the executable) and pyenv's 3.12 (in `libpython3.12.so`) while firn
+/// profiles the whole system: every run's `join` frames are named as
+/// CPython names them, and every run but the first named them from the
+/// first one's read, without reading its own memory (`shared_hit`).
+#[test]
+fn frozen_code_objects_are_read_once_for_every_process_of_a_user() {
+    require_root();
+    let _serial = serial();
+    let all = interpreters();
+    frozen_runs_are_named_once(&[interpreter(&all, "Debian"), interpreter(&all, "pyenv 3.12")]);
+}
+
 /// Samples whose Python walk the BPF walker program never ran for.
 const WALKER_UNAVAILABLE_METRIC: &str = "firn_python_walker_unavailable_total";
 
 /// What firn's /metrics calls stacks cut at 128 Python frames.
 const TRUNCATED_METRIC: &str = "firn_python_stacks_truncated_total";
-
-/// The profiles an agent wrote into `store`.
-fn stored_profiles(store: &Path) -> Vec<Profile> {
-    std::fs::read_dir(store)
-        .expect("the local store")
-        .filter_map(Result::ok)
-        .map(|entry| entry.path())
-        .filter(|path| path.extension().is_some_and(|ext| ext == "gz"))
-        .map(|path| agent_pprof::decode(&std::fs::read(&path).expect("readable")).expect("pprof"))
-        .collect()
-}
 
 /// 300 frames deep under every interpreter, with the agent (for its
 /// metrics): stacks beyond 128 Python frames are counted as truncated,

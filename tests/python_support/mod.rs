@@ -8,6 +8,7 @@
 pub mod brief;
 pub mod expect;
 pub mod frames;
+pub mod frozen;
 pub mod scripts;
 
 use std::{
@@ -240,5 +241,16 @@ pub fn pid_args(processes: &[PythonProcess]) -> Vec<String> {
     processes
         .iter()
         .flat_map(|process| ["--pid".to_owned(), process.pid().to_string()])
+        .collect()
+}
+
+/// The profiles an agent wrote into `store`.
+pub fn stored_profiles(store: &Path) -> Vec<agent_pprof::proto::Profile> {
+    std::fs::read_dir(store)
+        .expect("the local store")
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "gz"))
+        .map(|path| agent_pprof::decode(&std::fs::read(&path).expect("readable")).expect("pprof"))
         .collect()
 }
