@@ -574,7 +574,7 @@ fn complete_share(stacks: &[(Vec<String>, i64)]) -> (f64, i64) {
 const LIFETIME_COMPLETE: f64 = 0.9;
 
 /// Of the runs, the share whose exec found their executable's preset in
-/// `EXEC_PRESETS` (counted system-wide): 94-96% measured; the others are
+/// `EXEC_PRESETS` (counted system-wide): 94-98% measured; the others are
 /// each program's runs before firn has decided its first.
 const EXEC_PRESETS_APPLIED_PERCENT: u64 = 50;
 
