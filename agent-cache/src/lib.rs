@@ -35,6 +35,11 @@ impl<K: Hash + Eq + Clone, V> ByteBoundedCache<K, V> {
         self.entries.get(key).map(|(value, _)| value)
     }
 
+    /// The value at `key`, without touching recency.
+    pub fn peek(&self, key: &K) -> Option<&V> {
+        self.entries.peek(key).map(|(value, _)| value)
+    }
+
     pub fn get_mut(&mut self, key: &K) -> Option<&mut V> {
         self.entries.get_mut(key).map(|(value, _)| value)
     }

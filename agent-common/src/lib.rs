@@ -522,10 +522,13 @@ pub enum Counter {
     /// Samples of processes in `EXCLUDED` (relabeling drops them), not
     /// recorded.
     Excluded = 27,
+    /// New images whose executable was in `EXEC_PRESETS`: given their
+    /// stack copy at exec, without waking the daemon.
+    ExecPresetsApplied = 28,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 28;
+    pub const COUNT: u32 = 29;
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Self::SamplesSeen,
         Self::SamplesWritten,
@@ -555,6 +558,7 @@ impl Counter {
         Self::OffCpuOutsideSyscall,
         Self::OffCpuStale,
         Self::Excluded,
+        Self::ExecPresetsApplied,
     ];
 }
 

@@ -64,7 +64,10 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     // The executable rides with the event: the daemon's choices per
     // executable need no read of the new image's maps.
     let wake = match preset {
-        Some(_) => Wake::WhenDue,
+        Some(_) => {
+            count(Counter::ExecPresetsApplied);
+            Wake::WhenDue
+        }
         None => Wake::AtOnce,
     };
     if !process_event(RecordKind::Exec, executable.unwrap_or(NO_EXECUTABLE), wake) {

@@ -4,7 +4,7 @@
 //! ([`ObjectLookup`]); objects are named by a key of the caller's choosing
 //! (a build id, say), so copies of one binary share their entries.
 
-use std::{fmt::Debug, hash::Hash, num::NonZeroUsize, sync::Arc};
+use std::{collections::HashSet, fmt::Debug, hash::Hash, num::NonZeroUsize, sync::Arc};
 
 use agent_cache::ByteBoundedCache;
 use agent_common::UserRegs;
@@ -115,6 +115,10 @@ struct CfiCache<K: Hash + Eq> {
     rows: LruCache<(K, u64), Option<UnwindRow>>,
     context: Box<CfiContext>,
     counts: CacheCounts,
+    /// Sources a row was read from since their pages were last released:
+    /// only these have pages to give back (releasing a big object's whole
+    /// mapping walks its page tables even when nothing is resident).
+    read_since_release: HashSet<K>,
 }
 
 impl<K: Clone + Eq + Hash + Debug> CfiCache<K> {
@@ -132,6 +136,7 @@ impl<K: Clone + Eq + Hash + Debug> CfiCache<K> {
             rows: LruCache::new(entries(ROW_CACHE_BYTES / entry_bytes)),
             context: Box::new(CfiContext::new()),
             counts: CacheCounts::default(),
+            read_since_release: HashSet::new(),
         }
     }
 
@@ -148,6 +153,9 @@ impl<K: Clone + Eq + Hash + Debug> CfiCache<K> {
             return *row;
         }
         self.counts.misses += 1;
+        if !self.read_since_release.contains(&slot.0) {
+            self.read_since_release.insert(slot.0.clone());
+        }
         let row = self
             .source(&slot.0, bytes)
             .and_then(|source| source.row(vaddr, &mut self.context));
@@ -173,6 +181,8 @@ impl<K: Clone + Eq + Hash + Debug> CfiCache<K> {
                 return None;
             }
         };
+        // Indexing it (and the survey that may follow) read its pages.
+        self.read_since_release.insert(key.clone());
         let cost = source.heap_bytes() + SOURCE_OVERHEAD_BYTES;
         let evicted = self.sources.insert(key.clone(), source.clone(), cost);
         self.counts.evictions += evicted as u64;
@@ -227,10 +237,13 @@ impl<K: Clone + Eq + Hash + Debug> Unwinder<K> {
 
     /// Lets the object pages unwinding touched (CFI sections, an index
     /// built over `.eh_frame`) leave the caller's RSS; the rows that matter
-    /// are cached.
-    pub fn release_pages(&self) {
-        for source in self.cfi.sources.values() {
-            source.release_pages();
+    /// are cached. Only the sources read since the last call are released.
+    pub fn release_pages(&mut self) {
+        let cfi = &mut self.cfi;
+        for key in cfi.read_since_release.drain() {
+            if let Some(source) = cfi.sources.peek(&key) {
+                source.release_pages();
+            }
         }
     }
 
@@ -406,6 +419,76 @@ mod tests {
         assert_eq!(warm, cold);
         let since = unwinder.cache_counts().since(counts);
         assert_eq!((since.hits, since.misses), (counts.misses, 0));
+    }
+
+    /// The fixture's bytes, counting how often their pages are released.
+    struct Counted {
+        releases: std::sync::atomic::AtomicUsize,
+    }
+
+    impl AsRef<[u8]> for Counted {
+        fn as_ref(&self) -> &[u8] {
+            agent_fixtures::CHAIN_INLINE
+        }
+    }
+
+    impl agent_elf::SharedBytes for Counted {
+        fn release_pages(&self) {
+            self.releases
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn only_objects_read_since_are_released() {
+        let capture = crate::testing::Capture::chain_inline();
+        let counted = Arc::new(Counted {
+            releases: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let releases = || counted.releases.load(std::sync::atomic::Ordering::Relaxed);
+        let mut unwinder = Unwinder::new(1 << 20);
+        let sample = Sample {
+            regs: capture.regs,
+            stack: capture.stack,
+            walk: &[],
+        };
+        let code = FixtureCode::chain_inline().expect("the fixture parses");
+        let mut objects = CountedObjects {
+            code,
+            bytes: counted.clone(),
+        };
+        unwinder.dwarf(sample, &mut objects);
+        unwinder.release_pages();
+        assert_eq!(releases(), 1, "read since: released");
+        // Every row from the cache: the object's CFI was not read again.
+        unwinder.dwarf(sample, &mut objects);
+        unwinder.release_pages();
+        assert_eq!(releases(), 1, "nothing read since: left alone");
+    }
+
+    struct CountedObjects {
+        code: FixtureCode,
+        bytes: Arc<Counted>,
+    }
+
+    impl ObjectLookup for CountedObjects {
+        type Key = &'static str;
+
+        fn object(&mut self, address: u64) -> Mapped<&'static str> {
+            match self.code.vaddr(address) {
+                Some(vaddr) => Mapped::Object {
+                    key: "chain_inline",
+                    vaddr,
+                    system: false,
+                },
+                None if self.code.is_mapped(address) => Mapped::NoObject,
+                None => Mapped::Unmapped,
+            }
+        }
+
+        fn bytes(&mut self, _address: u64) -> Option<Bytes> {
+            Some(Bytes::new(self.bytes.clone()))
+        }
     }
 
     #[test]

@@ -19,8 +19,10 @@ use tracing::{error, info, warn};
 
 use crate::{http::Health, stats::Stats, untrusted};
 
-/// How often the stages and the shutdown deadline are looked at.
-const CHECK_INTERVAL: Duration = Duration::from_millis(100);
+/// How often the stages are looked at: their thresholds are seconds, and
+/// each wakeup costs a context switch (on a VM, tens of microseconds). A
+/// shutdown deadline is slept to exactly once a signal asked for it.
+const CHECK_INTERVAL: Duration = Duration::from_millis(500);
 /// Exit status when the shutdown deadline forces the exit.
 const FORCED_EXIT_STATUS: i32 = 1;
 
@@ -134,11 +136,26 @@ pub fn spawn(
     Ok(())
 }
 
+/// How long to sleep before the next look: [`CHECK_INTERVAL`], or less
+/// when a shutdown asked at `asked_at` (0: none) reaches its deadline
+/// sooner.
+fn next_check(asked_at: u64, now: u64, shutdown_ns: u64) -> Duration {
+    if asked_at == 0 {
+        return CHECK_INTERVAL;
+    }
+    let left = asked_at.saturating_add(shutdown_ns).saturating_sub(now);
+    CHECK_INTERVAL.min(Duration::from_nanos(left))
+}
+
 fn watch(stages: &[Arc<Stage>], health: Option<&Health>, stats: &Stats, shutdown: Duration) {
     let mut verdicts = vec![Verdict::Fine; stages.len()];
     let shutdown_ns = u64::try_from(shutdown.as_nanos()).unwrap_or(u64::MAX);
     loop {
-        thread::sleep(CHECK_INTERVAL);
+        thread::sleep(next_check(
+            SHUTDOWN_ASKED_NS.load(Ordering::SeqCst),
+            monotonic_ns(),
+            shutdown_ns,
+        ));
         // Counted by a signal handler, which cannot reach the stats.
         Stats::set(&stats.mapped_pages_truncated, untrusted::truncated_pages());
         Stats::set(
@@ -207,6 +224,25 @@ fn watch(stages: &[Arc<Stage>], health: Option<&Health>, stats: &Stats, shutdown
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shutdown_deadline_is_slept_to_exactly() {
+        let second = 1_000_000_000;
+        assert_eq!(next_check(0, 5 * second, second), CHECK_INTERVAL);
+        // Asked at 5 s with a 10 s deadline: at 14.9 s, 0.1 s is left.
+        assert_eq!(
+            next_check(5 * second, 14 * second + 900_000_000, 10 * second),
+            Duration::from_millis(100)
+        );
+        assert_eq!(
+            next_check(5 * second, 6 * second, 10 * second),
+            CHECK_INTERVAL
+        );
+        assert_eq!(
+            next_check(5 * second, 20 * second, 10 * second),
+            Duration::ZERO
+        );
+    }
 
     #[test]
     fn a_stage_is_stuck_only_while_busy() {

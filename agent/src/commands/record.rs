@@ -416,6 +416,8 @@ fn report(
         dwarf_stacks = snapshot.unwind_dwarf_stacks,
         dwarf_complete = snapshot.unwind_dwarf_complete,
         dwarf_truncated = snapshot.unwind_truncated,
+        exec_presets_set = snapshot.unwind_exec_presets_set,
+        exec_presets_applied = bpf.get(agent_common::Counter::ExecPresetsApplied),
         bpf_mean_ns = run_time.map(|r| r.run_time_ns / r.run_count.max(1)),
         "profile written"
     );

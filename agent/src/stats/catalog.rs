@@ -247,14 +247,18 @@ declare_metrics! {
         ],
     }
     unwind_exec_presets: Counter,
-        "Executables whose new processes the BPF program gives their stack copy at exec \
-        (EXEC_PRESETS, an LRU map of 4096), without waking firn: set (written, or written \
-        again with a new copy size). An executable the map let go wakes firn at its next \
-        exec and is written again."
+        "Presets of executables whose new processes the BPF program gives their stack copy \
+        at exec (EXEC_PRESETS, an LRU map of 4096), without waking firn, by event: set (an \
+        executable written, or written again with a new copy size), applied (a new process \
+        given its executable's preset at exec). An executable the map let go wakes firn at \
+        its next exec and is written again."
     {
         stats: [
             /// Executables written to EXEC_PRESETS.
             unwind_exec_presets_set { event = "set" },
+        ],
+        bpf: [
+            ExecPresetsApplied { event = "applied" },
         ],
     }
     unwind_stack_copy_resized: Counter,

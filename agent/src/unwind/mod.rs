@@ -166,9 +166,6 @@ pub struct Unwinder {
     stats: Arc<Stats>,
     /// The cache counts already added to `stats`.
     published: CacheCounts,
-    /// Row cache misses when the object pages were last released: only a
-    /// miss reads an object's CFI.
-    misses_at_release: u64,
 }
 
 impl Unwinder {
@@ -177,20 +174,15 @@ impl Unwinder {
             unwinder: agent_unwind::Unwinder::new(config.cache_bytes),
             stats,
             published: CacheCounts::default(),
-            misses_at_release: 0,
         }
     }
 
     /// Once a second: the object pages unwinding touched since the last
     /// call are dropped from RSS, as the symbolizer does after each
-    /// profile. Nothing to do (not one madvise per object) when every row
-    /// came from the cache.
+    /// profile. Only the objects whose CFI was read since (a row cache
+    /// miss) are released: none when every row came from the cache.
     pub fn release_pages(&mut self) {
-        let misses = self.unwinder.cache_counts().misses;
-        if misses != self.misses_at_release {
-            self.misses_at_release = misses;
-            self.unwinder.release_pages();
-        }
+        self.unwinder.release_pages();
     }
 
     /// Unwinds the user side of `sample` over `image`, without reading
