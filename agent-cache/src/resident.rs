@@ -91,6 +91,14 @@ impl<K: Hash + Eq + Clone, V> ResidentCache<K, V> {
         self.len() == 0
     }
 
+    /// Every value held, mutably, without marking any as used.
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
+        self.residents
+            .iter_mut()
+            .map(|(_, held)| &mut held.value)
+            .chain(self.transient.as_mut().map(|(_, held)| &mut held.value))
+    }
+
     /// Every value held, without marking any as used.
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.residents
@@ -164,6 +172,34 @@ impl<K: Hash + Eq + Clone, V> ResidentCache<K, V> {
     pub fn end_round(&mut self) -> usize {
         self.round += 1;
         usize::from(self.transient.take().is_some())
+    }
+
+    /// [`Self::end_round`], and when a value was transient this round, the
+    /// resident holding the most bytes that recent rounds did not use
+    /// (`stale`) goes too if those are at least the transient's bytes:
+    /// rebuilt once, it holds only what later rounds use, and the two may
+    /// fit side by side. Otherwise a value grown with what a few rounds
+    /// used long ago would keep the other out, rebuilt every round.
+    /// Returns how many values were evicted.
+    pub fn end_round_shedding(&mut self, stale: impl Fn(&V) -> usize) -> usize {
+        let Some(transient) = self.transient.as_ref().map(|(_, held)| held.bytes) else {
+            return self.end_round();
+        };
+        let grown = self
+            .residents
+            .iter()
+            .map(|(key, held)| (stale(&held.value), key))
+            .max_by_key(|(grown, _)| *grown)
+            .filter(|(grown, _)| *grown >= transient)
+            .map(|(_, key)| key.clone());
+        let mut evicted = 0;
+        if let Some(key) = grown
+            && let Some(held) = self.residents.pop(&key)
+        {
+            self.bytes = self.bytes.saturating_sub(held.bytes);
+            evicted += 1;
+        }
+        evicted + self.end_round()
     }
 
     /// Removes `key`, resident or transient; returns whether it was held.
@@ -358,6 +394,39 @@ mod tests {
         );
         assert_eq!(is_resident(cache.get_mut(&"s2")), Some(true));
         assert_eq!(cache.bytes(), 90);
+    }
+
+    /// A value grown with what earlier rounds used (stale), beside a small
+    /// one it keeps transient: it is rebuilt once, then both stay. Values
+    /// are (bytes now, bytes stale).
+    #[test]
+    fn a_value_grown_stale_is_rebuilt_once_rather_than_the_other_each_round() {
+        let mut cache: ResidentCache<&str, (usize, usize)> = ResidentCache::new(100);
+        let stale = |value: &(usize, usize)| value.1;
+        cache.insert("big", (90, 60), 90);
+        let mut rebuilds = Vec::new();
+        for round in 0..4 {
+            for (key, size) in [("big", 30), ("small", 20)] {
+                if cache.get_mut(&key).is_none() {
+                    rebuilds.push((round, key));
+                    cache.insert(key, (size, 0), size);
+                }
+            }
+            cache.end_round_shedding(stale);
+        }
+        assert_eq!(
+            rebuilds,
+            [(0, "small"), (1, "big"), (1, "small")],
+            "once each, then both resident"
+        );
+        assert_eq!(cache.bytes(), 50);
+
+        // What recent rounds used is not stale: nothing is shed.
+        let mut cache: ResidentCache<&str, (usize, usize)> = ResidentCache::new(100);
+        cache.insert("big", (90, 0), 90);
+        cache.insert("small", (20, 0), 20);
+        assert_eq!(cache.end_round_shedding(stale), 1, "only the transient");
+        assert_eq!(is_resident(cache.get_mut(&"big")), Some(true));
     }
 
     /// Making room is all or none, and never for what outgrows the budget.

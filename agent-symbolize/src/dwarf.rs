@@ -8,7 +8,7 @@
 //! parsed so far, for the byte-bounded cache that holds it.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, hash_map::Entry},
     fmt,
     panic::{AssertUnwindSafe, catch_unwind},
     sync::Arc,
@@ -97,11 +97,21 @@ pub struct DwarfInfo {
     context: addr2line::Context<Reader>,
     /// The file the uncompressed sections are read from.
     bytes: Bytes,
-    units_seen: HashSet<u64>,
+    /// The units parsed into the context, by offset: what each added to
+    /// its heap and the last round a lookup used it.
+    units_seen: HashMap<u64, UnitUse>,
     heap_bytes: usize,
     shape: DwarfShape,
     /// Bytes of units parsed since the file pages were last let go.
     touched_bytes: usize,
+    /// Rounds (profiles) ended since the context was built.
+    round: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct UnitUse {
+    cost: usize,
+    round: u64,
 }
 
 /// The file pages the units parsed for lookups have touched are let go
@@ -313,10 +323,11 @@ impl DwarfInfo {
         Ok(Self {
             context,
             bytes,
-            units_seen: HashSet::new(),
+            units_seen: HashMap::new(),
             heap_bytes,
             shape,
             touched_bytes: 0,
+            round: 0,
         })
     }
 
@@ -335,6 +346,22 @@ impl DwarfInfo {
         self.heap_bytes
     }
 
+    /// Estimated heap bytes of the units parsed into the context that no
+    /// lookup used in this round or the one before: what building the
+    /// context again would not bring back unless later lookups need it.
+    pub fn stale_bytes(&self) -> usize {
+        self.units_seen
+            .values()
+            .filter(|unit| unit.round.saturating_add(1) < self.round)
+            .map(|unit| unit.cost)
+            .sum()
+    }
+
+    /// A round (a profile's lookups) is over.
+    pub fn end_round(&mut self) {
+        self.round += 1;
+    }
+
     /// Frames at link-time address `vaddr`, innermost (inlined) first, the
     /// function the code was inlined into last. Empty when no unit covers
     /// the address.
@@ -348,22 +375,26 @@ impl DwarfInfo {
         if vaddr == u64::MAX {
             return Ok(Vec::new());
         }
-        if let Some(unit) = self.context.find_dwarf_and_unit(vaddr).skip_all_loads()
-            && self.units_seen.insert(unit.header.offset().0 as u64)
-        {
-            let info = unit.header.length_including_self();
-            let lines = unit
-                .line_program
-                .as_ref()
-                .map_or(0, |program| program.header().raw_program_buf().len());
-            self.heap_bytes = self
-                .heap_bytes
-                .saturating_add(info / PARSED_INFO_BYTES_PER_COST)
-                .saturating_add(lines.saturating_mul(PARSED_COST_PER_LINE_BYTE));
-            self.touched_bytes = self
-                .touched_bytes
-                .saturating_add(info)
-                .saturating_add(lines);
+        if let Some(unit) = self.context.find_dwarf_and_unit(vaddr).skip_all_loads() {
+            let round = self.round;
+            match self.units_seen.entry(unit.header.offset().0 as u64) {
+                Entry::Occupied(mut seen) => seen.get_mut().round = round,
+                Entry::Vacant(new) => {
+                    let info = unit.header.length_including_self();
+                    let lines = unit
+                        .line_program
+                        .as_ref()
+                        .map_or(0, |program| program.header().raw_program_buf().len());
+                    let cost = (info / PARSED_INFO_BYTES_PER_COST)
+                        .saturating_add(lines.saturating_mul(PARSED_COST_PER_LINE_BYTE));
+                    new.insert(UnitUse { cost, round });
+                    self.heap_bytes = self.heap_bytes.saturating_add(cost);
+                    self.touched_bytes = self
+                        .touched_bytes
+                        .saturating_add(info)
+                        .saturating_add(lines);
+                }
+            }
         }
         let mut iter = self
             .context

@@ -388,8 +388,11 @@ impl FrameSymbolizer for Symbolizer {
             bytes = self.dwarf.bytes(),
             "DWARF contexts at the end of the profile"
         );
-        let evicted = self.dwarf.end_round();
+        let evicted = self.dwarf.end_round_shedding(DwarfInfo::stale_bytes);
         self.counts.debuginfo.evictions += evicted as u64;
+        for info in self.dwarf.values_mut() {
+            info.end_round();
+        }
         let evicted = self.symbols.end_round();
         self.counts.symbols.evictions += evicted as u64;
         // What a profile's lookups read stays parsed in the heap; the file

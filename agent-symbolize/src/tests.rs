@@ -462,6 +462,28 @@ fn a_context_grown_past_the_cache_is_dropped_after_the_profile() {
 }
 
 #[test]
+fn units_no_lookup_used_for_two_rounds_are_stale() {
+    let mut info =
+        DwarfInfo::parse(Bytes::new(Arc::new(INLINE_CHAIN.to_vec())), usize::MAX).expect("indexes");
+    let indexed = info.heap_bytes();
+    let (leaf, size) = function_range(INLINE_CHAIN, "burn_leaf");
+    info.frames(leaf + size / 2).expect("looks up");
+    let parsed = info.heap_bytes() - indexed;
+    assert!(parsed > 0, "the unit was parsed");
+    info.end_round();
+    assert_eq!(info.stale_bytes(), 0, "used in the round just ended");
+    info.end_round();
+    assert_eq!(
+        info.stale_bytes(),
+        parsed,
+        "not used in the last two rounds"
+    );
+    info.frames(leaf).expect("looks up");
+    assert_eq!(info.stale_bytes(), 0, "used again");
+    assert_eq!(info.heap_bytes() - indexed, parsed, "and not parsed again");
+}
+
+#[test]
 fn dwarf_refused_once_stays_refused_while_contexts_come_and_go() {
     let templates_index = DwarfInfo::parse(Bytes::new(Arc::new(TEMPLATES.to_vec())), usize::MAX)
         .expect("indexes")
