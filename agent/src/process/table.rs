@@ -114,6 +114,11 @@ pub struct ProcessTable {
 }
 
 impl ProcessTable {
+    /// Where the processes' `/proc` entries are.
+    pub fn proc_root(&self) -> &std::path::Path {
+        &self.proc_root
+    }
+
     pub fn new(
         proc_root: PathBuf,
         config: &ProcessTableConfig,

@@ -284,7 +284,7 @@ impl PythonRuntime {
             eval_loop: object.eval_loop.start.wrapping_add(bias)
                 ..object.eval_loop.end.wrapping_add(bias),
             key,
-            shared: shared::shared_object(image, index, bias),
+            shared: shared::shared_object(processes.proc_root(), image, index, bias),
         })
     }
 

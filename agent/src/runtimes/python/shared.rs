@@ -1,7 +1,7 @@
 //! What lets the namer share a code object between processes: where the
 //! interpreter object lies in the process, and whose the process is.
 
-use std::os::unix::fs::MetadataExt;
+use std::{os::unix::fs::MetadataExt, path::Path};
 
 use agent_runtimes::python::SharedObject;
 
@@ -10,7 +10,12 @@ use crate::process::ProcessImage;
 /// The interpreter object (the image's mapping `index`, loaded `bias` above
 /// its link-time addresses) as the namer shares its code objects, or
 /// `None` if the object or the process's owner is not known.
-pub(super) fn shared_object(image: &ProcessImage, index: usize, bias: u64) -> Option<SharedObject> {
+pub(super) fn shared_object(
+    proc_root: &Path,
+    image: &ProcessImage,
+    index: usize,
+    bias: u64,
+) -> Option<SharedObject> {
     let object = image.mappings.get(index)?.object()?;
     let ranges = object
         .layout
@@ -25,7 +30,7 @@ pub(super) fn shared_object(image: &ProcessImage, index: usize, bias: u64) -> Op
         })
         .collect();
     Some(SharedObject {
-        owner: owner(image.tgid)?,
+        owner: owner(proc_root, image.tgid)?,
         content: object.content_id.get(),
         ranges,
     })
@@ -37,8 +42,8 @@ pub(super) fn shared_object(image: &ProcessImage, index: usize, bias: u64) -> Op
 /// interpreter process (its status file would be one more file read and
 /// parsed); what the namer reads of the process by its pid has the same
 /// window for a reused pid as this does.
-fn owner(tgid: u32) -> Option<u32> {
-    std::fs::metadata(format!("/proc/{tgid}"))
+fn owner(proc_root: &Path, tgid: u32) -> Option<u32> {
+    std::fs::metadata(proc_root.join(tgid.to_string()))
         .ok()
         .map(|metadata| metadata.uid())
 }
