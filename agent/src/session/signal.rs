@@ -2,6 +2,12 @@
 
 use std::io;
 
+use tokio::sync::mpsc;
+
+/// Signals received but not yet asked for: a few, as a burst of Ctrl-C
+/// comes; beyond, the loop is told of one of them, which is all it acts on.
+const PENDING_SIGNALS: usize = 8;
+
 /// Completes on SIGINT, SIGTERM or SIGHUP.
 pub async fn shutdown_signal() -> io::Result<&'static str> {
     Ok(ShutdownSignal::install()?.recv().await)
@@ -12,29 +18,44 @@ pub async fn shutdown_signal() -> io::Result<&'static str> {
 /// (rather than killing the process before it can clean up). SIGHUP (a
 /// closed terminal, or an operator used to reloading daemons with it)
 /// stops firn the same way: its default action would kill it unflushed.
+///
+/// A task of its own waits on the three signals and passes their names
+/// on: the drain loop polls its future at every wakeup, and one channel
+/// costs less to poll than three signal streams.
 pub struct ShutdownSignal {
-    interrupt: tokio::signal::unix::Signal,
-    terminate: tokio::signal::unix::Signal,
-    hangup: tokio::signal::unix::Signal,
+    names: mpsc::Receiver<&'static str>,
 }
 
 impl ShutdownSignal {
     /// Must be called within a tokio runtime.
     pub fn install() -> io::Result<Self> {
         use tokio::signal::unix::{SignalKind, signal};
-        Ok(Self {
-            interrupt: signal(SignalKind::interrupt())?,
-            terminate: signal(SignalKind::terminate())?,
-            hangup: signal(SignalKind::hangup())?,
-        })
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        let mut hangup = signal(SignalKind::hangup())?;
+        let (sender, names) = mpsc::channel(PENDING_SIGNALS);
+        tokio::spawn(async move {
+            loop {
+                let name = tokio::select! {
+                    _ = interrupt.recv() => "SIGINT",
+                    _ = terminate.recv() => "SIGTERM",
+                    _ = hangup.recv() => "SIGHUP",
+                };
+                // Full: the loop has signals enough to act on.
+                if let Err(mpsc::error::TrySendError::Closed(_)) = sender.try_send(name) {
+                    return;
+                }
+            }
+        });
+        Ok(Self { names })
     }
 
     /// The name of the next signal; cancel-safe.
     pub async fn recv(&mut self) -> &'static str {
-        tokio::select! {
-            _ = self.interrupt.recv() => "SIGINT",
-            _ = self.terminate.recv() => "SIGTERM",
-            _ = self.hangup.recv() => "SIGHUP",
+        match self.names.recv().await {
+            Some(name) => name,
+            // The task ends only with the runtime.
+            None => std::future::pending().await,
         }
     }
 }
