@@ -354,6 +354,7 @@ mod tests {
     struct FixtureObjects {
         code: FixtureCode,
         reads: usize,
+        bytes: Bytes,
     }
 
     impl ObjectLookup for FixtureObjects {
@@ -373,7 +374,7 @@ mod tests {
 
         fn bytes(&mut self, _address: u64) -> Option<Bytes> {
             self.reads += 1;
-            Some(Bytes::from_static(agent_fixtures::CHAIN_INLINE))
+            Some(self.bytes.clone())
         }
     }
 
@@ -382,6 +383,7 @@ mod tests {
         let objects = FixtureObjects {
             code: FixtureCode::chain_inline().expect("the fixture parses"),
             reads: 0,
+            bytes: Bytes::from_static(agent_fixtures::CHAIN_INLINE),
         };
         (objects, capture)
     }
@@ -441,7 +443,7 @@ mod tests {
 
     #[test]
     fn only_objects_read_since_are_released() {
-        let capture = crate::testing::Capture::chain_inline();
+        let (mut objects, capture) = fixture();
         let counted = Arc::new(Counted {
             releases: std::sync::atomic::AtomicUsize::new(0),
         });
@@ -452,11 +454,7 @@ mod tests {
             stack: capture.stack,
             walk: &[],
         };
-        let code = FixtureCode::chain_inline().expect("the fixture parses");
-        let mut objects = CountedObjects {
-            code,
-            bytes: counted.clone(),
-        };
+        objects.bytes = Bytes::new(counted.clone());
         unwinder.dwarf(sample, &mut objects);
         unwinder.release_pages();
         assert_eq!(releases(), 1, "read since: released");
@@ -464,31 +462,6 @@ mod tests {
         unwinder.dwarf(sample, &mut objects);
         unwinder.release_pages();
         assert_eq!(releases(), 1, "nothing read since: left alone");
-    }
-
-    struct CountedObjects {
-        code: FixtureCode,
-        bytes: Arc<Counted>,
-    }
-
-    impl ObjectLookup for CountedObjects {
-        type Key = &'static str;
-
-        fn object(&mut self, address: u64) -> Mapped<&'static str> {
-            match self.code.vaddr(address) {
-                Some(vaddr) => Mapped::Object {
-                    key: "chain_inline",
-                    vaddr,
-                    system: false,
-                },
-                None if self.code.is_mapped(address) => Mapped::NoObject,
-                None => Mapped::Unmapped,
-            }
-        }
-
-        fn bytes(&mut self, _address: u64) -> Option<Bytes> {
-            Some(Bytes::new(self.bytes.clone()))
-        }
     }
 
     #[test]
