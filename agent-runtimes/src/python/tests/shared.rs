@@ -66,33 +66,23 @@ fn a_code_object_in_the_object_is_read_once_for_its_processes() {
         let (version, memory, frame, _) = innermost(minor);
         let mut namer = PythonNamer::new(1 << 20);
         let mut first = Counted::new(memory);
+        let here = object(1000, 7, frame.code);
         let named = namer
-            .name_shared(
-                1,
-                Some(&object(1000, 7, frame.code)),
-                version,
-                &mut first,
-                &frame,
-            )
+            .name_shared(1, Some(&here), version, &mut first, &frame)
             .expect("named");
         assert!(first.reads > 0);
         namer
-            .name_shared(
-                1,
-                Some(&object(1000, 7, frame.code)),
-                version,
-                &mut first,
-                &frame,
-            )
+            .name_shared(1, Some(&here), version, &mut first, &frame)
             .expect("named");
         // Another process of the same file and user, with the object
         // mapped elsewhere: named without reading its memory.
         let delta = 0x7000_0000;
+        let elsewhere = object(1000, 7, frame.code + delta);
         let mut second = Counted::new(Nothing);
         let again = namer
             .name_shared(
                 2,
-                Some(&object(1000, 7, frame.code + delta)),
+                Some(&elsewhere),
                 version,
                 &mut second,
                 &moved(&frame, delta),
@@ -114,14 +104,9 @@ fn another_owner_object_or_heap_address_reads_again() {
     let (version, memory, frame, _) = innermost(11);
     let mut namer = PythonNamer::new(1 << 20);
     let mut first = Counted::new(memory.clone());
+    let here = object(1000, 7, frame.code);
     namer
-        .name_shared(
-            1,
-            Some(&object(1000, 7, frame.code)),
-            version,
-            &mut first,
-            &frame,
-        )
+        .name_shared(1, Some(&here), version, &mut first, &frame)
         .expect("named");
     let others = [
         // A process of another user: it could have planted nothing here,
