@@ -71,6 +71,17 @@ impl Host {
             .is_ok_and(|value| value.trim() == "1")
     }
 
+    /// Where the unified (v2) cgroup hierarchy is mounted: `/sys/fs/cgroup`
+    /// on a v2 host, `/sys/fs/cgroup/unified` on a hybrid one; `None` on a
+    /// v1-only host. Only v2 has `cgroup.controllers`; the inode numbers of
+    /// its directories are the cgroup ids the BPF program records.
+    pub fn unified_cgroup_root(&self) -> Option<PathBuf> {
+        let cgroup = self.sys.join("fs/cgroup");
+        [cgroup.clone(), cgroup.join("unified")]
+            .into_iter()
+            .find(|root| root.join("cgroup.controllers").is_file())
+    }
+
     /// `/proc/PID/status`.
     pub fn process_status(&self, pid: u32) -> io::Result<String> {
         std::fs::read_to_string(self.proc.join(pid.to_string()).join("status"))
@@ -96,5 +107,10 @@ mod tests {
         assert_eq!(host.process_status(42).expect("status"), "Tgid:\t42\n");
         assert!(host.kernel_notes().is_err());
         assert!(!host.bpf_stats_enabled());
+        assert_eq!(host.unified_cgroup_root(), None);
+        let unified = dir.path().join("sys/fs/cgroup/unified");
+        std::fs::create_dir_all(&unified).expect("hybrid layout");
+        std::fs::write(unified.join("cgroup.controllers"), "").expect("controllers");
+        assert_eq!(host.unified_cgroup_root(), Some(unified));
     }
 }

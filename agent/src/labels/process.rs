@@ -1,6 +1,9 @@
 //! Per-process metadata read from /proc (cgroups, command line,
-//! executable), once per process and then cached: bounded caches per pid
-//! and per cgroup membership, with a time to live and counters.
+//! executable), once per process and then cached: bounded caches per pid,
+//! per cgroup membership and per v2 cgroup id, with a time to live and
+//! counters.
+
+mod cgroup_ids;
 
 use std::{
     hash::Hash,
@@ -13,7 +16,8 @@ use std::{
 use agent_proc::cgroup::CgroupInfo;
 use lru::LruCache;
 
-use crate::stats::Stats;
+use self::cgroup_ids::CgroupIds;
+use crate::{host::Host, stats::Stats};
 
 /// Longest command line kept; the rest is cut (a label is no place for
 /// megabytes of arguments).
@@ -55,6 +59,7 @@ impl ProcessMetadata {
 #[derive(Clone, Debug)]
 pub struct MetadataLimits {
     pub max_processes: usize,
+    /// Distinct cgroup memberships, and distinct v2 cgroup ids.
     pub max_cgroups: usize,
     /// After this, a process's metadata is read again on its next sample
     /// (cgroup moves are seen at once through the cgroup id; a v1-only
@@ -123,24 +128,36 @@ pub struct MetadataReader {
     proc_root: PathBuf,
     processes: TtlCache<u32, Arc<ProcessMetadata>>,
     /// Keyed by the whole text of /proc/PID/cgroup: the processes of one
-    /// container share it, and so share one parse.
-    cgroups: TtlCache<String, Arc<CgroupInfo>>,
+    /// container share it, and so share one parse. With the id of the v2
+    /// cgroup it names.
+    cgroups: TtlCache<String, (Arc<CgroupInfo>, Option<u64>)>,
+    ids: CgroupIds,
     stats: Arc<Stats>,
 }
 
 impl MetadataReader {
-    pub fn new(proc_root: PathBuf, limits: &MetadataLimits, stats: Arc<Stats>) -> Self {
+    /// Reads beneath the host's `/proc`; learns v2 cgroup ids in its
+    /// unified cgroup hierarchy.
+    pub fn new(host: &Host, limits: &MetadataLimits, stats: Arc<Stats>) -> Self {
         Self {
-            proc_root,
+            proc_root: host.proc().to_path_buf(),
             processes: TtlCache::new(limits.max_processes, limits.process_ttl),
             cgroups: TtlCache::new(limits.max_cgroups, limits.cgroup_ttl),
+            ids: CgroupIds::new(
+                host.unified_cgroup_root(),
+                limits.max_cgroups,
+                limits.cgroup_ttl,
+                stats.clone(),
+            ),
             stats,
         }
     }
 
     /// The metadata of `tgid`, and whether it was just read. Reads /proc on
     /// first sight, once the entry expired, or when the sample comes from
-    /// another cgroup than the one read (at most once a second).
+    /// another cgroup than the one read (at most once a second). A process
+    /// gone before its first read gets the cgroup facts of the live
+    /// processes of its sample's cgroup, when that tells them.
     pub fn get(&mut self, tgid: u32, cgroup_id: u64) -> (Arc<ProcessMetadata>, bool) {
         self.get_at(tgid, cgroup_id, Instant::now())
     }
@@ -166,12 +183,12 @@ impl MetadataReader {
             }
         }
         Stats::inc(&self.stats.process_metadata_cache_misses);
-        let metadata = match self.read(tgid, cgroup_id) {
+        let metadata = match self.read(tgid, cgroup_id, now) {
             Some(metadata) => Arc::new(metadata),
             // Gone: what was known before still describes its samples.
             None => match self.processes.peek_stale(&tgid) {
                 Some((old, _)) => old,
-                None => Arc::new(ProcessMetadata::unknown(tgid)),
+                None => Arc::new(self.unreadable(tgid, cgroup_id, now)),
             },
         };
         if self.processes.insert(tgid, metadata.clone(), now) {
@@ -194,19 +211,52 @@ impl MetadataReader {
         self.processes.is_empty()
     }
 
-    fn read(&mut self, tgid: u32, cgroup_id: u64) -> Option<ProcessMetadata> {
+    /// A process firn could not read, which it knew nothing of: the cgroup
+    /// facts of its sample's cgroup when firn read a process there (its
+    /// command line and executable stay unknown).
+    fn unreadable(&mut self, tgid: u32, cgroup_id: u64, now: Instant) -> ProcessMetadata {
+        match self.ids.any(cgroup_id, now) {
+            Some(cgroup) => {
+                Stats::inc(&self.stats.process_metadata_from_cgroup_id);
+                ProcessMetadata {
+                    pid: tgid,
+                    cgroup,
+                    cgroup_id,
+                    ..ProcessMetadata::default()
+                }
+            }
+            None => {
+                Stats::inc(&self.stats.process_metadata_unknown);
+                ProcessMetadata::unknown(tgid)
+            }
+        }
+    }
+
+    fn read(&mut self, tgid: u32, cgroup_id: u64, now: Instant) -> Option<ProcessMetadata> {
         let dir = self.proc_root.join(tgid.to_string());
-        // The cgroup file is the one that must be there: without it the
-        // process is gone.
-        let cgroup_text = std::fs::read_to_string(dir.join("cgroup")).ok()?;
-        let cmdline = std::fs::read(dir.join("cmdline"))
-            .map(|bytes| agent_proc::status::command_line(&bytes, MAX_CMDLINE))
-            .unwrap_or_default();
+        let command_line = |bytes: Vec<u8>| agent_proc::status::command_line(&bytes, MAX_CMDLINE);
+        // Where the cgroup file's text follows from the sample's cgroup id
+        // (a v2-only host), it is not read: the command line's read then
+        // tells whether the process is there.
+        let (cgroup, cmdline) = match self.ids.unified(cgroup_id, now) {
+            Some(cgroup) => (
+                cgroup,
+                command_line(std::fs::read(dir.join("cmdline")).ok()?),
+            ),
+            None => {
+                // The cgroup file is the one that must be there: without
+                // it the process is gone.
+                let text = std::fs::read_to_string(dir.join("cgroup")).ok()?;
+                let cmdline = std::fs::read(dir.join("cmdline"))
+                    .map(command_line)
+                    .unwrap_or_default();
+                (self.cgroup(text, cgroup_id, now), cmdline)
+            }
+        };
         let executable = std::fs::read_link(dir.join("exe")).ok().map(|path| {
             let path = path.to_string_lossy();
             path.strip_suffix(" (deleted)").unwrap_or(&path).to_owned()
         });
-        let cgroup = self.cgroup(cgroup_text);
         Some(ProcessMetadata {
             pid: tgid,
             cmdline,
@@ -216,16 +266,38 @@ impl MetadataReader {
         })
     }
 
-    fn cgroup(&mut self, text: String) -> Arc<CgroupInfo> {
-        let now = Instant::now();
-        if let Some(info) = self.cgroups.get(&text, now) {
-            Stats::inc(&self.stats.cgroup_cache_hits);
-            return info;
-        }
-        Stats::inc(&self.stats.cgroup_cache_misses);
-        let info = Arc::new(CgroupInfo::parse(&text));
-        if self.cgroups.insert(text, info.clone(), now) {
-            Stats::inc(&self.stats.cgroup_cache_evictions);
+    /// The facts of a live process's cgroup `text`, parsed once per text;
+    /// its v2 cgroup id learns them.
+    fn cgroup(&mut self, text: String, cgroup_id: u64, now: Instant) -> Arc<CgroupInfo> {
+        let (info, id) = match self.cgroups.get(&text, now) {
+            Some((info, id)) => {
+                Stats::inc(&self.stats.cgroup_cache_hits);
+                // A sample from another cgroup: the process moved, or its
+                // cgroup was made again under the same path (a restarted
+                // unit), with a new id.
+                if id != Some(cgroup_id) {
+                    let now_id = self.ids.id_of(&text);
+                    if now_id != id {
+                        self.cgroups
+                            .insert(text.clone(), (info.clone(), now_id), now);
+                    }
+                    (info, now_id)
+                } else {
+                    (info, id)
+                }
+            }
+            None => {
+                Stats::inc(&self.stats.cgroup_cache_misses);
+                let info = Arc::new(CgroupInfo::parse(&text));
+                let id = self.ids.id_of(&text);
+                if self.cgroups.insert(text.clone(), (info.clone(), id), now) {
+                    Stats::inc(&self.stats.cgroup_cache_evictions);
+                }
+                (info, id)
+            }
+        };
+        if let Some(id) = id {
+            self.ids.learn(id, &text, &info, now);
         }
         info
     }
@@ -233,16 +305,20 @@ impl MetadataReader {
 
 #[cfg(test)]
 mod tests {
+    use std::{os::unix::fs::MetadataExt, path::Path};
+
     use super::*;
+
+    /// A host whose `/proc` is `dir`, without a cgroup hierarchy.
+    fn fake_host(dir: &Path) -> Host {
+        Host::at(dir.to_path_buf(), dir.join("sys"))
+    }
 
     #[test]
     fn own_process_is_read_once_then_served_from_the_cache() {
         let stats = Arc::new(Stats::default());
-        let mut reader = MetadataReader::new(
-            PathBuf::from("/proc"),
-            &MetadataLimits::default(),
-            stats.clone(),
-        );
+        let mut reader =
+            MetadataReader::new(&Host::system(), &MetadataLimits::default(), stats.clone());
         let pid = std::process::id();
         let (first, fresh) = reader.get(pid, 7);
         assert!(fresh);
@@ -276,7 +352,7 @@ mod tests {
     fn metadata_expires_by_the_time_given() {
         let stats = Arc::new(Stats::default());
         let limits = MetadataLimits::default();
-        let mut reader = MetadataReader::new(PathBuf::from("/proc"), &limits, stats);
+        let mut reader = MetadataReader::new(&Host::system(), &limits, stats);
         let pid = std::process::id();
         let batch = Instant::now();
         assert!(reader.get_at(pid, 7, batch).1);
@@ -290,7 +366,7 @@ mod tests {
         let stats = Arc::new(Stats::default());
         let dir = tempfile::tempdir().expect("tempdir");
         let mut reader =
-            MetadataReader::new(dir.path().to_path_buf(), &MetadataLimits::default(), stats);
+            MetadataReader::new(&fake_host(dir.path()), &MetadataLimits::default(), stats);
         let (metadata, _) = reader.get(4_194_305, 1);
         assert_eq!(*metadata, ProcessMetadata::unknown(4_194_305));
         assert_eq!(metadata.executable_name(), None);
@@ -312,7 +388,7 @@ mod tests {
             max_cgroups: 2,
             ..MetadataLimits::default()
         };
-        let mut reader = MetadataReader::new(dir.path().to_path_buf(), &limits, stats.clone());
+        let mut reader = MetadataReader::new(&fake_host(dir.path()), &limits, stats.clone());
         for pid in 1..=3 {
             let (metadata, _) = reader.get(pid, 1);
             assert_eq!(metadata.cmdline, "prog --flag");
@@ -332,5 +408,156 @@ mod tests {
         assert_eq!(cache.get(&"a", start + Duration::from_secs(9)), Some(1));
         assert_eq!(cache.get(&"a", start + Duration::from_secs(10)), None);
         assert_eq!(cache.peek_stale(&"a").map(|(v, _)| v), Some(1));
+    }
+
+    /// A host laid out in `dir`: `proc/PID/{cgroup,cmdline}` for each
+    /// `(pid, cgroup text)` (no cgroup file where it is `None`) and a v2
+    /// hierarchy with a directory for each of `cgroups`, whose ids (inode
+    /// numbers) are returned in that order.
+    fn host_with(
+        dir: &Path,
+        processes: &[(u32, Option<&str>)],
+        cgroups: &[&str],
+    ) -> (Host, Vec<u64>) {
+        for (pid, text) in processes {
+            let process = dir.join(format!("proc/{pid}"));
+            std::fs::create_dir_all(&process).expect("pid dir");
+            std::fs::write(process.join("cmdline"), format!("prog\0{pid}\0")).expect("cmdline");
+            if let Some(text) = text {
+                std::fs::write(process.join("cgroup"), text).expect("cgroup");
+            }
+        }
+        let root = dir.join("sys/fs/cgroup");
+        std::fs::create_dir_all(&root).expect("cgroup root");
+        std::fs::write(root.join("cgroup.controllers"), "cpu memory\n").expect("controllers");
+        let ids = cgroups
+            .iter()
+            .map(|path| {
+                let cgroup = root.join(path);
+                std::fs::create_dir_all(&cgroup).expect("cgroup dir");
+                std::fs::metadata(&cgroup).expect("cgroup dir").ino()
+            })
+            .collect();
+        (Host::at(dir.join("proc"), dir.join("sys")), ids)
+    }
+
+    #[test]
+    fn a_gone_process_gets_the_cgroup_facts_of_its_cgroup_id() {
+        let stats = Arc::new(Stats::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (host, ids) = host_with(
+            dir.path(),
+            &[(1, Some("0::/system.slice/app.service\n"))],
+            &["system.slice/app.service", "system.slice/other.service"],
+        );
+        let mut reader = MetadataReader::new(&host, &MetadataLimits::default(), stats.clone());
+        let (live, _) = reader.get(1, ids[0]);
+        assert_eq!(live.cmdline, "prog 1");
+        assert_eq!(live.cgroup.systemd_unit.as_deref(), Some("app.service"));
+
+        // Pid 2 is gone (no /proc/2) and its sample was taken in the cgroup
+        // of pid 1.
+        let (gone, _) = reader.get(2, ids[0]);
+        assert!(Arc::ptr_eq(&gone.cgroup, &live.cgroup));
+        assert_eq!((gone.pid, gone.cgroup_id), (2, ids[0]));
+        assert_eq!(
+            (gone.cmdline.as_str(), gone.executable.as_deref()),
+            ("", None)
+        );
+        // Another cgroup no live process was read in: nothing known.
+        let (unknown, _) = reader.get(3, ids[1]);
+        assert_eq!(*unknown, ProcessMetadata::unknown(3));
+        let snapshot = stats.snapshot();
+        assert_eq!(
+            (
+                snapshot.process_metadata_from_cgroup_id,
+                snapshot.process_metadata_unknown
+            ),
+            (1, 1)
+        );
+    }
+
+    #[test]
+    fn a_v2_only_cgroup_file_is_not_read_again_for_a_known_id() {
+        let stats = Arc::new(Stats::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let unified = "0::/system.slice/app.service\n";
+        let hybrid = "4:cpu:/\n0::/hybrid.scope\n";
+        // Pids 2 and 4 have a command line but no cgroup file: where it
+        // is read, they count as gone.
+        let (host, ids) = host_with(
+            dir.path(),
+            &[(1, Some(unified)), (2, None), (3, Some(hybrid)), (4, None)],
+            &["system.slice/app.service", "hybrid.scope"],
+        );
+        let mut reader = MetadataReader::new(&host, &MetadataLimits::default(), stats.clone());
+        let (first, _) = reader.get(1, ids[0]);
+        let before = stats.snapshot();
+        let (second, _) = reader.get(2, ids[0]);
+        assert_eq!(second.cmdline, "prog 2", "read, without its cgroup file");
+        assert!(Arc::ptr_eq(&second.cgroup, &first.cgroup));
+        let after = stats.snapshot().since(&before);
+        assert_eq!(after.cgroup_cache_hits + after.cgroup_cache_misses, 0);
+        assert_eq!(after.cgroup_id_cache_hits, 1);
+
+        // With v1 lines the text does not follow from the id: read.
+        let (third, _) = reader.get(3, ids[1]);
+        assert_eq!(third.cgroup.systemd_unit.as_deref(), Some("hybrid.scope"));
+        let (fourth, _) = reader.get(4, ids[1]);
+        assert_eq!(
+            fourth.cmdline, "",
+            "taken for gone: its cgroup file is missing"
+        );
+        assert!(Arc::ptr_eq(&fourth.cgroup, &third.cgroup));
+        assert_eq!(stats.snapshot().process_metadata_from_cgroup_id, 1);
+    }
+
+    #[test]
+    fn an_id_is_learned_from_its_cgroup_not_from_a_sample_taken_before_a_move() {
+        let stats = Arc::new(Stats::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (host, ids) = host_with(
+            dir.path(),
+            &[(1, Some("0::/b.service\n"))],
+            &["a.service", "b.service"],
+        );
+        let mut reader = MetadataReader::new(&host, &MetadataLimits::default(), stats);
+        // Sampled in a.service, read once it was in b.service.
+        let (moved, _) = reader.get(1, ids[0]);
+        assert_eq!(moved.cgroup.systemd_unit.as_deref(), Some("b.service"));
+        assert_eq!(*reader.get(2, ids[0]).0, ProcessMetadata::unknown(2));
+        let (gone, _) = reader.get(3, ids[1]);
+        assert_eq!(gone.cgroup.systemd_unit.as_deref(), Some("b.service"));
+    }
+
+    #[test]
+    fn an_id_whose_processes_differ_in_v1_tells_nothing() {
+        let stats = Arc::new(Stats::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let container = format!("4:cpu:/docker/{}\n0::/shared.service\n", "a".repeat(64));
+        let (host, ids) = host_with(
+            dir.path(),
+            &[
+                (1, Some("4:cpu:/\n0::/shared.service\n")),
+                (2, Some(&container)),
+            ],
+            &["shared.service"],
+        );
+        let mut reader = MetadataReader::new(&host, &MetadataLimits::default(), stats);
+        assert!(reader.get(1, ids[0]).0.cgroup.container.is_none());
+        assert!(reader.get(2, ids[0]).0.cgroup.container.is_some());
+        assert_eq!(*reader.get(3, ids[0]).0, ProcessMetadata::unknown(3));
+    }
+
+    #[test]
+    fn without_a_v2_hierarchy_nothing_is_learned() {
+        let stats = Arc::new(Stats::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (_, ids) = host_with(dir.path(), &[(1, Some("0::/a.service\n"))], &["a.service"]);
+        let host = Host::at(dir.path().join("proc"), dir.path().join("no-sys"));
+        let mut reader = MetadataReader::new(&host, &MetadataLimits::default(), stats.clone());
+        assert!(reader.get(1, ids[0]).0.cgroup.systemd_unit.is_some());
+        assert_eq!(*reader.get(2, ids[0]).0, ProcessMetadata::unknown(2));
+        assert_eq!(stats.snapshot().process_metadata_unknown, 1);
     }
 }

@@ -101,7 +101,7 @@ impl Pipeline {
                 stats.clone(),
             ),
             metadata: MetadataReader::new(
-                config.host.proc().to_path_buf(),
+                &config.host,
                 &MetadataLimits {
                     max_processes,
                     ..MetadataLimits::default()

@@ -404,6 +404,10 @@ declare_metrics! {
             process_metadata_cache_hits { cache = "process_metadata" },
             /// Cgroup parses served from the per-cgroup cache, done, or evicted.
             cgroup_cache_hits { cache = "cgroup" },
+            /// Cgroup facts known by v2 cgroup id: used for a process (its
+            /// /proc/PID/cgroup not read, or a process gone), not usable
+            /// (unknown, or the id does not tell), or evicted.
+            cgroup_id_cache_hits { cache = "cgroup_id" },
         ],
     }
     cache_misses: Counter,
@@ -413,6 +417,7 @@ declare_metrics! {
             unwind_cache_misses { cache = "unwind_table" },
             process_metadata_cache_misses { cache = "process_metadata" },
             cgroup_cache_misses { cache = "cgroup" },
+            cgroup_id_cache_misses { cache = "cgroup_id" },
         ],
     }
     cache_evictions: Counter,
@@ -422,6 +427,21 @@ declare_metrics! {
             unwind_cache_evictions { cache = "unwind_table" },
             process_metadata_cache_evictions { cache = "process_metadata" },
             cgroup_cache_evictions { cache = "cgroup" },
+            cgroup_id_cache_evictions { cache = "cgroup_id" },
+        ],
+    }
+    process_metadata_unreadable: Counter,
+        "Processes gone before firn read their metadata (a short-lived process, whose samples \
+        waited for its exit), by where their cgroup facts (container, pod, systemd unit) came \
+        from: cgroup_id (the processes of the cgroup id their sample carries, read alive), \
+        none (not known: no such labels). Their command line and executable are unknown."
+    {
+        stats: [
+            /// Unreadable processes given the cgroup facts of their sample's
+            /// cgroup id.
+            process_metadata_from_cgroup_id { source = "cgroup_id" },
+            /// Unreadable processes left without cgroup facts.
+            process_metadata_unknown { source = "none" },
         ],
     }
     ring_buffer_records_malformed: Counter,

@@ -10,6 +10,7 @@ use agent_pprof::{Reader, decode};
 use super::*;
 use crate::{
     aggregate::{ImageRef, MetadataRef, StackKey},
+    host::Host,
     labels::{
         MetadataConfig, MetadataLimits, MetadataReader, ProcessMetadata, Rule, relabel::RuleSpec,
     },
@@ -53,7 +54,7 @@ fn stacks_of_two_processes() -> (ProcessTable, Vec<(StackKey, u64)>) {
         },
         stats.clone(),
     );
-    let mut reader = MetadataReader::new(PathBuf::from("/proc"), &MetadataLimits::default(), stats);
+    let mut reader = MetadataReader::new(&Host::system(), &MetadataLimits::default(), stats);
     let code: fn() = own_code;
     let address = code as usize as u64;
     let own = table.image_covering(std::process::id(), "batch-test", address);
