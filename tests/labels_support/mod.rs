@@ -49,6 +49,19 @@ pub fn hierarchies() -> Hierarchies {
     }
 }
 
+/// Where the unified (v2) hierarchy is mounted: `/sys/fs/cgroup` on a v2
+/// host, `/sys/fs/cgroup/unified` on a hybrid one.
+pub fn unified_hierarchy() -> PathBuf {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("/proc/self/mounts");
+    mounts
+        .lines()
+        .find_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.len() > 2 && fields[2] == "cgroup2").then(|| PathBuf::from(fields[1]))
+        })
+        .expect("this test needs the unified (v2) cgroup hierarchy mounted")
+}
+
 /// A cgroup the test made, with the parents it had to make. When dropped,
 /// processes still inside go back to the root and the directories it made
 /// are removed.
@@ -76,6 +89,11 @@ impl TestCgroup {
             leaf: path,
             created,
         }
+    }
+
+    /// Its `cgroup.procs`: a process writing its pid there joins it.
+    pub fn procs(&self) -> PathBuf {
+        self.leaf.join("cgroup.procs")
     }
 
     pub fn add(&self, pid: u32) {
