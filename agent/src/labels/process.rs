@@ -531,6 +531,30 @@ mod tests {
     }
 
     #[test]
+    fn a_unit_made_again_is_learned_under_its_new_id() {
+        let stats = Arc::new(Stats::default());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (host, ids) = host_with(
+            dir.path(),
+            &[(1, Some("0::/a.service\n")), (2, Some("0::/a.service\n"))],
+            &["a.service"],
+        );
+        let mut reader = MetadataReader::new(&host, &MetadataLimits::default(), stats);
+        reader.get(1, ids[0]);
+        // Restarted: a new directory, so a new id, under the same path.
+        let root = dir.path().join("sys/fs/cgroup");
+        std::fs::rename(root.join("a.service"), root.join("old")).expect("rename");
+        std::fs::create_dir(root.join("a.service")).expect("made again");
+        let new_id = std::fs::metadata(root.join("a.service"))
+            .expect("dir")
+            .ino();
+        assert_ne!(new_id, ids[0]);
+        reader.get(2, new_id);
+        let (gone, _) = reader.get(3, new_id);
+        assert_eq!(gone.cgroup.systemd_unit.as_deref(), Some("a.service"));
+    }
+
+    #[test]
     fn an_id_whose_processes_differ_in_v1_tells_nothing() {
         let stats = Arc::new(Stats::default());
         let dir = tempfile::tempdir().expect("tempdir");

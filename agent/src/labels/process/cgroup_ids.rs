@@ -73,10 +73,14 @@ impl CgroupIds {
     /// `info`.
     pub(super) fn learn(&mut self, id: u64, text: &str, info: &Arc<CgroupInfo>, now: Instant) {
         let known = match self.entries.get(&id, now) {
-            Some(old) if old.ambiguous || *old.info != **info => Known {
-                ambiguous: true,
-                ..old
-            },
+            Some(old)
+                if old.ambiguous || (!Arc::ptr_eq(&old.info, info) && *old.info != **info) =>
+            {
+                Known {
+                    ambiguous: true,
+                    ..old
+                }
+            }
             _ => Known {
                 info: info.clone(),
                 unified_only: unified_only(text),
