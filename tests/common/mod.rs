@@ -83,6 +83,25 @@ pub fn build_c(dir: &Path, source: &str, output: &str, flags: &[&str]) -> PathBu
     binary
 }
 
+/// An optimized C build without frame pointers: the case the DWARF unwinder
+/// exists for.
+pub const NO_FP_FLAGS: [&str; 4] = ["-O2", "-fomit-frame-pointer", "-g", "-pthread"];
+
+/// `chain_inline.c` built without frame pointers.
+pub fn build_no_fp_chain(dir: &Path) -> PathBuf {
+    build_c(dir, "chain_inline.c", "chain_inline", &NO_FP_FLAGS)
+}
+
+/// A counter from firn's summary line (`name=value`).
+pub fn summary_value(log: &str, name: &str) -> u64 {
+    let prefix = format!("{name}=");
+    log.lines()
+        .filter(|line| line.contains("profile written"))
+        .flat_map(str::split_whitespace)
+        .find_map(|field| field.strip_prefix(&prefix)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}= in firn's summary:\n{log}"))
+}
+
 /// A lightly optimized build that keeps frame pointers: the case the
 /// frame-pointer walk handles alone.
 pub const FP_FLAGS: [&str; 2] = ["-O1", "-fno-omit-frame-pointer"];

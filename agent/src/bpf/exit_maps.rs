@@ -1,4 +1,5 @@
-//! The exit walk (`process_exit_maps`, see `agent-ebpf/src/maps.rs`): the
+//! The exit walk (`process_exit_maps`, see `agent-ebpf/src/maps.rs`), run
+//! as a process exits and as it executes another program: the
 //! offsets it reads and the BTF ids of the kfuncs it calls come from the
 //! running kernel's BTF; the kfunc calls are markers in the object, patched
 //! here before it is loaded. A kernel without the VMA iterator (before
@@ -93,6 +94,7 @@ fn attach_programs(ebpf: &mut Ebpf) -> bool {
     match attached {
         Ok(()) => {
             debug!("mappings of exiting processes are captured in the kernel");
+            attach_at_exec(ebpf);
             true
         }
         Err(error) => {
@@ -105,6 +107,32 @@ fn attach_programs(ebpf: &mut Ebpf) -> bool {
         }
     }
 }
+
+/// The same walk as a process executes another program, on
+/// `sched_prepare_exec` (6.10 and later): it fires before the old image
+/// is let go, and the exec that follows cannot fail back into it, so the
+/// samples of a program that ends in an exec (shell wrappers, `exec "$@"`)
+/// are placed with its own mappings, not left unplaced. Optional: without
+/// it only exits are captured.
+fn attach_at_exec(ebpf: &mut Ebpf) {
+    let name = names::PROG_EXIT_MAPS;
+    let attached = program_mut::<RawTracePoint>(ebpf, name).and_then(|program| {
+        program
+            .attach(PREPARE_EXEC)
+            .map_err(|source| program_error(name, source))
+    });
+    match attached {
+        Ok(_) => debug!("mappings of programs executing another are captured in the kernel"),
+        Err(error) => info!(
+            reason = %crate::logging::error_chain(&error),
+            "mappings of a program that executes another are not captured in the kernel: \
+             its samples may keep unplaced frames"
+        ),
+    }
+}
+
+/// The tracepoint before an exec lets go of the old image.
+const PREPARE_EXEC: &str = "sched_prepare_exec";
 
 /// Totals of `MAPS_COUNTERS`, by [`MapsCounter`].
 pub fn read_counters(map: &PerCpuArray<MapData, u64>) -> [u64; MapsCounter::COUNT as usize] {

@@ -157,15 +157,20 @@ impl ProcessTable {
 
     /// Whether a sample of `tgid` should wait for better maps than firn
     /// has: those the kernel captures as the process exits, or a read once
-    /// it has run past its loader. True for a new program (maps read at
-    /// its exec) and for a live process whose maps could not be read (it
-    /// exited before its samples were drained; its exit event is still to
-    /// come). Only when the kernel captures.
+    /// it has run past its loader. True for a new program (its maps read at
+    /// its exec, or not read at all yet) and for a live process whose maps
+    /// could not be read (it exited before its samples were drained; its
+    /// exit event is still to come). Only when the kernel captures.
+    ///
+    /// A deferred program's maps are not read here: most sampled new
+    /// processes are gone before their samples settle, and the capture at
+    /// their exit replaces any read. One that lives on is read when it
+    /// settles ([`Self::settle`]).
     pub fn holds(&mut self, tgid: u32, comm: &str) -> bool {
         if !self.captures_exit_maps {
             return false;
         }
-        if self.processes.peek(&tgid).is_none_or(|entry| entry.unread) {
+        if self.processes.peek(&tgid).is_none() {
             self.image(tgid, comm);
         }
         let Some(entry) = self.processes.peek(&tgid) else {
@@ -179,7 +184,9 @@ impl ProcessTable {
     /// process settled) when they could be read, so it is alive and its
     /// samples can be placed with them.
     pub fn settle(&mut self, tgid: u32, comm: &str) -> bool {
-        let fresh = self.read_image(tgid, comm, false);
+        // A deferred program's name came with its exec event.
+        let comm_known = self.unread(tgid);
+        let fresh = self.read_image(tgid, comm, comm_known);
         if fresh.gone || fresh.mappings.is_empty() {
             return false;
         }
@@ -239,8 +246,24 @@ impl ProcessTable {
             .map(|entry| entry.image.clone())
     }
 
+    /// The maps of `tgid`'s deferred program can no longer be read as they
+    /// were (it executed another program, or exited without a capture):
+    /// its samples keep unplaced frames rather than be placed in another
+    /// image's maps.
+    pub fn unreadable(&mut self, tgid: u32) {
+        let Some(entry) = self.processes.peek(&tgid) else {
+            return;
+        };
+        if !entry.unread {
+            return;
+        }
+        let comm = entry.image.comm.clone();
+        self.insert(tgid, Arc::new(ProcessImage::gone(tgid, comm)));
+    }
+
     /// Whether `tgid` executed a program whose maps are still to be read
-    /// (at its first sample, by [`Self::image`]).
+    /// (when its samples settle, or at its first sample without the
+    /// kernel's capture, by [`Self::image`]).
     pub fn unread(&self, tgid: u32) -> bool {
         self.processes.peek(&tgid).is_some_and(|entry| entry.unread)
     }
@@ -408,9 +431,10 @@ impl ProcessTable {
     ///
     /// `deferrable`: nothing needs the image before the process's first
     /// sample (no runtime registers a process of its executable at once).
-    /// With the kernel capturing exit maps the read then waits for that
-    /// sample: most new processes on a busy host are never sampled, and
-    /// the samples of those that are wait for the capture or a later read
+    /// With the kernel capturing exit maps the read then waits until its
+    /// samples settle: most new processes on a busy host are never
+    /// sampled, most of those that are exit first (their capture places
+    /// the samples), and the samples of the rest wait for a later read
     /// anyway (they are unsettled).
     pub fn on_exec(&mut self, tgid: u32, comm: &str, deferrable: bool) {
         if deferrable && self.captures_exit_maps {
@@ -479,6 +503,7 @@ impl ProcessTable {
     /// event), so `/proc/PID/comm` is not read: one file fewer for each
     /// process, most of which are seen once.
     fn read_image(&mut self, tgid: u32, fallback_comm: &str, comm_known: bool) -> ProcessImage {
+        Stats::inc(&self.stats.maps_reads);
         let proc_root = self.proc_root.clone();
         let read_maps = self.read_maps.clone();
         let read = self.maps_offload.run(move || {

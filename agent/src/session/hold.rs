@@ -4,9 +4,12 @@
 //! drained, and one drained while it still runs may not have mapped its
 //! libraries when firn read its maps (at its exec). With the kernel
 //! capturing each exiting process's mappings (`Record::Mapping`, before
-//! its exit event), such samples wait: on the exit event they are placed
-//! with the captured mappings; a process that lives on is read again once
-//! it has run [`SETTLE_AFTER`]. Bounded in bytes; a sample that finds the
+//! its exit event, and before its exec event when it executes another
+//! program), such samples wait: on that event they are placed with the
+//! captured mappings; a process that lives on is read (again,
+//! if it was read at its exec) once it has run [`SETTLE_AFTER`]: a new
+//! program firn needs nothing of before then is not read before, so the
+//! many that exit first cost no read at all. Bounded in bytes; a sample that finds the
 //! bound reached is handled at once (counted), as without the capture.
 
 use std::{
@@ -128,6 +131,7 @@ impl Pipeline {
         }
         let counter = match how {
             Released::ExitMaps => &self.stats.held_exit_maps,
+            Released::ExecMaps => &self.stats.held_exec_maps,
             Released::MapsRead => &self.stats.held_maps_read,
             Released::NoMaps => &self.stats.held_no_maps,
             Released::Expired => &self.stats.held_expired,
@@ -141,11 +145,32 @@ impl Pipeline {
         }
     }
 
+    /// The image `tgid` ran until this exit or exec is over: its held
+    /// samples are placed with the mappings the kernel captured just
+    /// before (counted as `captured`), else with what firn has of it.
+    pub(super) fn release_image(&mut self, tgid: u32, comm: &str, captured: Released) {
+        match self.held.captured(tgid) {
+            Some(specs) => {
+                self.processes.install_captured(tgid, comm, specs);
+                self.release(tgid, captured);
+            }
+            None => {
+                self.processes.unreadable(tgid);
+                self.release(tgid, Released::NoMaps);
+            }
+        }
+    }
+
     /// Held samples of processes that lived on are placed with their maps
     /// read now; those that waited too long with what firn has.
     pub(super) fn release_waiting(&mut self) {
         for (tgid, comm, expired) in self.held.waiting(Instant::now()) {
+            let deferred = self.processes.unread(tgid);
             if self.processes.settle(tgid, &comm) {
+                // Its first read: decided as a first sample would be.
+                if deferred {
+                    self.prepare(tgid);
+                }
                 self.release(tgid, Released::MapsRead);
             } else if expired {
                 self.release(tgid, Released::Expired);
@@ -158,6 +183,7 @@ impl Pipeline {
 #[derive(Clone, Copy)]
 pub(super) enum Released {
     ExitMaps,
+    ExecMaps,
     MapsRead,
     NoMaps,
     Expired,

@@ -189,12 +189,6 @@ impl Pipeline {
     pub fn handle(&mut self, bytes: &[u8]) {
         match sampler::decode(bytes) {
             Ok(Record::Sample(sample)) => {
-                // A new program's first sample: its maps are read and its
-                // unwinding decided now (not at its exec, see
-                // `ProcessTable::on_exec`).
-                if self.processes.unread(sample.tgid) {
-                    self.prepare(sample.tgid);
-                }
                 let comm = sample.comm.to_str();
                 // A sample without user frames (a kernel thread's) needs
                 // no maps.
@@ -204,15 +198,22 @@ impl Pipeline {
                     }
                     Stats::inc(&self.stats.held_dropped);
                 }
+                // A new program's first sample handled now: its maps are
+                // read and its unwinding decided (not at its exec, see
+                // `ProcessTable::on_exec`; a held one's when it settles).
+                if !sample.user_stack.is_empty() && self.processes.unread(sample.tgid) {
+                    self.prepare(sample.tgid);
+                }
                 self.count_truncated(&sample);
                 self.sample(sample);
             }
             Ok(Record::Mapping(mapping)) => self.held.capture(mapping, self.page_size),
             Ok(Record::Exec(event)) => {
                 Stats::inc(&self.stats.process_events);
-                // Samples of the image before: placed with what firn has
-                // of it.
-                self.release(event.tgid, Released::NoMaps);
+                // Samples of the image before: placed with its mappings
+                // the kernel captured as the exec began, else with what
+                // firn has of it (never with the new image's maps).
+                self.release_image(event.tgid, &event.comm.to_string(), Released::ExecMaps);
                 let preset = event
                     .executable
                     .and_then(|executable| self.plain.get(&executable));
@@ -253,14 +254,7 @@ impl Pipeline {
                 Stats::inc(&self.stats.process_events);
                 // The mappings the kernel captured came just before: the
                 // process's held samples are placed with them.
-                match self.held.captured(event.tgid) {
-                    Some(specs) => {
-                        self.processes
-                            .install_captured(event.tgid, &event.comm.to_string(), specs);
-                        self.release(event.tgid, Released::ExitMaps);
-                    }
-                    None => self.release(event.tgid, Released::NoMaps),
-                }
+                self.release_image(event.tgid, &event.comm.to_string(), Released::ExitMaps);
                 self.processes.on_exit(event.tgid);
                 // Its samples came before this event and hold their
                 // metadata; a process reusing the pid must not inherit it.

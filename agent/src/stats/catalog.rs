@@ -467,6 +467,14 @@ declare_metrics! {
             ProcessEventsLost { reason = "ring_buffer_full" },
         ],
     }
+    process_maps_reads: Counter,
+        "Reads of /proc/PID/maps started (each exec read, first, settling or refreshing read)."
+    {
+        stats: [
+            /// Reads of /proc/PID/maps started.
+            maps_reads {},
+        ],
+    }
     process_maps_read_failures: Counter,
         "Reads of /proc/PID/maps that failed, by reason: exited (the process was gone), \
         error."
@@ -482,13 +490,17 @@ declare_metrics! {
         "Samples of processes whose maps firn could not trust yet (a new program, or a \
         process gone before its samples were drained), held until the mappings the kernel \
         captured as the process exited, or a read of its maps, by how they were released: \
-        exit_maps (placed with the mappings captured at exit), maps_read (the process lived \
+        exit_maps (placed with the mappings captured at exit), exec_maps (captured as it \
+        executed another program), maps_read (the process lived \
         on and its maps were read), no_maps (it exited without a capture: placed as well as \
         its maps allowed), expired (neither came within 2 s)."
     {
         stats: [
             /// Held samples placed with the mappings captured at exit.
             held_exit_maps { how = "exit_maps" },
+            /// Held samples placed with the mappings captured as the
+            /// process executed another program.
+            held_exec_maps { how = "exec_maps" },
             /// Held samples released once the process's maps were read.
             held_maps_read { how = "maps_read" },
             /// Held samples of a process that exited without a capture.
@@ -559,10 +571,11 @@ declare_metrics! {
     process_maps_deferred: Counter,
         "New programs whose maps were not read at their exec: no runtime registers a process \
         of their executable at once, so the read waits for the first sample (most short-lived \
-        processes have none)."
+        processes have none), and with the mappings captured at exit until the samples \
+        settle (most sampled short-lived processes exit first and are never read)."
     {
         stats: [
-            /// New programs whose maps read waits for their first sample.
+            /// New programs whose maps read waits for their samples.
             maps_deferred {},
         ],
     }

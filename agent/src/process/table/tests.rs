@@ -265,24 +265,30 @@ fn with_exit_maps_a_new_program_is_held_until_settled_or_captured() {
     assert!(table.settle(42, "short"), "alive: its maps read again");
     assert!(!table.holds(42, "short"));
 
-    // Deferred: read at its first sample, not at its exec (a process that
-    // is never sampled costs no read).
+    // Deferred: read neither at its exec nor at its first sample (a
+    // process that is never sampled, or exits before its samples settle,
+    // costs no read), but when its samples settle.
     std::fs::remove_file(process.join("maps")).expect("rm");
     table.on_exec(42, "short", true);
     assert!(table.unread(42));
     assert!(table.lookup(42).is_none(), "not read yet");
     assert_eq!(stats.snapshot().maps_deferred, 1);
+    assert!(table.holds(42, "short"), "held unread");
+    assert!(table.unread(42), "not read at its first sample");
     std::fs::write(process.join("maps"), program).expect("write");
-    assert!(
-        table.holds(42, "short"),
-        "read at its first sample: unsettled"
-    );
+    assert!(table.settle(42, "short"), "alive: read as it settles");
     assert!(!table.unread(42));
     let image = table.lookup(42).expect("read");
     assert_eq!(image.comm, "short", "the exec event's name");
     assert!(image.mapping_index(0x55d4_e0a0_1800).is_some());
-    assert!(table.settle(42, "short"), "alive: its maps read again");
     assert!(!table.holds(42, "short"));
+
+    // Deferred, then another program (or its exit without a capture):
+    // never read, so its samples are not placed in the next image's maps.
+    table.on_exec(42, "short", true);
+    table.unreadable(42);
+    assert!(!table.unread(42));
+    assert!(table.lookup(42).expect("kept").gone);
 
     // Gone before its samples were drained, its exit not yet handled:
     // held for the capture, which replaces the image.
