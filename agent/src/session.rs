@@ -24,14 +24,18 @@ use crate::{
 mod hold;
 mod pipeline;
 mod signal;
+mod timer;
 use hold::mirror_exit_maps;
 use pipeline::EXPIRE_INTERVAL;
 pub use pipeline::{Pipeline, PipelineConfig};
 pub use signal::{ShutdownSignal, shutdown_signal};
+use timer::DrainTimer;
 
 /// The reader drains at least this often: the BPF side only wakes it once
-/// the ring buffer is an eighth full.
-const DRAIN_INTERVAL: Duration = Duration::from_millis(100);
+/// the ring buffer is an eighth full (or at once for what must be seen
+/// while a process lives: a new interpreter's exec and first samples).
+/// Each wakeup costs firn CPU even with nothing to drain.
+const DRAIN_INTERVAL: Duration = Duration::from_millis(250);
 /// Records handled between checks of the clock.
 const DRAIN_BATCH: usize = 256;
 /// Longest stretch of record handling before the loop looks at its
@@ -172,8 +176,7 @@ impl Session {
     /// Processes records until `until` completes, then drains what is left
     /// and returns its output.
     pub async fn collect_until<F: Future>(&mut self, until: F) -> io::Result<F::Output> {
-        let mut drain = tokio::time::interval(DRAIN_INTERVAL);
-        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let drain = DrainTimer::new(DRAIN_INTERVAL)?;
         tokio::pin!(until);
         let mut pending = false;
         loop {
@@ -197,7 +200,10 @@ impl Session {
                     readable?;
                     pending = self.drain(DRAIN_SLICE);
                 }
-                _ = drain.tick() => pending = self.drain(DRAIN_SLICE),
+                ticked = drain.tick() => {
+                    ticked?;
+                    pending = self.drain(DRAIN_SLICE);
+                }
                 () = read_loading, if loading.is_some() => pending = self.drain(DRAIN_SLICE),
             }
         }
