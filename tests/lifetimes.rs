@@ -276,40 +276,11 @@ fn processes_of_5_20_and_100_ms_are_complete_at_1000_hz() {
 /// with (captured at their exit), complete down to bash's entry.
 #[test]
 fn bash_subshells_are_complete() {
-    require_root();
-    let _serial = serial();
-    let dir = tempfile::tempdir().expect("tempdir");
-    // A name of its own, so that no other shell's samples count.
-    let shell = dir.path().join("subsh");
-    std::fs::copy("/bin/bash", &shell).expect("copy bash");
-    let mut recording = Recording::start(dir.path(), &["--duration", "120s"]);
-    recording.wait_until_sampling();
-    let status = Command::new(&shell)
-        .args([
-            "-c",
-            "for i in $(seq 150); do ( x=0; while [ $x -lt 2000 ]; do x=$((x+1)); done ); done",
-        ])
-        .status()
-        .expect("the shell runs");
-    assert!(status.success(), "the subshells failed");
-    let (_, profile) = recording.interrupt();
-    let stacks = placed_stacks_of_comm(&profile, "subsh");
-    let (share, total) = complete_share(&stacks);
-    eprintln!(
-        "bash subshells: {:.1}% of {total} samples complete",
-        share * 100.0
-    );
-    let incomplete: Vec<_> = stacks
-        .iter()
-        .filter(|(names, _)| !is_complete(names))
-        .cloned()
-        .collect();
-    assert!(
-        total >= 50 && share >= LIFETIME_COMPLETE,
-        "{:.1}% of {total} samples of subshells complete; the others:\n{}",
-        share * 100.0,
-        describe(&incomplete)
-    );
+    bash_runs_are_complete("subsh", "subshells", |shell| {
+        format!(
+            "{shell} -c 'for i in $(seq 150); do ( x=0; while [ $x -lt 2000 ]; do x=$((x+1)); done ); done'"
+        )
+    });
 }
 
 /// A shell that computes a while and then executes another program (a
@@ -318,28 +289,36 @@ fn bash_subshells_are_complete() {
 /// never with the next program's maps.
 #[test]
 fn programs_ending_in_an_exec_are_complete() {
+    // After the exec the process is `true`: only the shell's own image
+    // counts.
+    bash_runs_are_complete("execsh", "shells ending in an exec", |shell| {
+        format!(
+            "for i in $(seq 150); do {shell} -c 'x=0; while [ $x -lt 2000 ]; do x=$((x+1)); done; exec /bin/true'; done"
+        )
+    });
+}
+
+/// Records the whole system while `sh -c` runs the script `script` makes
+/// of a copy of bash named `name` (so that no other shell's samples
+/// count), then wants its samples complete.
+fn bash_runs_are_complete(name: &str, what: &str, script: impl FnOnce(&str) -> String) {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    // A name of its own: after the exec the process is `true`.
-    let shell = dir.path().join("execsh");
+    let shell = dir.path().join(name);
     std::fs::copy("/bin/bash", &shell).expect("copy bash");
     let mut recording = Recording::start(dir.path(), &["--duration", "120s"]);
     recording.wait_until_sampling();
-    let script = format!(
-        "for i in $(seq 150); do {} -c 'x=0; while [ $x -lt 2000 ]; do x=$((x+1)); done; exec /bin/true'; done",
-        shell.display()
-    );
     let status = Command::new("sh")
-        .args(["-c", &script])
+        .args(["-c", &script(&shell.display().to_string())])
         .status()
         .expect("sh runs");
-    assert!(status.success(), "the shells failed");
+    assert!(status.success(), "the {what} failed");
     let (log, profile) = recording.interrupt();
-    let stacks = placed_stacks_of_comm(&profile, "execsh");
+    let stacks = placed_stacks_of_comm(&profile, name);
     let (share, total) = complete_share(&stacks);
     eprintln!(
-        "shells ending in an exec: {:.1}% of {total} samples complete",
+        "bash {what}: {:.1}% of {total} samples complete",
         share * 100.0
     );
     let incomplete: Vec<_> = stacks
@@ -349,7 +328,7 @@ fn programs_ending_in_an_exec_are_complete() {
         .collect();
     assert!(
         total >= 50 && share >= LIFETIME_COMPLETE,
-        "{:.1}% of {total} samples of shells ending in an exec complete; the others:\n{}\n{log}",
+        "{:.1}% of {total} samples of {what} complete; the others:\n{}\n{log}",
         share * 100.0,
         describe(&incomplete)
     );
