@@ -276,7 +276,7 @@ fn processes_of_5_20_and_100_ms_are_complete_at_1000_hz() {
 /// with (captured at their exit), complete down to bash's entry.
 #[test]
 fn bash_subshells_are_complete() {
-    bash_runs_are_complete("subsh", "subshells", |shell| {
+    let _ = bash_runs_are_complete("subsh", "subshells", |shell| {
         format!(
             "{shell} -c 'for i in $(seq 150); do ( x=0; while [ $x -lt 2000 ]; do x=$((x+1)); done ); done'"
         )
@@ -291,17 +291,27 @@ fn bash_subshells_are_complete() {
 fn programs_ending_in_an_exec_are_complete() {
     // After the exec the process is `true`: only the shell's own image
     // counts.
-    bash_runs_are_complete("execsh", "shells ending in an exec", |shell| {
+    let profile = bash_runs_are_complete("execsh", "shells ending in an exec", |shell| {
         format!(
             "for i in $(seq 150); do {shell} -c 'x=0; while [ $x -lt 2000 ]; do x=$((x+1)); done; exec /bin/true'; done"
         )
     });
+    // Nor are they labelled as the next program, whose /proc entries
+    // firn would find when it handles them.
+    let labelled_true: i64 = Reader::new(&profile)
+        .samples()
+        .filter(|sample| {
+            sample.label("comm") == Some("execsh") && sample.label("executable") == Some("true")
+        })
+        .map(|sample| sample.count())
+        .sum();
+    assert_eq!(labelled_true, 0, "samples of the shell labelled as `true`");
 }
 
 /// Records the whole system while `sh -c` runs the script `script` makes
 /// of a copy of bash named `name` (so that no other shell's samples
-/// count), then wants its samples complete.
-fn bash_runs_are_complete(name: &str, what: &str, script: impl FnOnce(&str) -> String) {
+/// count), then wants its samples complete; returns the profile.
+fn bash_runs_are_complete(name: &str, what: &str, script: impl FnOnce(&str) -> String) -> Profile {
     require_root();
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -332,4 +342,5 @@ fn bash_runs_are_complete(name: &str, what: &str, script: impl FnOnce(&str) -> S
         share * 100.0,
         describe(&incomplete)
     );
+    profile
 }

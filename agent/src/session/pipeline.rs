@@ -212,7 +212,9 @@ impl Pipeline {
                 Stats::inc(&self.stats.process_events);
                 // Samples of the image before: placed with its mappings
                 // the kernel captured as the exec began, else with what
-                // firn has of it (never with the new image's maps).
+                // firn has of it (never with the new image's maps or
+                // metadata).
+                self.metadata.image_ended(event.tgid);
                 self.release_image(event.tgid, &event.comm.to_string(), Released::ExecMaps);
                 let preset = event
                     .executable
