@@ -34,8 +34,11 @@ use timer::DrainTimer;
 /// The reader drains at least this often: the BPF side only wakes it once
 /// the ring buffer is an eighth full (or at once for what must be seen
 /// while a process lives: a new interpreter's exec and first samples).
-/// Each wakeup costs firn CPU even with nothing to drain.
-const DRAIN_INTERVAL: Duration = Duration::from_millis(250);
+/// Each wakeup costs firn CPU even with nothing to drain, but a runtime's
+/// frames are named from its memory when drained, and the longer after
+/// the sample, the more a JIT has moved (V8's interpreted frames lost
+/// their names more often at 250 ms).
+const DRAIN_INTERVAL: Duration = Duration::from_millis(100);
 /// Records handled between checks of the clock.
 const DRAIN_BATCH: usize = 256;
 /// Longest stretch of record handling before the loop looks at its
