@@ -6,6 +6,7 @@ mod resident;
 
 use std::hash::Hash;
 
+use foldhash::fast::RandomState;
 use lru::LruCache;
 
 pub use resident::{Found, ResidentCache};
@@ -15,7 +16,7 @@ pub use resident::{Found, ResidentCache};
 const MAX_ENTRIES: usize = 65_536;
 
 pub struct ByteBoundedCache<K: Hash + Eq, V> {
-    entries: LruCache<K, (V, usize)>,
+    entries: LruCache<K, (V, usize), RandomState>,
     bytes: usize,
     max_bytes: usize,
 }
@@ -25,7 +26,7 @@ impl<K: Hash + Eq + Clone, V> ByteBoundedCache<K, V> {
         Self {
             // Grows with use: a bounded LruCache would allocate its whole
             // table up front.
-            entries: LruCache::unbounded(),
+            entries: LruCache::unbounded_with_hasher(RandomState::default()),
             bytes: 0,
             max_bytes,
         }

@@ -143,6 +143,31 @@ pub fn parse_maps(pid: u32, text: &[u8]) -> Result<Vec<MappingSpec>, ParseError>
     Ok(mappings)
 }
 
+/// One executable mapping as the kernel's `PROCMAP_QUERY` ioctl reports
+/// it (binary fields, the name as the maps text would print it but not
+/// escaped); `None` where the text's line would be left out too.
+pub fn from_query(
+    start: u64,
+    end: u64,
+    offset: u64,
+    (major, minor): (u32, u32),
+    inode: u64,
+    name: &[u8],
+) -> Option<MappingSpec> {
+    let name = String::from_utf8_lossy(name);
+    let (kind, path, deleted) = classify(&name)?;
+    Some(MappingSpec {
+        start,
+        end,
+        offset,
+        dev: makedev(u64::from(major), u64::from(minor)),
+        inode,
+        path,
+        kind,
+        deleted,
+    })
+}
+
 impl MappingSpec {
     pub fn contains(&self, address: u64) -> bool {
         address >= self.start && address < self.end
@@ -268,5 +293,27 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsysca
         assert_eq!(paths, ["/opt/my app/lib x.so", "(deleted)"]);
         assert!(parse_maps(1, b"1-2 r-xp 0 fe:01 x /a\n").is_err());
         assert!(parse_maps(1, b"1-2 rx 0 fe:01 1 /a\n").is_err());
+    }
+
+    #[test]
+    fn a_queried_mapping_is_classified_as_its_maps_line_would_be() {
+        let file = from_query(0x1000, 0x2000, 0x3000, (0xfe, 1), 42, b"/usr/lib/libc.so.6")
+            .expect("a file");
+        assert_eq!(
+            (file.start, file.end, file.offset, file.inode),
+            (0x1000, 0x2000, 0x3000, 42)
+        );
+        assert_eq!(file.dev, makedev(0xfe, 1));
+        assert_eq!(file.kind, MappingKind::File);
+        let gone = from_query(0, 1, 0, (0, 0), 1, b"/opt/old.so (deleted)").expect("a file");
+        assert_eq!((gone.path.as_str(), gone.deleted), ("/opt/old.so", true));
+        let jit = from_query(0, 1, 0, (0, 0), 0, b"").expect("anonymous");
+        assert_eq!(jit.kind, MappingKind::Anonymous);
+        let vdso = from_query(0, 1, 0, (0, 0), 0, b"[vdso]").expect("the vdso");
+        assert_eq!(vdso.kind, MappingKind::Vdso);
+        assert!(from_query(0, 1, 0, (0, 0), 0, b"[anon:x]").is_none());
+        // Not escaped, unlike the text: the name is the file's own.
+        let newline = from_query(0, 1, 0, (0, 0), 3, b"/tmp/a\nb").expect("a file");
+        assert_eq!(newline.path, "/tmp/a\nb");
     }
 }

@@ -9,6 +9,7 @@ use std::{collections::HashSet, fmt::Debug, hash::Hash, num::NonZeroUsize, sync:
 use agent_cache::ByteBoundedCache;
 use agent_common::UserRegs;
 use agent_elf::Bytes;
+use foldhash::fast::RandomState;
 use lru::LruCache;
 use tracing::debug;
 
@@ -112,13 +113,13 @@ impl CacheCounts {
 /// CFI sources by object (bounded in bytes) and a bounded row cache.
 struct CfiCache<K: Hash + Eq> {
     sources: ByteBoundedCache<K, Arc<CfiSource<Bytes>>>,
-    rows: LruCache<(K, u64), Option<UnwindRow>>,
+    rows: LruCache<(K, u64), Option<UnwindRow>, RandomState>,
     context: Box<CfiContext>,
     counts: CacheCounts,
     /// Sources a row was read from since their pages were last released:
     /// only these have pages to give back (releasing a big object's whole
     /// mapping walks its page tables even when nothing is resident).
-    read_since_release: HashSet<K>,
+    read_since_release: HashSet<K, RandomState>,
 }
 
 impl<K: Clone + Eq + Hash + Debug> CfiCache<K> {
@@ -133,10 +134,13 @@ impl<K: Clone + Eq + Hash + Debug> CfiCache<K> {
             + 16;
         Self {
             sources: ByteBoundedCache::new(max_bytes),
-            rows: LruCache::new(entries(ROW_CACHE_BYTES / entry_bytes)),
+            rows: LruCache::with_hasher(
+                entries(ROW_CACHE_BYTES / entry_bytes),
+                RandomState::default(),
+            ),
             context: Box::new(CfiContext::new()),
             counts: CacheCounts::default(),
-            read_since_release: HashSet::new(),
+            read_since_release: HashSet::default(),
         }
     }
 
@@ -222,7 +226,7 @@ impl<L: ObjectLookup> CodeLookup for CachedCode<'_, L> {
 /// Unwinds samples; owns the CFI caches.
 pub struct Unwinder<K: Hash + Eq> {
     cfi: CfiCache<K>,
-    verdicts: LruCache<K, ObjectFrames>,
+    verdicts: LruCache<K, ObjectFrames, RandomState>,
 }
 
 impl<K: Clone + Eq + Hash + Debug> Unwinder<K> {
@@ -231,7 +235,7 @@ impl<K: Clone + Eq + Hash + Debug> Unwinder<K> {
     pub fn new(max_bytes: usize) -> Self {
         Self {
             cfi: CfiCache::new(max_bytes),
-            verdicts: LruCache::new(entries(VERDICT_CACHE_ENTRIES)),
+            verdicts: LruCache::with_hasher(entries(VERDICT_CACHE_ENTRIES), RandomState::default()),
         }
     }
 

@@ -92,7 +92,7 @@ pub struct ProcessTableStats {
 
 pub struct ProcessTable {
     proc_root: PathBuf,
-    processes: LruCache<u32, Entry>,
+    processes: LruCache<u32, Entry, foldhash::fast::RandomState>,
     /// Exits in the order they were seen, for `expire`.
     exits: ExitQueue,
     objects: ObjectRegistry,
@@ -136,7 +136,7 @@ impl ProcessTable {
             slow_roots: objects.slow_roots(),
             objects,
             proc_root,
-            processes: LruCache::new(capacity),
+            processes: LruCache::with_hasher(capacity, Default::default()),
             exits: ExitQueue::default(),
             grace: config.exited_process_grace,
             refusals: Refusals::new(stats.clone()),
