@@ -137,15 +137,24 @@ impl Child {
     /// Runs `path` and waits (at most 5 s) until the loader has mapped
     /// libc: until then the image is incomplete.
     fn run(path: &Path) -> Self {
-        let child = Self(
-            std::process::Command::new(path)
-                .arg("1000")
-                .spawn()
-                .expect("the fixture runs"),
-            None,
-        );
-        let maps = format!("/proc/{}/maps", child.0.id());
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        // A child another test thread forked while the fixture was being
+        // written holds the file open for writing until it executes: the
+        // exec fails with ETXTBSY meanwhile.
+        let process = loop {
+            match std::process::Command::new(path).arg("1000").spawn() {
+                Ok(process) => break process,
+                Err(error)
+                    if error.kind() == std::io::ErrorKind::ExecutableFileBusy
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(error) => panic!("the fixture runs: {error}"),
+            }
+        };
+        let child = Self(process, None);
+        let maps = format!("/proc/{}/maps", child.0.id());
         while !std::fs::read_to_string(&maps).is_ok_and(|maps| maps.contains("libc")) {
             assert!(
                 std::time::Instant::now() < deadline,
