@@ -77,6 +77,11 @@ impl HeldSamples {
         true
     }
 
+    /// Whether no sample waits.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
     /// The held samples of `tgid`, in the order they came.
     pub fn take(&mut self, tgid: u32) -> Vec<Box<[u8]>> {
         let records = self

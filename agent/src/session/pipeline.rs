@@ -33,6 +33,9 @@ use crate::{
 /// How often exited processes are forgotten (and the exit walk's counters
 /// mirrored).
 pub(super) const EXPIRE_INTERVAL: Duration = Duration::from_secs(1);
+/// How long after a sample of a runtime's process the reader keeps
+/// draining promptly.
+const PROMPT_AFTER_RUNTIME_SAMPLE: Duration = Duration::from_secs(2);
 /// How often map entries of vanished processes are looked for.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -73,6 +76,9 @@ pub struct Pipeline {
     runtimes: Vec<Box<dyn RuntimeSupport>>,
     pub(super) stats: Arc<Stats>,
     last_expire: Instant,
+    /// Until when the reader drains promptly: a while after the last
+    /// sample of a process a runtime names (see [`Self::wants_prompt_drain`]).
+    prompt_until: Instant,
     last_sweep: Instant,
     host: Host,
     thread_labels: bool,
@@ -135,6 +141,8 @@ impl Pipeline {
             }),
             stats: stats.clone(),
             last_expire: Instant::now(),
+            // Processes running at the start are not known yet.
+            prompt_until: Instant::now() + PROMPT_AFTER_RUNTIME_SAMPLE,
             last_sweep: Instant::now(),
             host: config.host.clone(),
             thread_labels: config.thread_labels,
@@ -384,6 +392,9 @@ impl Pipeline {
             }
         }
         let runtime = !image.passed_over();
+        if runtime {
+            self.prompt_until = now + PROMPT_AFTER_RUNTIME_SAMPLE;
+        }
         let user = match runtime {
             true => self.with_runtime_frames(&sample, native),
             false => native.into_iter().map(UserFrame::Native).collect(),
@@ -519,6 +530,16 @@ impl Pipeline {
             self.policy.observe_walk(&image, walk);
         }
         (frames, image)
+    }
+
+    /// Whether records should be drained at the prompt tick rather than
+    /// the quiet one: a process a runtime names was sampled lately (its
+    /// frames are named from its memory when drained, and the later, the
+    /// more a JIT has moved), samples are held (they settle, or their
+    /// process is read, at a drain), or an interpreter's maps are due to
+    /// be read again.
+    pub fn wants_prompt_drain(&self, now: Instant) -> bool {
+        now < self.prompt_until || !self.held.is_empty() || self.next_loading().is_some()
     }
 
     pub(super) fn housekeeping(&mut self) {

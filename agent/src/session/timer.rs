@@ -15,6 +15,7 @@ use tokio::io::{Interest, unix::AsyncFd};
 
 pub struct DrainTimer {
     fd: AsyncFd<OwnedFd>,
+    period: Duration,
 }
 
 impl DrainTimer {
@@ -24,23 +25,23 @@ impl DrainTimer {
             TimerfdClockId::Monotonic,
             TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
         )?;
-        let every = Timespec {
-            tv_sec: i64::try_from(period.as_secs()).unwrap_or(i64::MAX),
-            tv_nsec: i64::from(period.subsec_nanos()),
-        };
-        timerfd_settime(
-            &fd,
-            TimerfdTimerFlags::empty(),
-            &Itimerspec {
-                it_interval: every,
-                it_value: every,
-            },
-        )?;
+        arm(&fd, period)?;
         // SAFETY: the timer owns its descriptor, which stays open and
         // unchanged until this AsyncFd drops.
         let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }
             .map_err(|error| error.into_parts().1)?;
-        Ok(Self { fd })
+        Ok(Self { fd, period })
+    }
+
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// Fires every `period` from now on instead.
+    pub fn set_period(&mut self, period: Duration) -> io::Result<()> {
+        arm(self.fd.get_ref(), period)?;
+        self.period = period;
+        Ok(())
     }
 
     /// Waits for the next expiry (any missed ones count as one).
@@ -59,6 +60,22 @@ impl DrainTimer {
             }
         }
     }
+}
+
+fn arm(fd: &OwnedFd, period: Duration) -> io::Result<()> {
+    let every = Timespec {
+        tv_sec: i64::try_from(period.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(period.subsec_nanos()),
+    };
+    timerfd_settime(
+        fd,
+        TimerfdTimerFlags::empty(),
+        &Itimerspec {
+            it_interval: every,
+            it_value: every,
+        },
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -85,5 +102,22 @@ mod tests {
         timer.tick().await.expect("tick");
         timer.tick().await.expect("tick");
         assert!(before.elapsed() > period, "{:?}", before.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_new_period_counts_from_when_it_is_set() {
+        let mut timer = DrainTimer::new(Duration::from_secs(3600)).expect("timerfd");
+        let period = Duration::from_millis(20);
+        timer.set_period(period).expect("rearmed");
+        assert_eq!(timer.period(), period);
+        let started = Instant::now();
+        let two_ticks = async {
+            timer.tick().await.expect("tick");
+            timer.tick().await.expect("tick");
+        };
+        tokio::time::timeout(Duration::from_secs(10), two_ticks)
+            .await
+            .expect("the timer ticks at its new period, not the hour it had");
+        assert!(started.elapsed() >= period * 2, "{:?}", started.elapsed());
     }
 }
