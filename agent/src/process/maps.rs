@@ -33,8 +33,7 @@ pub enum MapsError {
 /// line and a path each, for the handful firn keeps: the query costs a
 /// fraction of it, and a process is read at least once in its life.
 pub fn read_maps(proc_root: &Path, pid: u32) -> Result<Vec<MappingSpec>, MapsError> {
-    let path = proc_root.join(pid.to_string()).join("maps");
-    let file = File::open(&path).map_err(|source| read_error(pid, source))?;
+    let file = open_maps(proc_root, pid)?;
     if QUERY_SUPPORTED.load(Ordering::Relaxed) {
         match query::executable_mappings(&file) {
             Ok(mappings) => return Ok(mappings),
@@ -50,9 +49,12 @@ pub fn read_maps(proc_root: &Path, pid: u32) -> Result<Vec<MappingSpec>, MapsErr
 /// The executable mappings of `pid` read from the text of `/proc/PID/maps`
 /// alone, as kernels before 6.11 give them (and for comparison).
 pub fn read_maps_as_text(proc_root: &Path, pid: u32) -> Result<Vec<MappingSpec>, MapsError> {
+    parse_text(open_maps(proc_root, pid)?, pid)
+}
+
+fn open_maps(proc_root: &Path, pid: u32) -> Result<File, MapsError> {
     let path = proc_root.join(pid.to_string()).join("maps");
-    let file = File::open(&path).map_err(|source| read_error(pid, source))?;
-    parse_text(file, pid)
+    File::open(&path).map_err(|source| read_error(pid, source))
 }
 
 fn parse_text(file: File, pid: u32) -> Result<Vec<MappingSpec>, MapsError> {

@@ -35,7 +35,7 @@ use crate::{
 pub(super) const EXPIRE_INTERVAL: Duration = Duration::from_secs(1);
 /// How long after a sample of a runtime's process the reader keeps
 /// draining promptly.
-const PROMPT_AFTER_RUNTIME_SAMPLE: Duration = Duration::from_secs(2);
+pub(super) const PROMPT_AFTER_RUNTIME_SAMPLE: Duration = Duration::from_secs(2);
 /// How often map entries of vanished processes are looked for.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(10);
 

@@ -217,3 +217,37 @@ fn runtimes_look_again_only_at_processes_not_passed_over() {
         assert_eq!(pipeline.take_profile().samples, 3);
     }
 }
+
+/// A sample of a process a runtime names keeps the drain prompt for a
+/// while; samples of processes every runtime passed over do not.
+#[test]
+fn only_runtime_samples_keep_the_drain_prompt() {
+    let pid = std::process::id();
+    let code = only_runtime_samples_keep_the_drain_prompt as *const () as usize as u64;
+    for claims in [false, true] {
+        let stats = Arc::new(Stats::default());
+        let mut pipeline =
+            Pipeline::new(&PipelineConfig::default(), stats).with_runtime(Box::new(Counting {
+                looks: Default::default(),
+                seen: Default::default(),
+                claims,
+            }));
+        let sampled_at = Instant::now();
+        for _ in 0..2 {
+            pipeline.sample(RawSample {
+                tgid: pid,
+                tid: pid,
+                comm: "test".into(),
+                user_stack: vec![code],
+                ..RawSample::default()
+            });
+        }
+        // Past the start's prompt window, within the sample's.
+        let later = sampled_at + pipeline::PROMPT_AFTER_RUNTIME_SAMPLE;
+        assert_eq!(
+            pipeline.wants_prompt_drain(later),
+            claims,
+            "claims: {claims}"
+        );
+    }
+}
