@@ -44,6 +44,16 @@ impl LineTable {
         after.checked_sub(1).and_then(|index| self.starts[index].1)
     }
 
+    /// Whether no instruction at or before `offset` has a line: the
+    /// prologue a generator runs before its body (3.10's `GEN_START` has
+    /// no line), where the frame is still at its `def`.
+    pub(crate) fn before_first_line(&self, offset: u32) -> bool {
+        self.starts
+            .iter()
+            .take_while(|(start, _)| *start <= offset)
+            .all(|(_, line)| line.is_none())
+    }
+
     pub(crate) fn heap_bytes(&self) -> usize {
         self.starts.capacity() * std::mem::size_of::<(u32, Option<u32>)>()
     }
@@ -206,6 +216,22 @@ mod tests {
         assert_eq!(lines.line(6), Some(5));
         assert_eq!(lines.line(11), Some(5));
         assert_eq!(lines.line(12), None, "past the table");
+    }
+
+    #[test]
+    fn a_generator_prologue_without_a_line_is_before_the_first_line() {
+        // 3.10's `async def`: `GEN_START` (2 bytes, no line), then the body
+        // at the def line + 2, an instruction without a line, line + 3.
+        let table = [2, 0x80, 4, 2, 2, 0x80, 2, 1];
+        let lines = LineTable::decode(LineFormat::Ranges, &table, 7);
+        assert_eq!(lines.line(0), None);
+        assert!(lines.before_first_line(0));
+        assert!(lines.before_first_line(1));
+        assert_eq!(lines.line(2), Some(9));
+        assert!(!lines.before_first_line(2));
+        assert_eq!(lines.line(6), None);
+        assert!(!lines.before_first_line(6), "no line, but in the body");
+        assert_eq!(lines.line(8), Some(10));
     }
 
     #[test]

@@ -147,7 +147,13 @@ impl CodeEntry {
         let line = match bytecode_offset(layout, code, instruction) {
             Some(offset) if offset < self.code_bytes => {
                 let offset = u32::try_from(offset).unwrap_or(u32::MAX);
-                self.lines.line(offset).unwrap_or(0)
+                match self.lines.line(offset) {
+                    Some(line) => line,
+                    // Python says no line (`f_lineno` None) but the frame
+                    // has not reached its body: it is at the `def`.
+                    None if self.lines.before_first_line(offset) => self.first_line,
+                    None => 0,
+                }
             }
             // Not started yet (`f_lasti` -1, a pointer just before the
             // code), or garbage: CPython says the first line too.
