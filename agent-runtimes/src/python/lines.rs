@@ -36,7 +36,9 @@ impl LineTable {
         }
     }
 
-    /// The line of the instruction at byte offset `offset`.
+    /// The line of the instruction at byte offset `offset`, as Python
+    /// reports it (`None` for an instruction without one).
+    #[cfg(test)]
     pub(crate) fn line(&self, offset: u32) -> Option<u32> {
         // The last range starting at or before `offset`: of several
         // starting at the same offset, the last (the others are empty).
@@ -44,14 +46,16 @@ impl LineTable {
         after.checked_sub(1).and_then(|index| self.starts[index].1)
     }
 
-    /// Whether no instruction at or before `offset` has a line: the
-    /// prologue a generator runs before its body (3.10's `GEN_START` has
-    /// no line), where the frame is still at its `def`.
-    pub(crate) fn before_first_line(&self, offset: u32) -> bool {
-        self.starts
+    /// The line of the instruction at `offset`, or for one without a line
+    /// (a generator's prologue, an exception handler's cleanup), that of
+    /// the closest instruction before it with one: the line the frame is
+    /// still on. `None` before every line.
+    pub(crate) fn line_or_before(&self, offset: u32) -> Option<u32> {
+        let after = self.starts.partition_point(|(start, _)| *start <= offset);
+        self.starts[..after]
             .iter()
-            .take_while(|(start, _)| *start <= offset)
-            .all(|(_, line)| line.is_none())
+            .rev()
+            .find_map(|(_, line)| *line)
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
@@ -219,19 +223,30 @@ mod tests {
     }
 
     #[test]
-    fn a_generator_prologue_without_a_line_is_before_the_first_line() {
+    fn instructions_without_a_line_are_on_the_line_before() {
         // 3.10's `async def`: `GEN_START` (2 bytes, no line), then the body
         // at the def line + 2, an instruction without a line, line + 3.
         let table = [2, 0x80, 4, 2, 2, 0x80, 2, 1];
         let lines = LineTable::decode(LineFormat::Ranges, &table, 7);
         assert_eq!(lines.line(0), None);
-        assert!(lines.before_first_line(0));
-        assert!(lines.before_first_line(1));
+        assert_eq!(lines.line_or_before(0), None, "before every line");
+        assert_eq!(lines.line_or_before(1), None);
         assert_eq!(lines.line(2), Some(9));
-        assert!(!lines.before_first_line(2));
+        assert_eq!(lines.line_or_before(2), Some(9));
         assert_eq!(lines.line(6), None);
-        assert!(!lines.before_first_line(6), "no line, but in the body");
-        assert_eq!(lines.line(8), Some(10));
+        assert_eq!(lines.line_or_before(6), Some(9), "still on the line before");
+        assert_eq!(lines.line_or_before(8), Some(10));
+        // 3.12's `asyncio.tasks.__sleep0` (a generator, def at 641):
+        // `RETURN_GENERATOR` at 641, `POP_TOP` without a line (where a
+        // started generator resumes), `RESUME` at 641, the body at 650, an
+        // exception handler without a line.
+        let table = [232, 0, 248, 128, 0, 244, 18, 0, 5, 10, 249];
+        let lines = LineTable::decode(LineFormat::Locations, &table, 641);
+        assert_eq!(lines.line(2), None);
+        assert_eq!(lines.line_or_before(2), Some(641));
+        assert_eq!(lines.line_or_before(6), Some(650));
+        assert_eq!(lines.line(16), None);
+        assert_eq!(lines.line_or_before(16), Some(650));
     }
 
     #[test]

@@ -11,7 +11,8 @@ use super::{
     layout::{Bytecode, InstructionField, Layout, OBJECT_SIZE, OBJECT_TYPE, TYPE_NAME},
     lines::LineTable,
     read::{
-        MAX_LINE_TABLE, field_i32, field_u64, object_size, read, read_bytes, read_string, read_u64,
+        BYTES_READ_AHEAD, MAX_LINE_TABLE, STRING_READ_AHEAD, field_i32, field_u64, object_size,
+        read, read_bytes_ahead, read_string_ahead, read_u64,
     },
 };
 use crate::{Memory, MemoryError};
@@ -147,13 +148,10 @@ impl CodeEntry {
         let line = match bytecode_offset(layout, code, instruction) {
             Some(offset) if offset < self.code_bytes => {
                 let offset = u32::try_from(offset).unwrap_or(u32::MAX);
-                match self.lines.line(offset) {
-                    Some(line) => line,
-                    // Python says no line (`f_lineno` None) but the frame
-                    // has not reached its body: it is at the `def`.
-                    None if self.lines.before_first_line(offset) => self.first_line,
-                    None => 0,
-                }
+                // Python says no line (`f_lineno` None) for code the
+                // compiler added: the frame is still on the line before,
+                // or before the body (a generator's prologue) at its `def`.
+                self.lines.line_or_before(offset).unwrap_or(self.first_line)
             }
             // Not started yet (`f_lasti` -1, a pointer just before the
             // code), or garbage: CPython says the first line too.
@@ -301,10 +299,30 @@ impl PythonNamer {
             });
         }
         self.check_code_type(process, memory, frame.code, field_u64(&header, OBJECT_TYPE))?;
-        let file = read_string(memory, &layout.unicode, field_u64(&header, code.file))?;
-        let function = read_string(memory, &layout.unicode, field_u64(&header, code.function))?;
+        let (file, function, table) = (
+            field_u64(&header, code.file),
+            field_u64(&header, code.function),
+            field_u64(&header, code.line_table),
+        );
+        // The three objects' headers and most of their data in one system
+        // call; a read that fails (one ending past its mapping) and those
+        // after it are left empty, and their objects read as they need.
+        let mut file_ahead = [0; STRING_READ_AHEAD];
+        let mut function_ahead = [0; STRING_READ_AHEAD];
+        let mut table_ahead = [0; BYTES_READ_AHEAD];
+        let read_ahead = memory.read_many(&mut [
+            (file, &mut file_ahead[..]),
+            (function, &mut function_ahead[..]),
+            (table, &mut table_ahead[..]),
+        ]);
+        let whole = |bytes: &[u8], index: usize| bytes.len() * usize::from(index < read_ahead);
+        let file_ahead = &file_ahead[..whole(&file_ahead, 0)];
+        let function_ahead = &function_ahead[..whole(&function_ahead, 1)];
+        let table_ahead = &table_ahead[..whole(&table_ahead, 2)];
+        let file = read_string_ahead(memory, &layout.unicode, file, file_ahead)?;
+        let function = read_string_ahead(memory, &layout.unicode, function, function_ahead)?;
         let first_line = u32::try_from(field_i32(&header, code.first_line)).unwrap_or(0);
-        let table = read_bytes(memory, field_u64(&header, code.line_table), MAX_LINE_TABLE)?;
+        let table = read_bytes_ahead(memory, table, MAX_LINE_TABLE, table_ahead)?;
         let code_bytes = match code.bytecode {
             Bytecode::Object { code } => object_size(memory, field_u64(&header, code))?,
             // `ob_size` counts 2-byte code units.

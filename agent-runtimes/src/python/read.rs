@@ -48,16 +48,51 @@ pub(crate) fn field_i32(bytes: &[u8], offset: u64) -> i32 {
         .map_or(0, i32::from_le_bytes)
 }
 
-/// A `str` object (`PyASCIIObject` and after). Only compact strings are
-/// read: every string the compiler makes is one (the legacy, non-compact
-/// form only comes from deprecated C APIs, removed in 3.12).
-pub(crate) fn read_string(
+/// Bytes read at a string's address along with the code object's other
+/// reads (one system call): the header and the data of nearly every
+/// function and file name.
+pub(crate) const STRING_READ_AHEAD: usize = 192;
+
+/// Bytes read at a line table's address the same way: its header and the
+/// whole table of most functions.
+pub(crate) const BYTES_READ_AHEAD: usize = 256;
+
+/// `buf` filled from `address`: from `ahead` (bytes already read at
+/// `start`) when it holds them all, else read.
+fn read_via(
+    memory: &mut dyn Memory,
+    ahead: (u64, &[u8]),
+    address: u64,
+    buf: &mut [u8],
+) -> Result<(), NameError> {
+    let (start, bytes) = ahead;
+    let held = address
+        .checked_sub(start)
+        .and_then(|offset| usize::try_from(offset).ok())
+        .and_then(|offset| bytes.get(offset..offset.checked_add(buf.len())?));
+    match held {
+        Some(held) => {
+            buf.copy_from_slice(held);
+            Ok(())
+        }
+        None => read(memory, address, buf),
+    }
+}
+
+/// A `str` object (`PyASCIIObject` and after), with `ahead` the bytes
+/// already read at `address` (any length; what it lacks is read). Only
+/// compact strings are read: every string the compiler makes is one (the
+/// legacy, non-compact form only comes from deprecated C APIs, removed in
+/// 3.12).
+pub(crate) fn read_string_ahead(
     memory: &mut dyn Memory,
     layout: &UnicodeLayout,
     address: u64,
+    ahead: &[u8],
 ) -> Result<Arc<str>, NameError> {
+    let ahead = (address, ahead);
     let mut header = [0; UNICODE_STATE as usize + 4];
-    read(memory, address, &mut header)?;
+    read_via(memory, ahead, address, &mut header)?;
     let length = field_u64(&header, UNICODE_LENGTH);
     let state = field_i32(&header, UNICODE_STATE).cast_unsigned();
     let kind = (state >> 2) & 7;
@@ -75,7 +110,7 @@ pub(crate) fn read_string(
     };
     let width = kind as usize;
     let mut bytes = vec![0; characters * width];
-    read(memory, address.wrapping_add(data), &mut bytes)?;
+    read_via(memory, ahead, address.wrapping_add(data), &mut bytes)?;
     let text: String = match width {
         1 => bytes.iter().map(|&byte| char::from(byte)).collect(),
         2 => bytes
@@ -97,13 +132,18 @@ pub(crate) fn object_size(memory: &mut dyn Memory, address: u64) -> Result<u64, 
     read_u64(memory, address.wrapping_add(OBJECT_SIZE))
 }
 
-/// The contents of a `bytes` object of at most `limit` bytes.
-pub(crate) fn read_bytes(
+/// The contents of a `bytes` object of at most `limit` bytes, with `ahead`
+/// the bytes already read at `address`.
+pub(crate) fn read_bytes_ahead(
     memory: &mut dyn Memory,
     address: u64,
     limit: u64,
+    ahead: &[u8],
 ) -> Result<Vec<u8>, NameError> {
-    let size = object_size(memory, address)?;
+    let ahead = (address, ahead);
+    let mut size = [0; 8];
+    read_via(memory, ahead, address.wrapping_add(OBJECT_SIZE), &mut size)?;
+    let size = u64::from_le_bytes(size);
     if size > limit {
         return Err(NameError::TooLarge {
             address,
@@ -112,6 +152,6 @@ pub(crate) fn read_bytes(
         });
     }
     let mut bytes = vec![0; size as usize];
-    read(memory, address.wrapping_add(BYTES_DATA), &mut bytes)?;
+    read_via(memory, ahead, address.wrapping_add(BYTES_DATA), &mut bytes)?;
     Ok(bytes)
 }

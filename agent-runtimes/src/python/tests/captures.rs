@@ -387,3 +387,56 @@ fn the_cache_stays_within_its_bytes() {
     let counts = roomy.take_counts();
     assert_eq!((counts.misses, counts.hits), (2, 1));
 }
+
+/// The captured regions in a process whose memory around them is mapped
+/// (zeros where nothing was captured), counting system calls: a read, or
+/// one batch of reads.
+struct Mapped {
+    regions: Regions,
+    calls: usize,
+}
+
+impl Mapped {
+    fn byte(&self, address: u64) -> u8 {
+        let mut byte = [0];
+        let _ = self.regions.clone().read(address, &mut byte);
+        byte[0]
+    }
+}
+
+impl Memory for Mapped {
+    fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
+        self.calls += 1;
+        for (offset, byte) in (0u64..).zip(buf.iter_mut()) {
+            *byte = self.byte(address.wrapping_add(offset));
+        }
+        Ok(())
+    }
+
+    fn read_many(&mut self, reads: &mut [(u64, &mut [u8])]) -> usize {
+        for (address, buf) in reads.iter_mut() {
+            self.read(*address, buf).expect("mapped");
+        }
+        self.calls -= reads.len().saturating_sub(1);
+        reads.len()
+    }
+}
+
+#[test]
+fn a_code_object_is_read_in_a_few_system_calls() {
+    for minor in [8, 10, 11, 12, 13] {
+        let (version, regions, frame, _) = innermost(minor);
+        let expected = PythonNamer::new(1 << 20)
+            .name(1, version, &mut regions.clone(), &frame)
+            .expect("named from the exact reads");
+        let mut memory = Mapped { regions, calls: 0 };
+        let mut namer = PythonNamer::new(1 << 20);
+        let named = namer.name(1, version, &mut memory, &frame).expect("named");
+        assert_eq!(named, expected, "{version}");
+        // The header, the type's name (its pointer, then the name), the
+        // file, function and line table together, and before 3.11 the
+        // bytecode's size.
+        let bytecode = usize::from(minor < 11);
+        assert_eq!(memory.calls, 4 + bytecode, "{version}");
+    }
+}
