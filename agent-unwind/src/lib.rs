@@ -22,6 +22,7 @@
 mod cfi;
 mod dwarf;
 mod leaf;
+mod recent;
 mod survey;
 mod unwinder;
 

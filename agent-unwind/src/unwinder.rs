@@ -18,6 +18,7 @@ use crate::{
     cfi::{CfiContext, CfiSource, UnwindRow},
     dwarf::{Code, CodeLookup, ForeignFrame, ForeignStep, Outcome, StackCopy, Stop, unwind},
     leaf::{LeafRepair, repair_leaf, stitch},
+    recent::RecentRows,
     survey::{ObjectFrames, is_go, survey},
 };
 
@@ -114,6 +115,8 @@ impl CacheCounts {
 struct CfiCache<K: Hash + Eq> {
     sources: ByteBoundedCache<K, Arc<CfiSource<Bytes>>>,
     rows: LruCache<(K, u64), Option<UnwindRow>, RandomState>,
+    /// The last rows found, in front of `rows`.
+    recent: RecentRows<K>,
     context: Box<CfiContext>,
     counts: CacheCounts,
     /// Sources a row was read from since their pages were last released:
@@ -138,6 +141,7 @@ impl<K: Clone + Eq + Hash + Debug> CfiCache<K> {
                 entries(ROW_CACHE_BYTES / entry_bytes),
                 RandomState::default(),
             ),
+            recent: RecentRows::new(),
             context: Box::new(CfiContext::new()),
             counts: CacheCounts::default(),
             read_since_release: HashSet::default(),
@@ -151,10 +155,15 @@ impl<K: Clone + Eq + Hash + Debug> CfiCache<K> {
         vaddr: u64,
         bytes: impl FnOnce() -> Option<Bytes>,
     ) -> Option<UnwindRow> {
-        let slot = (key, vaddr);
-        if let Some(row) = self.rows.get(&slot) {
+        if let Some(row) = self.recent.get(&key, vaddr) {
             self.counts.hits += 1;
-            return *row;
+            return row;
+        }
+        let slot = (key, vaddr);
+        if let Some(&row) = self.rows.get(&slot) {
+            self.counts.hits += 1;
+            self.recent.put(&slot.0, vaddr, row);
+            return row;
         }
         self.counts.misses += 1;
         if !self.read_since_release.contains(&slot.0) {
@@ -163,6 +172,7 @@ impl<K: Clone + Eq + Hash + Debug> CfiCache<K> {
         let row = self
             .source(&slot.0, bytes)
             .and_then(|source| source.row(vaddr, &mut self.context));
+        self.recent.put(&slot.0, vaddr, row);
         // `push` hands back the least recently used row it let go.
         if self.rows.push(slot, row).is_some() {
             self.counts.evictions += 1;
