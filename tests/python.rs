@@ -264,7 +264,7 @@ fn extension_frames_sit_above_their_python_caller() {
     assert_all("extension", checks);
 }
 
-/// One started before firn and two of 2 s started once firn samples (the
+/// One started before firn and two of 2 s started in turn once firn samples (the
 /// whole system, as firn learns of them from their exec): all named, the
 /// short ones from their first samples on. firn registers a new process
 /// with the walker some tens of milliseconds after its exec: the samples
@@ -277,17 +277,20 @@ fn processes_started_before_and_after_firn_are_named() {
     let all = interpreters();
     let lines = ChainLines::new();
     let before = PythonProcess::start(interpreter(&all, "pyenv 3.10"), &lines.script, &["0"]);
-    let mut recording = Recording::start(dir.path(), &["--duration", "6s"]);
+    let mut recording = Recording::start(dir.path(), &["--duration", "8s"]);
     recording.wait_until_sampling();
-    let mut short: Vec<PythonProcess> =
-        [interpreter(&all, "Debian"), interpreter(&all, "pyenv 3.13")]
-            .into_iter()
-            .map(|interpreter| PythonProcess::start(interpreter, &lines.script, &["2"]))
-            .collect();
-    for process in &mut short {
-        process.wait(Duration::from_secs(30));
-    }
-    let (_, profile) = recording.finish(Duration::from_secs(6));
+    // One after the other: with the process started before, two at once
+    // would be three busy interpreters on a 2-CPU machine, and firn would
+    // wait for a CPU to register them.
+    let short: Vec<PythonProcess> = [interpreter(&all, "Debian"), interpreter(&all, "pyenv 3.13")]
+        .into_iter()
+        .map(|interpreter| {
+            let mut process = PythonProcess::start(interpreter, &lines.script, &["2"]);
+            process.wait(Duration::from_secs(30));
+            process
+        })
+        .collect();
+    let (_, profile) = recording.finish(Duration::from_secs(8));
     let mut checks = vec![check_chain(&profile, &before, &lines)];
     for process in &short {
         let who = format!("{} (short-lived)", process.interpreter.name);
