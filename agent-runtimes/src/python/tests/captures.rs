@@ -396,19 +396,16 @@ struct Mapped {
     calls: usize,
 }
 
-impl Mapped {
-    fn byte(&self, address: u64) -> u8 {
-        let mut byte = [0];
-        let _ = self.regions.clone().read(address, &mut byte);
-        byte[0]
-    }
-}
-
 impl Memory for Mapped {
     fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
         self.calls += 1;
         for (offset, byte) in (0u64..).zip(buf.iter_mut()) {
-            *byte = self.byte(address.wrapping_add(offset));
+            let mut captured = [0];
+            let address = address.wrapping_add(offset);
+            *byte = match self.regions.read(address, &mut captured) {
+                Ok(()) => captured[0],
+                Err(_) => 0,
+            };
         }
         Ok(())
     }
