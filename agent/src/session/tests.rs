@@ -187,30 +187,38 @@ impl crate::runtimes::RuntimeSupport for Counting {
     }
 }
 
+/// A pipeline with only a [`Counting`] runtime, counting into `looks`.
+fn counting_pipeline(claims: bool, looks: Arc<std::sync::atomic::AtomicUsize>) -> Pipeline {
+    let stats = Arc::new(Stats::default());
+    Pipeline::new(&PipelineConfig::default(), stats).with_runtime(Box::new(Counting {
+        looks,
+        seen: Default::default(),
+        claims,
+    }))
+}
+
+/// A sample of this test process with `code` as its one user frame.
+fn own_sample(code: u64) -> RawSample<'static> {
+    let pid = std::process::id();
+    RawSample {
+        tgid: pid,
+        tid: pid,
+        comm: "test".into(),
+        user_stack: vec![code],
+        ..RawSample::default()
+    }
+}
+
 /// A process every runtime passed over costs them no look at its later
 /// samples; one a runtime keeps is looked at each time, as before.
 #[test]
 fn runtimes_look_again_only_at_processes_not_passed_over() {
-    let pid = std::process::id();
     let code = runtimes_look_again_only_at_processes_not_passed_over as *const () as usize as u64;
     for (claims, expected) in [(false, 1), (true, 3)] {
-        let stats = Arc::new(Stats::default());
         let looks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let mut pipeline = Pipeline::new(&PipelineConfig::default(), stats.clone()).with_runtime(
-            Box::new(Counting {
-                looks: looks.clone(),
-                seen: Default::default(),
-                claims,
-            }),
-        );
+        let mut pipeline = counting_pipeline(claims, looks.clone());
         for _ in 0..3 {
-            pipeline.sample(RawSample {
-                tgid: pid,
-                tid: pid,
-                comm: "test".into(),
-                user_stack: vec![code],
-                ..RawSample::default()
-            });
+            pipeline.sample(own_sample(code));
         }
         let looked = looks.load(std::sync::atomic::Ordering::Relaxed);
         assert_eq!(looked, expected, "claims: {claims}");
@@ -222,25 +230,12 @@ fn runtimes_look_again_only_at_processes_not_passed_over() {
 /// while; samples of processes every runtime passed over do not.
 #[test]
 fn only_runtime_samples_keep_the_drain_prompt() {
-    let pid = std::process::id();
     let code = only_runtime_samples_keep_the_drain_prompt as *const () as usize as u64;
     for claims in [false, true] {
-        let stats = Arc::new(Stats::default());
-        let mut pipeline =
-            Pipeline::new(&PipelineConfig::default(), stats).with_runtime(Box::new(Counting {
-                looks: Default::default(),
-                seen: Default::default(),
-                claims,
-            }));
+        let mut pipeline = counting_pipeline(claims, Default::default());
         let sampled_at = Instant::now();
         for _ in 0..2 {
-            pipeline.sample(RawSample {
-                tgid: pid,
-                tid: pid,
-                comm: "test".into(),
-                user_stack: vec![code],
-                ..RawSample::default()
-            });
+            pipeline.sample(own_sample(code));
         }
         // Past the start's prompt window, within the sample's.
         let later = sampled_at + pipeline::PROMPT_AFTER_RUNTIME_SAMPLE;
