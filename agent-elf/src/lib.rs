@@ -7,6 +7,7 @@ pub mod debug_files;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod gopclntab;
+mod pages;
 
 use std::{fmt, io, ops::Deref, sync::Arc};
 

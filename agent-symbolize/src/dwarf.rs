@@ -120,6 +120,11 @@ struct UnitUse {
 /// profile's first lookups reach into a dozen objects at once.
 const RELEASE_AFTER_BYTES: usize = 1 << 20;
 
+/// Above this many bytes of `.debug_info`, the file pages are let go while
+/// the index is built (by a second thread, see
+/// [`Bytes::releasing_pages_during`]), not only after it.
+const RELEASE_DURING_INDEX_ABOVE: usize = 4 << 20;
+
 /// How big an object's DWARF is, which predicts what parsing it costs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DwarfShape {
@@ -303,23 +308,35 @@ impl DwarfInfo {
             line_bytes: dwarf.debug_line.reader().len(),
             decompressed_bytes: decompressed,
         };
-        let mut headers = dwarf.units();
-        while let Ok(Some(_)) = headers.next() {
-            shape.units += 1;
-        }
-        let heap_bytes = shape.index_cost();
-        if heap_bytes > max_bytes {
-            return Err(DwarfError::TooLarge {
-                bytes: heap_bytes as u64,
-                limit: max_bytes,
-            });
-        }
-        let mut dwarf = dwarf;
-        dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
-        let context = addr2line::Context::from_dwarf(dwarf)
-            .map_err(|source| DwarfError::Malformed { source })?;
-        // Indexing read every unit's header; lookups will read a few units.
-        bytes.release_pages();
+        // Counting and indexing read every unit's header, all over the
+        // file: a large DWARF's pages are let go as they are read, not
+        // after (lookups will read a few units).
+        let large = shape.info_bytes >= RELEASE_DURING_INDEX_ABOVE;
+        let index = || {
+            let mut headers = dwarf.units();
+            while let Ok(Some(_)) = headers.next() {
+                shape.units += 1;
+            }
+            let heap_bytes = shape.index_cost();
+            if heap_bytes > max_bytes {
+                return Err(DwarfError::TooLarge {
+                    bytes: heap_bytes as u64,
+                    limit: max_bytes,
+                });
+            }
+            let mut dwarf = dwarf;
+            dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
+            let context = addr2line::Context::from_dwarf(dwarf)
+                .map_err(|source| DwarfError::Malformed { source })?;
+            Ok((context, heap_bytes))
+        };
+        let (context, heap_bytes) = if large {
+            bytes.releasing_pages_during(index)?
+        } else {
+            let indexed = index()?;
+            bytes.release_pages();
+            indexed
+        };
         Ok(Self {
             context,
             bytes,

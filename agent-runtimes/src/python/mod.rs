@@ -21,7 +21,7 @@ use std::fmt;
 
 pub use layout::walker_layout;
 pub use namer::{NameError, NamerCounts, PythonFrame, PythonNamer, SharedObject};
-pub use object::{PythonObject, inspect_object, loads_libpython};
+pub use object::{PythonObject, inspect_mapped_object, inspect_object, loads_libpython};
 
 /// A CPython version. `patch` is 0 when only a file name told the version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -42,6 +42,18 @@ const VERSION: &str = "Py_Version";
 /// file name: the version string in `.rodata` is assembled at run time, so
 /// there is no cheap third way.
 pub fn inspect_object(file_name: &str, elf: &[u8]) -> Result<Option<PythonObject>, PythonError> {
+    inspect_mapped_object(file_name, elf, &|| {})
+}
+
+/// [`inspect_object`] over the bytes of a file mapping: `release_pages`
+/// lets the kernel drop the pages read so far, and is called while a large
+/// string table is searched, so that the search of a big executable's
+/// (a Go server's `.strtab` is tens of MB) does not hold it all resident.
+pub fn inspect_mapped_object(
+    file_name: &str,
+    elf: &[u8],
+    release_pages: &dyn Fn(),
+) -> Result<Option<PythonObject>, PythonError> {
     let file_name = file_name.rsplit('/').next().unwrap_or(file_name);
     let named = NamedVersion::parse(file_name);
     let file = match object::File::parse(elf) {
@@ -49,7 +61,7 @@ pub fn inspect_object(file_name: &str, elf: &[u8]) -> Result<Option<PythonObject
         Err(source) if named.is_some() => return Err(PythonError::Parse { source }),
         Err(_) => return Ok(None),
     };
-    let runtime = if named.is_some() || has_string(&file, RUNTIME) {
+    let runtime = if named.is_some() || has_string(&file, RUNTIME, release_pages) {
         find_symbol(&file, RUNTIME)
     } else {
         None
@@ -141,16 +153,43 @@ impl NamedVersion {
 
 /// Whether a symbol string table of the file holds `name`. Every
 /// executable a process runs is asked whether it embeds an interpreter,
-/// and a search of the tables (a few MB at most, scanned at memory speed)
-/// answers for most of them far sooner than reading each symbol's name.
-fn has_string(file: &object::File<'_>, name: &str) -> bool {
+/// and a search of the tables (scanned at memory speed) answers for most
+/// of them far sooner than reading each symbol's name.
+fn has_string(file: &object::File<'_>, name: &str, release_pages: &dyn Fn()) -> bool {
     let needle = [b"\0", name.as_bytes(), b"\0"].concat();
     let finder = memchr::memmem::Finder::new(&needle);
     [".dynstr", ".strtab"].iter().any(|table| {
         file.section_by_name(table)
             .and_then(|section| section.data().ok())
-            .is_some_and(|data| finder.find(data).is_some())
+            .is_some_and(|data| find_in_windows(&finder, data, release_pages))
     })
+}
+
+/// Bytes of a string table searched between two releases of its pages.
+const SEARCH_WINDOW: usize = 1 << 20;
+
+/// Whether `data` holds the finder's needle, searched a window at a time
+/// with the pages released after each window but the last. Windows
+/// overlap by the needle's length less one, so a match across a border is
+/// found.
+fn find_in_windows(
+    finder: &memchr::memmem::Finder<'_>,
+    data: &[u8],
+    release_pages: &dyn Fn(),
+) -> bool {
+    let overlap = finder.needle().len().saturating_sub(1);
+    let mut start: usize = 0;
+    loop {
+        let end = start.saturating_add(SEARCH_WINDOW).min(data.len());
+        if finder.find(&data[start..end]).is_some() {
+            return true;
+        }
+        if end == data.len() {
+            return false;
+        }
+        release_pages();
+        start = end - overlap;
+    }
 }
 
 fn find_symbol<'data, 'file>(
@@ -236,6 +275,34 @@ mod tests {
         ] {
             assert_eq!(named(other), None, "{other}");
         }
+    }
+
+    #[test]
+    fn a_large_table_is_searched_in_windows_releasing_its_pages() {
+        let needle = b"\0_PyRuntime\0";
+        let finder = memchr::memmem::Finder::new(needle);
+        let released = std::cell::Cell::new(0);
+        let release = || released.set(released.get() + 1);
+        // Across the first border: half the needle on each side.
+        let mut table = vec![b'x'; 3 * SEARCH_WINDOW];
+        let at = SEARCH_WINDOW - needle.len() / 2;
+        table[at..at + needle.len()].copy_from_slice(needle);
+        assert!(find_in_windows(&finder, &table, &release));
+        assert_eq!(released.get(), 1, "released after the first window");
+        // Not there: every window searched, the pages let go after each.
+        released.set(0);
+        table[at..at + needle.len()].fill(b'x');
+        assert!(!find_in_windows(&finder, &table, &release));
+        assert_eq!(released.get(), 3);
+        // At the very end.
+        let end = table.len() - needle.len();
+        table[end..].copy_from_slice(needle);
+        assert!(find_in_windows(&finder, &table, &release));
+        // A small table: one search, nothing to release.
+        released.set(0);
+        assert!(find_in_windows(&finder, needle, &release));
+        assert!(!find_in_windows(&finder, b"", &release));
+        assert_eq!(released.get(), 0);
     }
 
     fn object(file: &str) -> &'static [u8] {

@@ -14,11 +14,11 @@ use std::{
 };
 
 use agent_common::{ExecutableKey, InterpreterFrame, PythonProcess, interpreter_frame_flags};
-use agent_elf::ContentKey;
+use agent_elf::{ContentKey, SharedBytes};
 use agent_runtimes::{
     libc::{LibcKind, glibc_thread_specific_offset, libc_kind},
     python::{
-        NameError, PythonNamer, PythonObject, PythonVersion, SharedObject, inspect_object,
+        NameError, PythonNamer, PythonObject, PythonVersion, SharedObject, inspect_mapped_object,
         walker_layout,
     },
 };
@@ -302,10 +302,11 @@ impl PythonRuntime {
             &mut self.interpreters,
             |path| file_name(path).contains("python"),
             |path, object| match object.data() {
-                Ok(data) => inspect_object(file_name(path), &data).map_err(|error| {
-                    debug!(path, %error, "not a CPython firn can walk");
-                    skip_reason(&error)
-                }),
+                Ok(data) => inspect_mapped_object(file_name(path), &data, &|| data.release_pages())
+                    .map_err(|error| {
+                        debug!(path, %error, "not a CPython firn can walk");
+                        skip_reason(&error)
+                    }),
                 Err(error) => {
                     debug!(path, %error, "could not read object");
                     Err(SkipReason::Unreadable)
