@@ -437,8 +437,16 @@ impl DwarfInfo {
             });
             frames.push(DwarfFrame { name, file, line });
         }
-        // After the lookup: the unit it parsed is in the heap now.
-        if self.touched_bytes >= RELEASE_AFTER_BYTES {
+        // After the lookup: the unit it parsed is in the heap now. A large
+        // DWARF's units are let go one at a time: the names of one unit's
+        // functions lie all over its `.debug_str` (10 MB in a debug build),
+        // and each read there faults in the 64 KiB around it.
+        let release_after = if self.shape.info_bytes >= RELEASE_DURING_INDEX_ABOVE {
+            1
+        } else {
+            RELEASE_AFTER_BYTES
+        };
+        if self.touched_bytes >= release_after {
             self.touched_bytes = 0;
             self.bytes.release_pages();
         }

@@ -7,12 +7,12 @@
 mod frame_cache;
 
 use std::{
-    collections::{HashMap, HashSet},
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use agent_pprof::{Frame, Frames, Mapping, Origin};
+use foldhash::{HashMap, HashSet};
 pub use frame_cache::{FRAME_CACHE_BYTES, FrameCache};
 
 use crate::{
@@ -153,9 +153,9 @@ pub fn symbolize_interval(
         symbolizer,
         cache,
         table: FrameTable::default(),
-        frame_ids: HashMap::new(),
-        mapping_ids: HashMap::new(),
-        user_lines: HashMap::new(),
+        frame_ids: HashMap::default(),
+        mapping_ids: HashMap::default(),
+        user_lines: HashMap::default(),
         unnamed: Arc::from(Vec::new()),
     };
     step.symbolize_user_frames(&aggregated.stacks);
@@ -187,7 +187,7 @@ impl Step<'_> {
     /// the caches cannot hold all of them at once (frames of big objects
     /// interleave in the stacks).
     fn symbolize_user_frames(&mut self, stacks: &[(StackKey, u64)]) {
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         let mut wanted: Vec<(Arc<ObjectFile>, u64)> = Vec::new();
         for (key, _) in stacks {
             let image = &key.image.0;
