@@ -138,6 +138,11 @@ pub struct DwarfShape {
 
 impl DwarfShape {
     /// Estimated heap of the decompressed sections and the unit index.
+    /// DWARF whose pages are let go while it is read, not only after.
+    fn is_large(&self) -> bool {
+        self.info_bytes >= RELEASE_DURING_INDEX_ABOVE
+    }
+
     pub fn index_cost(&self) -> usize {
         self.decompressed_bytes
             .saturating_add(self.units.saturating_mul(INDEX_COST_PER_UNIT))
@@ -311,7 +316,7 @@ impl DwarfInfo {
         // Counting and indexing read every unit's header, all over the
         // file: a large DWARF's pages are let go as they are read, not
         // after (lookups will read a few units).
-        let large = shape.info_bytes >= RELEASE_DURING_INDEX_ABOVE;
+        let large = shape.is_large();
         let index = || {
             let mut headers = dwarf.units();
             while let Ok(Some(_)) = headers.next() {
@@ -441,7 +446,7 @@ impl DwarfInfo {
         // DWARF's units are let go one at a time: the names of one unit's
         // functions lie all over its `.debug_str` (10 MB in a debug build),
         // and each read there faults in the 64 KiB around it.
-        let release_after = if self.shape.info_bytes >= RELEASE_DURING_INDEX_ABOVE {
+        let release_after = if self.shape.is_large() {
             1
         } else {
             RELEASE_AFTER_BYTES

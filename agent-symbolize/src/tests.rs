@@ -458,3 +458,70 @@ fn go_functions_are_named_by_the_go_table_with_file_and_line() {
         symbolizer.cache_bytes().symbols
     );
 }
+
+/// Bytes in memory that count the releases of their pages.
+struct CountedBytes {
+    bytes: Vec<u8>,
+    releases: std::sync::atomic::AtomicUsize,
+}
+
+impl AsRef<[u8]> for CountedBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl agent_elf::SharedBytes for CountedBytes {
+    fn release_pages(&self) {
+        self.releases
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// A large DWARF (this test's own debug build, many MB of `.debug_info`)
+/// lets its pages go after every lookup that parsed a unit, not only after
+/// a MiB of units: the names one unit's functions read lie all over
+/// `.debug_str`.
+#[test]
+fn a_large_dwarf_lets_its_pages_go_after_each_unit_parsed() {
+    use std::sync::atomic::Ordering;
+    let exe = std::fs::read(std::env::current_exe().expect("the test binary")).expect("readable");
+    let file = object::File::parse(&*exe).expect("ELF");
+    let info = file
+        .section_by_name(".debug_info")
+        .map_or(0, |section| section.size());
+    assert!(
+        info >= 4 << 20,
+        "the test binary has {info} bytes of .debug_info: build the tests with debug info"
+    );
+    // Two functions of different crates: different units.
+    let address_of = |part: &str| {
+        file.symbols()
+            .find(|symbol| {
+                symbol.kind() == object::SymbolKind::Text
+                    && symbol.address() != 0
+                    && symbol.name().is_ok_and(|name| name.contains(part))
+            })
+            .map(|symbol| symbol.address())
+            .unwrap_or_else(|| panic!("a function of {part}"))
+    };
+    let addresses = [address_of("gimli"), address_of("agent_symbolize")];
+    let counted = Arc::new(CountedBytes {
+        bytes: exe.clone(),
+        releases: Default::default(),
+    });
+    let mut dwarf = DwarfInfo::parse(Bytes::new(counted.clone()), 1 << 30).expect("indexed");
+    for address in addresses {
+        let before = counted.releases.load(Ordering::Relaxed);
+        let frames = dwarf.frames(address).expect("a lookup");
+        assert!(!frames.is_empty(), "{address:#x} is in a unit");
+        assert!(
+            counted.releases.load(Ordering::Relaxed) > before,
+            "the pages were let go after the unit of {address:#x} was parsed"
+        );
+        // The same unit again parses nothing: nothing to let go.
+        let before = counted.releases.load(Ordering::Relaxed);
+        dwarf.frames(address).expect("a lookup");
+        assert_eq!(counted.releases.load(Ordering::Relaxed), before);
+    }
+}
