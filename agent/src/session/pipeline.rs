@@ -373,7 +373,15 @@ impl Pipeline {
         {
             return;
         }
-        let (native, image) = self.unwind(&sample, image);
+        // A sample without user frames (a kernel thread's) has nothing to
+        // unwind and nothing a runtime could name: it must not keep the
+        // drain at the prompt tick (a kernel thread's image is never
+        // passed over, it has no mappings to look at).
+        let user_side = !sample.user_stack.is_empty() || sample.user_regs.is_some();
+        let (native, image) = match user_side {
+            true => self.unwind(&sample, image),
+            false => (Vec::new(), image),
+        };
         // Open every object (and debug file, and JIT perf map) now, while
         // the process is surely alive; the profile is symbolized later,
         // possibly after it exited.
@@ -391,7 +399,7 @@ impl Pipeline {
                 }
             }
         }
-        let runtime = !image.passed_over();
+        let runtime = user_side && !image.passed_over();
         if runtime {
             self.prompt_until = now + PROMPT_AFTER_RUNTIME_SAMPLE;
         }

@@ -246,3 +246,28 @@ fn only_runtime_samples_keep_the_drain_prompt() {
         );
     }
 }
+
+/// A kernel thread's samples (no user frames) give a runtime nothing to
+/// look at or name: they neither cost the runtimes a look nor keep the
+/// drain prompt (an otherwise quiet host's kernel threads would wake firn
+/// ten times a second).
+#[test]
+fn kernel_thread_samples_leave_the_drain_quiet() {
+    let looks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Even a runtime that would claim every process it looks at.
+    let mut pipeline = counting_pipeline(true, looks.clone());
+    let sampled_at = Instant::now();
+    for _ in 0..3 {
+        pipeline.sample(RawSample {
+            tgid: 2,
+            tid: 2,
+            comm: "kthreadd".into(),
+            kernel_stack: vec![0xffff_ffff_8100_0000],
+            ..RawSample::default()
+        });
+    }
+    let later = sampled_at + pipeline::PROMPT_AFTER_RUNTIME_SAMPLE;
+    assert!(!pipeline.wants_prompt_drain(later));
+    assert_eq!(looks.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(pipeline.take_profile().samples, 3);
+}
