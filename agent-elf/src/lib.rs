@@ -370,12 +370,14 @@ pub fn read_symbols_from(inputs: &[Bytes]) -> Result<SymbolTable, ElfError> {
                 source,
                 &mut candidates,
                 &release,
+                SYMBOLS_PER_RELEASE,
             ),
             Ok(object::FileKind::Elf32) => function_symbols::<elf::FileHeader32<Endianness>>(
                 data,
                 source,
                 &mut candidates,
                 &release,
+                SYMBOLS_PER_RELEASE,
             ),
             // The error the general parser gives for anything else.
             _ => parse(&data[..]).map(|_| ()),
@@ -416,6 +418,7 @@ fn function_symbols<Elf: FileHeader<Endian = Endianness>>(
     source: usize,
     candidates: &mut Vec<(SymbolEntry, Preference)>,
     release: &dyn Fn(),
+    per_release: usize,
 ) -> Result<(), ElfError> {
     let parse_error = |source| ElfError::Parse { source };
     let header = Elf::parse(data).map_err(parse_error)?;
@@ -434,9 +437,20 @@ fn function_symbols<Elf: FileHeader<Endian = Endianness>>(
         };
         // Functions only: a library's table holds as many other symbols
         // (objects, sections, files), and the candidates take 24 bytes each.
-        candidates.reserve(table.symbols().iter().filter(|s| is_function(s)).count());
+        // Counted a chunk at a time with the pages let go between: the
+        // count alone reads the whole table (a Go server's is 6 MB).
+        let functions: usize = table
+            .symbols()
+            .chunks(per_release)
+            .map(|chunk| {
+                let count = chunk.iter().filter(|s| is_function(s)).count();
+                release();
+                count
+            })
+            .sum();
+        candidates.reserve(functions);
         for (index, symbol) in table.symbols().iter().enumerate() {
-            if index % SYMBOLS_PER_RELEASE == SYMBOLS_PER_RELEASE - 1 {
+            if index % per_release == per_release - 1 {
                 release();
             }
             if !is_function(symbol) {
@@ -570,6 +584,38 @@ mod tests {
                 let _ = table.lookup(entry.address);
             }
         }
+    }
+
+    /// Both passes over a table (counting its functions, then reading
+    /// them) let the pages go every `per_release` symbols: a server's
+    /// table of several MB is never resident whole.
+    #[test]
+    fn reading_symbols_lets_pages_go_every_chunk_of_both_passes() {
+        use std::cell::Cell;
+        let per_release = 4;
+        let releases = Cell::new(0);
+        let mut candidates = Vec::new();
+        function_symbols::<elf::FileHeader64<Endianness>>(
+            CHAIN,
+            0,
+            &mut candidates,
+            &|| releases.set(releases.get() + 1),
+            per_release,
+        )
+        .expect("symbols");
+        let file = object::File::parse(CHAIN).expect("fixture parses");
+        let expected: usize = [file.symbols().count(), file.dynamic_symbols().count()]
+            .into_iter()
+            // `object` leaves out the null symbol each table starts with.
+            .map(|listed| listed + 1)
+            .map(|count| count.div_ceil(per_release) + count / per_release)
+            .sum();
+        assert!(
+            file.symbols().count() > 4 * per_release,
+            "too few symbols to test"
+        );
+        assert_eq!(releases.get(), expected);
+        assert!(!candidates.is_empty());
     }
 
     #[test]
