@@ -455,8 +455,13 @@ fn the_image_builds_and_profiles_as_the_daemonset_runs_it() {
     // are collected while it unpacks, and containerd's collector may take
     // a parent layer the unpack has just found ("parent snapshot ... does
     // not exist", containerd/containerd#3787).
-    for old in ctr.ok(&["images", "ls", "--quiet"]).lines() {
-        ctr.ok(&["images", "rm", "--sync", old.trim()]);
+    let listed = ctr.ok(&["images", "ls", "--quiet"]);
+    for old in listed
+        .lines()
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+    {
+        ctr.ok(&["images", "rm", "--sync", old]);
     }
     let archive = dir.path().join("image.tar");
     daemon.docker_ok(&["save", "--output", archive.to_str().expect("utf-8"), image]);
