@@ -97,6 +97,15 @@ pub struct RawSample<'a> {
     pub off_cpu: Option<OffCpuInfo>,
 }
 
+impl RawSample<'_> {
+    /// The task was in a process when sampled: it has user frames or user
+    /// registers. A kernel thread's samples have neither, need no maps and
+    /// no runtime looks at them.
+    pub fn has_user_side(&self) -> bool {
+        !self.user_stack.is_empty() || self.user_regs.is_some()
+    }
+}
+
 /// A whole process executed a new image or exited.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProcessEvent {
@@ -444,6 +453,37 @@ mod tests {
             panic!("not a sample");
         };
         assert_eq!(cpu.off_cpu, None, "a CPU sample is no wait");
+    }
+
+    #[test]
+    fn a_kernel_threads_sample_has_no_user_side() {
+        let mut record = sample_record();
+        record.stack_copy_len = 0;
+        let whole = with_stacks(&record);
+        let Record::Sample(sample) = decode(&whole).expect("decodes") else {
+            panic!("not a sample");
+        };
+        assert!(sample.has_user_side());
+        let mut kernel_only = record;
+        kernel_only.flags = 0;
+        kernel_only.user_frames = 0;
+        let mut bytes = as_bytes(&kernel_only);
+        for address in KERNEL {
+            bytes.extend_from_slice(&address.to_ne_bytes());
+        }
+        let Record::Sample(sample) = decode(&bytes).expect("decodes") else {
+            panic!("not a sample");
+        };
+        assert_eq!(sample.kernel_stack, KERNEL);
+        assert!(!sample.has_user_side());
+        // Registers alone (the walk skipped, nothing copied) are a user side.
+        kernel_only.flags = sample_flags::USER_REGS_VALID;
+        bytes[..size_of::<SampleRecord>()].copy_from_slice(&as_bytes(&kernel_only));
+        let Record::Sample(sample) = decode(&bytes).expect("decodes") else {
+            panic!("not a sample");
+        };
+        assert!(sample.user_stack.is_empty());
+        assert!(sample.has_user_side());
     }
 
     /// The record followed by its frames, as the BPF program writes it.

@@ -198,9 +198,8 @@ impl Pipeline {
         match sampler::decode(bytes) {
             Ok(Record::Sample(sample)) => {
                 let comm = sample.comm.to_str();
-                // A sample without user frames (a kernel thread's) needs
-                // no maps.
-                if !sample.user_stack.is_empty() && self.processes.holds(sample.tgid, &comm) {
+                // A kernel thread's sample needs no maps.
+                if sample.has_user_side() && self.processes.holds(sample.tgid, &comm) {
                     if self.held.hold(sample.tgid, &comm, bytes) {
                         return;
                     }
@@ -209,7 +208,7 @@ impl Pipeline {
                 // A new program's first sample handled now: its maps are
                 // read and its unwinding decided (not at its exec, see
                 // `ProcessTable::on_exec`; a held one's when it settles).
-                if !sample.user_stack.is_empty() && self.processes.unread(sample.tgid) {
+                if sample.has_user_side() && self.processes.unread(sample.tgid) {
                     self.prepare(sample.tgid);
                 }
                 self.count_truncated(&sample);
@@ -377,7 +376,7 @@ impl Pipeline {
         // unwind and nothing a runtime could name: it must not keep the
         // drain at the prompt tick (a kernel thread's image is never
         // passed over, it has no mappings to look at).
-        let user_side = !sample.user_stack.is_empty() || sample.user_regs.is_some();
+        let user_side = sample.has_user_side();
         let (native, image) = match user_side {
             true => self.unwind(&sample, image),
             false => (Vec::new(), image),
