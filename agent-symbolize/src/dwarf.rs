@@ -1,14 +1,14 @@
-//! DWARF line tables and inline frames through addr2line, over the bytes of
-//! an object or of its separate debug file. Pure: bytes in, frames out, no
+//! DWARF line tables and inline frames through gimli, over the bytes of an
+//! object or of its separate debug file. Pure: bytes in, frames out, no
 //! I/O; so it is tested on fixtures and corrupt inputs without root.
 //!
-//! A context is built lazily: creating one only indexes the compilation
-//! units' address ranges; a unit's lines and functions are parsed the first
-//! time an address falls in it. Its heap use is estimated from what was
-//! parsed so far, for the byte-bounded cache that holds it.
+//! Built lazily: indexing an object keeps only its compilation units'
+//! address ranges; a unit is parsed the first time an address falls in it
+//! and let go when rounds stop using it ([`crate::dwarf_units`]). Its heap
+//! use is estimated from what is parsed at the time, for the byte-bounded
+//! cache that holds it.
 
 use std::{
-    collections::{HashMap, hash_map::Entry},
     fmt,
     panic::{AssertUnwindSafe, catch_unwind},
     sync::Arc,
@@ -19,7 +19,9 @@ use object::{CompressionFormat, Object, ObjectSection};
 
 use agent_elf::Bytes;
 
-type Reader = gimli::EndianReader<gimli::RunTimeEndian, Bytes>;
+use crate::dwarf_units::{ParsedUnits, UnitIndex};
+
+pub(crate) type Reader = gimli::EndianReader<gimli::RunTimeEndian, Bytes>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DwarfError {
@@ -36,7 +38,7 @@ pub enum DwarfError {
         #[source]
         source: object::Error,
     },
-    #[error("indexing this DWARF needs about {bytes} bytes, more than the {limit} allowed")]
+    #[error("this DWARF, all parsed, needs about {bytes} bytes, more than the {limit} allowed")]
     TooLarge { bytes: u64, limit: usize },
     #[error("malformed DWARF")]
     Malformed {
@@ -56,28 +58,12 @@ pub struct DwarfFrame {
     pub line: Option<u32>,
 }
 
-/// More inline levels than this at one address means corrupt DWARF.
-const MAX_INLINE_DEPTH: usize = 64;
+// What indexing costs: the compressed sections inflated, and per unit
+// where it starts and its ranges (most units have one to a few; a Rust
+// unit lists each function's).
+const INDEX_COST_PER_UNIT: usize = 64;
 
-// What addr2line's structures cost, estimated from the DWARF's shape. The
-// unit index built up front holds every unit's abbreviations and line
-// program header (file and directory tables); a unit's lines (one 24-byte
-// row per one to three opcode bytes) and functions are parsed when an
-// address first falls in it. Fitted on firn's own debug and release builds
-// and Debian's glibc debug files with `cargo bench -p firn --bench
-// symbolize`, within about 40% of the heap measured there. The parsed
-// units' cost was refitted on firn's debug build and a pyenv libpython
-// 3.11 (2000 addresses: 80.1 and 8.6 MiB measured, 80.0 and 10 MiB
-// estimated; 6 per line byte and 1/2 per info byte counted 1.5 to 1.7
-// times the heap, which pushed libpython's context out of the default
-// cache every profile, to be indexed and parsed again the next).
-const INDEX_COST_PER_UNIT: usize = 7 << 10;
-const INDEX_COST_PER_ABBREV_BYTE: usize = 6;
-const INDEX_COST_PER_LINE_BYTE: usize = 1;
-const PARSED_COST_PER_LINE_BYTE: usize = 4;
-const PARSED_INFO_BYTES_PER_COST: usize = 3;
-
-/// The sections addr2line reads; the rest are never loaded (which matters
+/// The sections lookups read; the rest are never loaded (which matters
 /// for compressed ones: they would be decompressed for nothing).
 const NEEDED: [gimli::SectionId; 10] = [
     gimli::SectionId::DebugAbbrev,
@@ -92,25 +78,19 @@ const NEEDED: [gimli::SectionId; 10] = [
     gimli::SectionId::DebugStrOffsets,
 ];
 
-/// A lazily parsed addr2line context for one object.
+/// One object's DWARF, parsed a unit at a time as lookups need it.
 pub struct DwarfInfo {
-    context: addr2line::Context<Reader>,
+    dwarf: gimli::Dwarf<Reader>,
+    index: UnitIndex,
+    units: ParsedUnits,
     /// The file the uncompressed sections are read from.
     bytes: Bytes,
-    /// The units parsed into the context, by offset: what each added to
-    /// its heap and the last round a lookup used it.
-    units_seen: HashMap<u64, UnitUse>,
-    heap_bytes: usize,
+    /// Heap of the index and the inflated sections.
+    index_bytes: usize,
     shape: DwarfShape,
     /// Bytes of units parsed since the file pages were last let go.
     touched_bytes: usize,
     /// Rounds (profiles) ended since the context was built.
-    round: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-struct UnitUse {
-    cost: usize,
     round: u64,
 }
 
@@ -137,37 +117,54 @@ pub struct DwarfShape {
 }
 
 impl DwarfShape {
-    /// Estimated heap of the decompressed sections and the unit index.
     /// DWARF whose pages are let go while it is read, not only after.
     fn is_large(&self) -> bool {
         self.info_bytes >= RELEASE_DURING_INDEX_ABOVE
     }
 
+    /// Estimated heap of the decompressed sections and the unit index.
     pub fn index_cost(&self) -> usize {
         self.decompressed_bytes
             .saturating_add(self.units.saturating_mul(INDEX_COST_PER_UNIT))
-            .saturating_add(self.abbrev_bytes.saturating_mul(INDEX_COST_PER_ABBREV_BYTE))
-            .saturating_add(self.line_bytes.saturating_mul(INDEX_COST_PER_LINE_BYTE))
             .saturating_add(std::mem::size_of::<DwarfInfo>())
+    }
+
+    /// Estimated heap with every unit parsed: what the cache must be able
+    /// to hold for the object to be taken at all. A larger one (glibc's
+    /// debug file, a release build with line tables) would push the
+    /// objects that fit out of the cache profile after profile, each
+    /// parsed again every profile; it is named from its symbol table.
+    pub fn full_cost(&self) -> usize {
+        self.index_cost()
+            .saturating_add(
+                self.units
+                    .saturating_mul(crate::dwarf_units::UNIT_BASE_COST),
+            )
+            .saturating_add(self.info_bytes / crate::dwarf_units::INFO_BYTES_PER_COST)
+            .saturating_add(
+                self.line_bytes
+                    .saturating_mul(crate::dwarf_units::COST_PER_LINE_BYTE),
+            )
     }
 }
 
 impl fmt::Debug for DwarfInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DwarfInfo")
-            .field("units_seen", &self.units_seen.len())
-            .field("heap_bytes", &self.heap_bytes)
+            .field("units", &self.index.units())
+            .field("heap_bytes", &self.heap_bytes())
             .finish()
     }
 }
 
-/// What indexing will take at least, known before the large sections are
-/// inflated: the compressed sections inflated, the abbreviations' and line
-/// programs' index, and a unit's cost for each unit `.debug_aranges` lists
-/// (every unit with code has its set there; that section is small).
-pub(crate) fn index_cost_lower_bound(file: &object::File<'_>, endian: gimli::RunTimeEndian) -> u64 {
-    let mut inflated = 0u64;
-    let mut lower_bound = 0u64;
+/// What the object would take all parsed ([`DwarfShape::full_cost`]) at
+/// least, known before any section is inflated: from the sections' sizes
+/// (a compressed one's is in its header), and a unit's cost for each unit
+/// `.debug_aranges` lists (every unit with code has its set there; that
+/// section is small).
+pub(crate) fn full_cost_lower_bound(file: &object::File<'_>, endian: gimli::RunTimeEndian) -> u64 {
+    use crate::dwarf_units::{COST_PER_LINE_BYTE, INFO_BYTES_PER_COST, UNIT_BASE_COST};
+    let mut bound = 0u64;
     for id in NEEDED {
         let Some(section) = file.section_by_name(id.name()) else {
             continue;
@@ -175,21 +172,18 @@ pub(crate) fn index_cost_lower_bound(file: &object::File<'_>, endian: gimli::Run
         let Ok(range) = section.compressed_file_range() else {
             continue;
         };
+        let size = range.uncompressed_size;
         if range.format != CompressionFormat::None {
-            inflated = inflated.saturating_add(range.uncompressed_size);
+            bound = bound.saturating_add(size);
         }
-        let per_byte = match id {
-            gimli::SectionId::DebugAbbrev => INDEX_COST_PER_ABBREV_BYTE,
-            gimli::SectionId::DebugLine => INDEX_COST_PER_LINE_BYTE,
-            _ => continue,
-        };
-        lower_bound =
-            lower_bound.saturating_add(range.uncompressed_size.saturating_mul(per_byte as u64));
+        bound = bound.saturating_add(match id {
+            gimli::SectionId::DebugInfo => size / INFO_BYTES_PER_COST as u64,
+            gimli::SectionId::DebugLine => size.saturating_mul(COST_PER_LINE_BYTE as u64),
+            _ => 0,
+        });
     }
     let units = listed_units(file, endian) as u64;
-    lower_bound
-        .saturating_add(inflated)
-        .saturating_add(units.saturating_mul(INDEX_COST_PER_UNIT as u64))
+    bound.saturating_add(units.saturating_mul((UNIT_BASE_COST + INDEX_COST_PER_UNIT) as u64))
 }
 
 /// Most of `.debug_aranges` inflated to count its units.
@@ -290,9 +284,9 @@ impl DwarfInfo {
             gimli::RunTimeEndian::Big
         };
         let whole = Reader::new(bytes.clone(), endian);
-        // Refuse before inflating anything: what the compressed sections
-        // and the abbreviations alone will take.
-        let lower_bound = index_cost_lower_bound(&file, endian);
+        // Refuse before inflating anything: what the sections' sizes alone
+        // say the object would take all parsed.
+        let lower_bound = full_cost_lower_bound(&file, endian);
         if lower_bound > max_bytes as u64 {
             return Err(DwarfError::TooLarge {
                 bytes: lower_bound,
@@ -322,20 +316,20 @@ impl DwarfInfo {
             while let Ok(Some(_)) = headers.next() {
                 shape.units += 1;
             }
-            let heap_bytes = shape.index_cost();
-            if heap_bytes > max_bytes {
+            let full = shape.full_cost();
+            if full > max_bytes {
                 return Err(DwarfError::TooLarge {
-                    bytes: heap_bytes as u64,
+                    bytes: full as u64,
                     limit: max_bytes,
                 });
             }
-            let mut dwarf = dwarf;
-            dwarf.populate_abbreviations_cache(gimli::AbbreviationsCacheStrategy::Duplicates);
-            let context = addr2line::Context::from_dwarf(dwarf)
-                .map_err(|source| DwarfError::Malformed { source })?;
-            Ok((context, heap_bytes))
+            let heap_bytes = shape.index_cost();
+            let index =
+                UnitIndex::build(&dwarf).map_err(|source| DwarfError::Malformed { source })?;
+            let index_bytes = heap_bytes.saturating_add(index.heap_bytes());
+            Ok((dwarf, index, index_bytes))
         };
-        let (context, heap_bytes) = if large {
+        let (dwarf, index, index_bytes) = if large {
             bytes.releasing_pages_during(index)?
         } else {
             let indexed = index()?;
@@ -343,10 +337,11 @@ impl DwarfInfo {
             indexed
         };
         Ok(Self {
-            context,
+            dwarf,
+            index,
+            units: ParsedUnits::default(),
             bytes,
-            units_seen: HashMap::new(),
-            heap_bytes,
+            index_bytes,
             shape,
             touched_bytes: 0,
             round: 0,
@@ -363,25 +358,23 @@ impl DwarfInfo {
         self.shape
     }
 
-    /// Estimated heap bytes of the context, growing as units are parsed.
+    /// Estimated heap bytes: the index, and the units parsed and not yet
+    /// let go.
     pub fn heap_bytes(&self) -> usize {
-        self.heap_bytes
+        self.index_bytes.saturating_add(self.units.heap_bytes())
     }
 
-    /// Estimated heap bytes of the units parsed into the context that no
-    /// lookup used in this round or the one before: what building the
-    /// context again would not bring back unless later lookups need it.
+    /// Estimated heap bytes of the units parsed that no lookup used in
+    /// this round or the one before.
     pub fn stale_bytes(&self) -> usize {
-        self.units_seen
-            .values()
-            .filter(|unit| unit.round.saturating_add(1) < self.round)
-            .map(|unit| unit.cost)
-            .sum()
+        self.units.stale_bytes(self.round)
     }
 
-    /// A round (a profile's lookups) is over.
+    /// A round (a profile's lookups) is over: units idle for a few rounds
+    /// are let go.
     pub fn end_round(&mut self) {
         self.round += 1;
+        self.units.shed_idle(self.round);
     }
 
     /// Frames at link-time address `vaddr`, innermost (inlined) first, the
@@ -393,55 +386,11 @@ impl DwarfInfo {
     }
 
     fn frames_inner(&mut self, vaddr: u64) -> Result<Vec<DwarfFrame>, DwarfError> {
-        // addr2line probes [vaddr, vaddr + 1).
-        if vaddr == u64::MAX {
-            return Ok(Vec::new());
-        }
-        if let Some(unit) = self.context.find_dwarf_and_unit(vaddr).skip_all_loads() {
-            let round = self.round;
-            match self.units_seen.entry(unit.header.offset().0 as u64) {
-                Entry::Occupied(mut seen) => seen.get_mut().round = round,
-                Entry::Vacant(new) => {
-                    let info = unit.header.length_including_self();
-                    let lines = unit
-                        .line_program
-                        .as_ref()
-                        .map_or(0, |program| program.header().raw_program_buf().len());
-                    let cost = (info / PARSED_INFO_BYTES_PER_COST)
-                        .saturating_add(lines.saturating_mul(PARSED_COST_PER_LINE_BYTE));
-                    new.insert(UnitUse { cost, round });
-                    self.heap_bytes = self.heap_bytes.saturating_add(cost);
-                    self.touched_bytes = self
-                        .touched_bytes
-                        .saturating_add(info)
-                        .saturating_add(lines);
-                }
-            }
-        }
-        let mut iter = self
-            .context
-            .find_frames(vaddr)
-            .skip_all_loads()
+        let (frames, read) = self
+            .units
+            .frames(&self.dwarf, &self.index, vaddr, self.round)
             .map_err(|source| DwarfError::Malformed { source })?;
-        let mut frames = Vec::new();
-        while let Some(frame) = iter
-            .next()
-            .map_err(|source| DwarfError::Malformed { source })?
-        {
-            if frames.len() == MAX_INLINE_DEPTH {
-                break;
-            }
-            let name = frame
-                .function
-                .as_ref()
-                .and_then(|function| function.raw_name().ok())
-                .map(|name| name.into_owned())
-                .filter(|name| !name.is_empty());
-            let (file, line) = frame.location.map_or((None, None), |location| {
-                (location.file.map(str::to_owned), location.line)
-            });
-            frames.push(DwarfFrame { name, file, line });
-        }
+        self.touched_bytes = self.touched_bytes.saturating_add(read);
         // After the lookup: the unit it parsed is in the heap now. A large
         // DWARF's units are let go one at a time: the names of one unit's
         // functions lie all over its `.debug_str` (10 MB in a debug build),

@@ -26,7 +26,7 @@ const WITHOUT_DWARF: usize = 4096;
 
 /// What came of indexing an object's DWARF.
 enum LoadedDwarf {
-    Indexed(DwarfInfo),
+    Indexed(Box<DwarfInfo>),
     /// None, none that matches, too large for the cache, or malformed.
     Unusable,
     /// The object could not be read, which may not last: its process may
@@ -230,7 +230,7 @@ impl Symbolizer {
         match DwarfInfo::parse(bytes, self.max_dwarf_bytes) {
             Ok(info) => {
                 debug!(path, shape = ?info.shape(), bytes = info.heap_bytes(), "DWARF indexed");
-                LoadedDwarf::Indexed(info)
+                LoadedDwarf::Indexed(Box::new(info))
             }
             Err(error @ DwarfError::TooLarge { .. }) => {
                 self.counts.debuginfo_too_large += 1;
@@ -269,7 +269,7 @@ impl Symbolizer {
                 LoadedDwarf::Unreadable => return Vec::new(),
             };
             let bytes = info.heap_bytes();
-            let evicted = self.dwarf.insert(key.clone(), info, bytes);
+            let evicted = self.dwarf.insert(key.clone(), *info, bytes);
             self.counts.debuginfo.evictions += evicted as u64;
         }
         let Some(info) = self.dwarf.get_mut(&key).map(Found::into_value) else {

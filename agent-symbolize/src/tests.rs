@@ -6,6 +6,7 @@ use object::{Object, ObjectSection, ObjectSymbol};
 use super::*;
 use crate::perfmap::MemoryPerfMap;
 
+mod against_addr2line;
 mod dwarf_cache;
 
 const INLINE_CHAIN: &[u8] = agent_fixtures::INLINE_CHAIN;
@@ -413,14 +414,14 @@ fn dwarf_over_the_limit_is_refused_before_its_sections_are_inflated() {
     let file = object::File::parse(INLINE_CHAIN_COMPRESSED).expect("fixture parses");
     let endian = gimli::RunTimeEndian::Little;
     assert_eq!(crate::dwarf::listed_units(&file, endian), 1);
-    let bound = crate::dwarf::index_cost_lower_bound(&file, endian);
+    let bound = crate::dwarf::full_cost_lower_bound(&file, endian);
     let parse = |limit| {
         DwarfInfo::parse(
             Bytes::new(Arc::new(INLINE_CHAIN_COMPRESSED.to_vec())),
             limit,
         )
     };
-    let full = parse(usize::MAX).expect("parses").shape().index_cost() as u64;
+    let full = parse(usize::MAX).expect("parses").shape().full_cost() as u64;
     assert!(bound <= full, "{bound} > {full}");
     match parse(bound as usize - 1) {
         Err(DwarfError::TooLarge { bytes, .. }) => assert_eq!(bytes, bound),

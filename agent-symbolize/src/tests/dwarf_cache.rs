@@ -33,25 +33,25 @@ fn the_dwarf_cache_is_bounded_and_counts_evictions() {
         symbolizer.end_of_profile();
         assert!(symbolizer.cache_bytes().debuginfo <= limits.debuginfo_cache_bytes);
     }
-    // The templates' context, even just indexed, is larger than the
-    // chain's with its lookups parsed: it takes the room.
-    let templates_index = DwarfInfo::parse(Bytes::new(Arc::new(TEMPLATES.to_vec())), usize::MAX)
-        .expect("indexes")
-        .heap_bytes();
-    assert!(templates_index > parsed(INLINE_CHAIN, "burn_leaf"));
+    // Each fits alone with its lookups' units parsed; the two do not.
+    let (chain_bytes, templates_bytes) = (
+        parsed(INLINE_CHAIN, "burn_leaf"),
+        parsed(TEMPLATES, "_ZN4firn3runEi"),
+    );
+    assert!(chain_bytes + templates_bytes > limits.debuginfo_cache_bytes);
     let counts = symbolizer.take_counts();
     assert_eq!(
         counts.debuginfo.misses,
-        2 + profiles,
-        "the larger context stays once indexed; the smaller, which does not \
-         fit beside it, is indexed once a profile and dropped at its end"
+        1 + profiles,
+        "the first context stays; the second, grown past the room beside \
+         it, is indexed once a profile and dropped at its end"
     );
-    assert_eq!(counts.debuginfo.evictions, 1 + profiles);
+    assert_eq!(counts.debuginfo.evictions, profiles);
     assert_eq!(counts.debuginfo_too_large, 0);
 
     // An object whose DWARF alone exceeds the cache is not indexed at all.
     let tiny = SymbolConfig {
-        debuginfo_cache_bytes: 1024,
+        debuginfo_cache_bytes: 512,
         ..SymbolConfig::default()
     };
     let mut symbolizer = symbolizer_with(&tiny);
@@ -64,30 +64,39 @@ fn the_dwarf_cache_is_bounded_and_counts_evictions() {
 }
 
 #[test]
-fn a_context_grown_past_the_cache_is_dropped_after_the_profile() {
-    let base = DwarfInfo::parse(Bytes::new(Arc::new(INLINE_CHAIN.to_vec())), usize::MAX)
+fn an_object_is_taken_only_if_its_dwarf_fits_the_cache_all_parsed() {
+    let full = DwarfInfo::parse(Bytes::new(Arc::new(INLINE_CHAIN.to_vec())), usize::MAX)
         .expect("indexes")
-        .heap_bytes();
+        .shape()
+        .full_cost();
+    // The middle of burn_leaf is mix_step's loop, inlined there.
+    let (leaf, size) = function_range(INLINE_CHAIN, "burn_leaf");
+    let mut symbolizer = symbolizer_with(&SymbolConfig {
+        debuginfo_cache_bytes: full - 1,
+        ..SymbolConfig::default()
+    });
+    assert_eq!(
+        frames(&symbolizer.user(&object(1, INLINE_CHAIN), leaf + size / 2)),
+        [("burn_leaf".to_owned(), None)],
+        "named by the symbol table"
+    );
+    assert_eq!(symbolizer.take_counts().debuginfo_too_large, 1);
     let limits = SymbolConfig {
-        debuginfo_cache_bytes: base + 1,
+        debuginfo_cache_bytes: full,
         ..SymbolConfig::default()
     };
     let mut symbolizer = symbolizer_with(&limits);
-    // The middle of burn_leaf is mix_step's loop, inlined there.
-    let (leaf, size) = function_range(INLINE_CHAIN, "burn_leaf");
     assert_eq!(
         symbolizer
             .user(&object(1, INLINE_CHAIN), leaf + size / 2)
             .len(),
         2
     );
-    assert!(
-        symbolizer.cache_bytes().debuginfo > limits.debuginfo_cache_bytes,
-        "parsing a unit made it grow"
-    );
+    let held = symbolizer.cache_bytes().debuginfo;
+    assert!(0 < held && held <= limits.debuginfo_cache_bytes, "{held}");
     symbolizer.end_of_profile();
-    assert_eq!(symbolizer.cache_bytes().debuginfo, 0);
-    assert_eq!(symbolizer.take_counts().debuginfo.evictions, 1);
+    assert_eq!(symbolizer.cache_bytes().debuginfo, held, "it stays");
+    assert_eq!(symbolizer.take_counts().debuginfo.evictions, 0);
 }
 
 #[test]
@@ -110,15 +119,22 @@ fn units_no_lookup_used_for_two_rounds_are_stale() {
     info.frames(leaf).expect("looks up");
     assert_eq!(info.stale_bytes(), 0, "used again");
     assert_eq!(info.heap_bytes() - indexed, parsed, "and not parsed again");
+    for _ in 0..3 {
+        info.end_round();
+    }
+    assert_eq!(info.heap_bytes(), indexed, "idle three rounds: let go");
+    assert_eq!(info.frames(leaf + size / 2).expect("looks up").len(), 2);
+    assert_eq!(info.heap_bytes() - indexed, parsed, "parsed again");
 }
 
 #[test]
 fn dwarf_refused_once_stays_refused_while_contexts_come_and_go() {
-    let templates_index = DwarfInfo::parse(Bytes::new(Arc::new(TEMPLATES.to_vec())), usize::MAX)
+    let templates_full = DwarfInfo::parse(Bytes::new(Arc::new(TEMPLATES.to_vec())), usize::MAX)
         .expect("indexes")
-        .heap_bytes();
+        .shape()
+        .full_cost();
     let limits = SymbolConfig {
-        debuginfo_cache_bytes: templates_index + 64,
+        debuginfo_cache_bytes: templates_full + 64,
         ..SymbolConfig::default()
     };
     let mut symbolizer = symbolizer_with(&limits);
@@ -136,10 +152,9 @@ fn dwarf_refused_once_stays_refused_while_contexts_come_and_go() {
         1,
         "the inflated sections do not fit beside nothing"
     );
-    // A context that grows past the cache pushes out everything else in
-    // it, and is dropped itself after the profile.
+    // Another object's context comes and stays.
     assert!(!symbolizer.user(&templates, run).is_empty());
-    assert!(symbolizer.cache_bytes().debuginfo > limits.debuginfo_cache_bytes);
+    assert!(symbolizer.cache_bytes().debuginfo <= limits.debuginfo_cache_bytes);
     symbolizer.end_of_profile();
     assert_eq!(
         frames(&symbolizer.user(&compressed, leaf + 0x40)),

@@ -1,0 +1,642 @@
+//! Frames at an address from DWARF, one compilation unit at a time. The
+//! index holds each unit's address ranges and nothing else; a unit's
+//! abbreviations, line program header, function ranges and line rows are
+//! parsed the first time an address falls in it, and are let go again when
+//! a few rounds (profiles) have not used it. So a profile that needs three
+//! addresses in a 10 MB debug build pays for the units they lie in, not
+//! for an index of every unit, and holding the object between profiles
+//! costs its range table.
+
+use std::collections::{HashMap, hash_map::Entry};
+
+use gimli::{AttributeValue, DebugInfoOffset, Reader as _, UnitOffset};
+
+use crate::dwarf::{DwarfFrame, Reader};
+
+type Unit = gimli::Unit<Reader>;
+type UnitRef<'a> = gimli::UnitRef<'a, Reader>;
+type Dwarf = gimli::Dwarf<Reader>;
+
+/// More `DW_AT_abstract_origin` or `DW_AT_specification` hops than this
+/// for one name means a reference loop.
+const NAME_HOPS: usize = 16;
+/// More inline levels than this at one address means corrupt DWARF.
+const MAX_INLINE_DEPTH: usize = 64;
+/// Entries nested deeper than this inside a function (blocks in blocks)
+/// are not looked into: the walk recurses, and hostile DWARF may nest
+/// without end.
+const MAX_NESTING: usize = 256;
+/// Ranges looked at backwards from the last one starting at or before an
+/// address, for the one holding it: ranges of one object overlap only
+/// where a function nests in another (or the DWARF is broken).
+const OVERLAP_LOOKBACK: usize = 64;
+/// A parsed unit is let go when this many rounds have ended without a
+/// lookup in it.
+const IDLE_ROUNDS: u64 = 2;
+
+/// The address ranges of every compilation unit, and where each unit
+/// starts (for references from one unit into another).
+#[derive(Default)]
+pub(crate) struct UnitIndex {
+    /// Sorted by `begin`.
+    ranges: Vec<UnitRange>,
+    /// Each unit's header offset in `.debug_info`, ascending.
+    offsets: Vec<usize>,
+}
+
+#[derive(Clone, Copy)]
+struct UnitRange {
+    begin: u64,
+    end: u64,
+    unit: u32,
+}
+
+impl UnitIndex {
+    /// The ranges of each unit: from `.debug_aranges` where it lists the
+    /// unit (no need to parse it), else from the unit's root entry.
+    pub(crate) fn build(dwarf: &Dwarf) -> Result<Self, gimli::Error> {
+        let mut listed: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
+        let mut headers = dwarf.debug_aranges.headers();
+        while let Some(header) = headers.next()? {
+            let ranges = listed.entry(header.debug_info_offset().0).or_default();
+            let mut entries = header.entries();
+            while let Some(entry) = entries.next()? {
+                let range = entry.range();
+                if range.begin < range.end {
+                    ranges.push((range.begin, range.end));
+                }
+            }
+        }
+        let mut index = Self::default();
+        let mut units = dwarf.units();
+        while let Some(header) = units.next()? {
+            let offset = DebugInfoOffset(header.offset().0);
+            let Ok(number) = u32::try_from(index.offsets.len()) else {
+                break;
+            };
+            index.offsets.push(offset.0);
+            // Type and partial units hold no code; they are only referred to.
+            if !matches!(
+                header.type_(),
+                gimli::UnitType::Compilation | gimli::UnitType::Skeleton(_)
+            ) {
+                continue;
+            }
+            let mut push = |begin: u64, end: u64| {
+                if begin < end {
+                    index.ranges.push(UnitRange {
+                        begin,
+                        end,
+                        unit: number,
+                    });
+                }
+            };
+            if let Some(ranges) = listed.get(&offset.0).filter(|ranges| !ranges.is_empty()) {
+                for &(begin, end) in ranges {
+                    push(begin, end);
+                }
+                continue;
+            }
+            // A unit that cannot be parsed has no frames; the others still do.
+            let Ok(unit) = dwarf.unit(header) else {
+                continue;
+            };
+            let unit = UnitRef::new(dwarf, &unit);
+            let mut entries = unit.entries();
+            if let Ok(Some(root)) = entries.next_dfs() {
+                // Ranges read before one that does not read still count.
+                let _ = for_each_range(unit, root, &mut push);
+            }
+        }
+        index.ranges.sort_unstable_by_key(|range| range.begin);
+        index.ranges.shrink_to_fit();
+        index.offsets.shrink_to_fit();
+        Ok(index)
+    }
+
+    pub(crate) fn units(&self) -> usize {
+        self.offsets.len()
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.ranges.capacity() * size_of::<UnitRange>()
+            + self.offsets.capacity() * size_of::<usize>()
+    }
+
+    /// The unit whose ranges hold `vaddr`.
+    fn unit_at(&self, vaddr: u64) -> Option<u32> {
+        innermost(&self.ranges, vaddr, |range| (range.begin, range.end)).map(|range| range.unit)
+    }
+
+    /// The unit holding `.debug_info` offset `offset`.
+    fn unit_holding(&self, offset: usize) -> Option<u32> {
+        let after = self.offsets.partition_point(|&start| start <= offset);
+        u32::try_from(after.checked_sub(1)?).ok()
+    }
+}
+
+/// Among `items` sorted by start, the narrowest that holds `vaddr`.
+fn innermost<T>(items: &[T], vaddr: u64, range: impl Fn(&T) -> (u64, u64)) -> Option<&T> {
+    let after = items.partition_point(|item| range(item).0 <= vaddr);
+    items[..after]
+        .iter()
+        .rev()
+        .take(OVERLAP_LOOKBACK)
+        .filter(|item| vaddr < range(item).1)
+        .min_by_key(|item| {
+            let (begin, end) = range(item);
+            end - begin
+        })
+}
+
+/// One unit, parsed for lookups.
+struct ParsedUnit {
+    unit: Unit,
+    /// `DW_TAG_subprogram` ranges, sorted by start; parsed at the first
+    /// lookup of an address (not for a name another unit refers to).
+    functions: Option<Vec<FunctionRange>>,
+    lines: Option<Vec<Sequence>>,
+    /// The last round a lookup used it.
+    round: u64,
+    cost: usize,
+}
+
+struct FunctionRange {
+    begin: u64,
+    end: u64,
+    entry: UnitOffset<usize>,
+}
+
+struct Sequence {
+    begin: u64,
+    end: u64,
+    rows: Box<[Row]>,
+}
+
+#[derive(Clone, Copy)]
+struct Row {
+    address: u64,
+    file: u64,
+    line: u32,
+}
+
+/// A `DW_TAG_inlined_subroutine` holding the address: the function inlined
+/// and where it was called from.
+struct InlinedCall {
+    entry: UnitOffset<usize>,
+    call_file: Option<u64>,
+    call_line: Option<u32>,
+}
+
+/// The units parsed so far, with what each is estimated to hold.
+#[derive(Default)]
+pub(crate) struct ParsedUnits {
+    units: HashMap<u32, ParsedUnit>,
+    heap_bytes: usize,
+}
+
+// What a parsed unit costs, estimated from its size: the abbreviations and
+// line program header gimli parses for it, then function ranges (one per
+// subprogram, a few per 100 bytes of entries) and line rows (one 24-byte
+// row per one to three opcode bytes).
+pub(crate) const UNIT_BASE_COST: usize = 4 << 10;
+pub(crate) const INFO_BYTES_PER_COST: usize = 4;
+pub(crate) const COST_PER_LINE_BYTE: usize = 4;
+
+impl ParsedUnits {
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.heap_bytes
+    }
+
+    /// Bytes of units no lookup used in this round or the one before.
+    pub(crate) fn stale_bytes(&self, round: u64) -> usize {
+        self.units
+            .values()
+            .filter(|unit| unit.round.saturating_add(1) < round)
+            .map(|unit| unit.cost)
+            .sum()
+    }
+
+    /// Lets go of units idle for [`IDLE_ROUNDS`] rounds before `round`.
+    pub(crate) fn shed_idle(&mut self, round: u64) {
+        let mut freed = 0;
+        self.units.retain(|_, unit| {
+            let keep = unit.round.saturating_add(IDLE_ROUNDS) >= round;
+            if !keep {
+                freed += unit.cost;
+            }
+            keep
+        });
+        self.heap_bytes = self.heap_bytes.saturating_sub(freed);
+    }
+
+    /// Parses unit `number` unless it was; returns the bytes of
+    /// `.debug_info` and `.debug_line` a first parse read.
+    fn ensure(
+        &mut self,
+        dwarf: &Dwarf,
+        index: &UnitIndex,
+        number: u32,
+        round: u64,
+    ) -> Result<usize, gimli::Error> {
+        match self.units.entry(number) {
+            Entry::Occupied(mut parsed) => {
+                let parsed = parsed.get_mut();
+                parsed.round = parsed.round.max(round);
+                Ok(0)
+            }
+            Entry::Vacant(vacant) => {
+                let offset = index
+                    .offsets
+                    .get(number as usize)
+                    .ok_or(gimli::Error::NoEntryAtGivenOffset(0))?;
+                let header = dwarf
+                    .debug_info
+                    .header_from_offset(DebugInfoOffset(*offset))?;
+                let info = header.length_including_self();
+                let unit = dwarf.unit(header)?;
+                let lines = unit
+                    .line_program
+                    .as_ref()
+                    .map_or(0, |program| program.header().raw_program_buf().len());
+                let cost = UNIT_BASE_COST
+                    .saturating_add(info / INFO_BYTES_PER_COST)
+                    .saturating_add(lines.saturating_mul(COST_PER_LINE_BYTE));
+                self.heap_bytes = self.heap_bytes.saturating_add(cost);
+                vacant.insert(ParsedUnit {
+                    unit,
+                    functions: None,
+                    lines: None,
+                    round,
+                    cost,
+                });
+                Ok(info.saturating_add(lines))
+            }
+        }
+    }
+
+    /// Frames at `vaddr`, innermost (inlined) first, the function the code
+    /// was inlined into last; with the bytes of DWARF a first parse of a
+    /// unit read. Empty when no unit holds the address.
+    pub(crate) fn frames(
+        &mut self,
+        dwarf: &Dwarf,
+        index: &UnitIndex,
+        vaddr: u64,
+        round: u64,
+    ) -> Result<(Vec<DwarfFrame>, usize), gimli::Error> {
+        let Some(number) = index.unit_at(vaddr) else {
+            return Ok((Vec::new(), 0));
+        };
+        let mut read = self.ensure(dwarf, index, number, round)?;
+        let parsed = self
+            .units
+            .get_mut(&number)
+            .ok_or(gimli::Error::NoEntryAtGivenOffset(0))?;
+        let unit = UnitRef::new(dwarf, &parsed.unit);
+        if parsed.functions.is_none() {
+            parsed.functions = Some(function_ranges(unit)?);
+        }
+        if parsed.lines.is_none() {
+            parsed.lines = Some(line_rows(&parsed.unit)?);
+        }
+        let function = parsed
+            .functions
+            .as_deref()
+            .and_then(|functions| innermost(functions, vaddr, |f| (f.begin, f.end)))
+            .map(|function| function.entry);
+        let location = parsed
+            .lines
+            .as_deref()
+            .and_then(|lines| row_at(lines, vaddr))
+            .map(|row| (Some(row.file), (row.line != 0).then_some(row.line)));
+        let Some(function) = function else {
+            // Code with lines but no function entry: a frame without a name.
+            return Ok((
+                location
+                    .map(|(file, line)| {
+                        vec![DwarfFrame {
+                            name: None,
+                            file: file.and_then(|file| file_name(unit, file)),
+                            line,
+                        }]
+                    })
+                    .unwrap_or_default(),
+                read,
+            ));
+        };
+        let calls = inlined_calls(unit, function, vaddr)?;
+        // Innermost first: the innermost inlined function at the line row,
+        // each caller at the call site of the function inlined into it.
+        let mut located = Vec::with_capacity(calls.len() + 1);
+        let mut here = location.unwrap_or((None, None));
+        for call in calls.iter().rev() {
+            located.push((call.entry, here));
+            here = (call.call_file, call.call_line);
+        }
+        located.push((function, here));
+        let files: Vec<_> = located
+            .iter()
+            .map(|(_, (file, line))| (file.and_then(|file| file_name(unit, file)), *line))
+            .collect();
+        let entries: Vec<_> = located.iter().map(|(entry, _)| *entry).collect();
+        let mut frames = Vec::with_capacity(entries.len());
+        for (entry, (file, line)) in entries.into_iter().zip(files) {
+            let (name, name_read) = self.name(dwarf, index, number, entry, round)?;
+            read = read.saturating_add(name_read);
+            frames.push(DwarfFrame { name, file, line });
+        }
+        Ok((frames, read))
+    }
+
+    /// The name of the entry at `entry` in unit `number`: its linkage name,
+    /// else its name, else that of the entry it is an instance or the
+    /// definition of (`DW_AT_abstract_origin`, `DW_AT_specification`),
+    /// which may lie in another unit.
+    fn name(
+        &mut self,
+        dwarf: &Dwarf,
+        index: &UnitIndex,
+        mut number: u32,
+        mut entry: UnitOffset<usize>,
+        round: u64,
+    ) -> Result<(Option<String>, usize), gimli::Error> {
+        let mut read = 0;
+        for _ in 0..NAME_HOPS {
+            let parsed = self
+                .units
+                .get(&number)
+                .ok_or(gimli::Error::NoEntryAtGivenOffset(0))?;
+            let unit = UnitRef::new(dwarf, &parsed.unit);
+            let die = unit.entry(entry)?;
+            let string = |name| {
+                die.attr_value(name)
+                    .and_then(|value| unit.attr_string(value).ok())
+                    .and_then(|name| name.to_string_lossy().ok().map(|name| name.into_owned()))
+                    .filter(|name| !name.is_empty())
+            };
+            if let Some(name) = string(gimli::DW_AT_linkage_name)
+                .or_else(|| string(gimli::DW_AT_MIPS_linkage_name))
+                .or_else(|| string(gimli::DW_AT_name))
+            {
+                return Ok((Some(name), read));
+            }
+            let next = die
+                .attr_value(gimli::DW_AT_abstract_origin)
+                .or_else(|| die.attr_value(gimli::DW_AT_specification));
+            match next {
+                Some(AttributeValue::UnitRef(offset)) => entry = offset,
+                Some(AttributeValue::DebugInfoRef(offset)) => {
+                    let Some(target) = index.unit_holding(offset.0) else {
+                        return Ok((None, read));
+                    };
+                    read = read.saturating_add(self.ensure(dwarf, index, target, round)?);
+                    let start = index.offsets[target as usize];
+                    let parsed = &self.units[&target];
+                    let Some(relative) = DebugInfoOffset(offset.0)
+                        .to_unit_offset(&parsed.unit.header)
+                        .filter(|_| offset.0 >= start)
+                    else {
+                        return Ok((None, read));
+                    };
+                    number = target;
+                    entry = relative;
+                }
+                _ => return Ok((None, read)),
+            }
+        }
+        Ok((None, read))
+    }
+}
+
+/// The ranges of every `DW_TAG_subprogram` in the unit, sorted by start.
+fn function_ranges(unit: UnitRef<'_>) -> Result<Vec<FunctionRange>, gimli::Error> {
+    let mut functions = Vec::new();
+    let mut entries = unit.entries();
+    while let Some(entry) = entries.next_dfs()? {
+        if entry.tag() != gimli::DW_TAG_subprogram {
+            continue;
+        }
+        let offset = entry.offset();
+        for_each_range(unit, entry, |begin, end| {
+            functions.push(FunctionRange {
+                begin,
+                end,
+                entry: offset,
+            });
+        })?;
+    }
+    functions.sort_unstable_by_key(|function| function.begin);
+    functions.shrink_to_fit();
+    Ok(functions)
+}
+
+/// Calls `each` with every address range of `entry` (`DW_AT_low_pc` with
+/// `DW_AT_high_pc`, or `DW_AT_ranges`); empty and wrapping ones are left
+/// out. gimli's own `die_ranges` adds a size to the start unchecked.
+fn for_each_range(
+    unit: UnitRef<'_>,
+    entry: &gimli::DebuggingInformationEntry<Reader>,
+    mut each: impl FnMut(u64, u64),
+) -> Result<(), gimli::Error> {
+    let (mut low, mut high, mut size) = (None, None, None);
+    for attr in entry.attrs() {
+        match attr.name() {
+            gimli::DW_AT_low_pc => low = unit.attr_address(attr.value())?,
+            gimli::DW_AT_high_pc => match attr.value() {
+                AttributeValue::Udata(bytes) => size = Some(bytes),
+                value => high = unit.attr_address(value)?,
+            },
+            gimli::DW_AT_ranges => {
+                if let Some(mut ranges) = unit.attr_ranges(attr.value())? {
+                    while let Some(range) = ranges.next()? {
+                        if range.begin < range.end {
+                            each(range.begin, range.end);
+                        }
+                    }
+                    return Ok(());
+                }
+            }
+            _ => {}
+        }
+    }
+    let end = match (low, size) {
+        (Some(low), Some(size)) => low.checked_add(size),
+        _ => high,
+    };
+    if let (Some(begin), Some(end)) = (low, end)
+        && begin < end
+    {
+        each(begin, end);
+    }
+    Ok(())
+}
+
+/// The unit's line rows, one sequence of address-ordered rows per
+/// contiguous run of code, sequences sorted by start.
+fn line_rows(unit: &Unit) -> Result<Vec<Sequence>, gimli::Error> {
+    let Some(program) = unit.line_program.clone() else {
+        return Ok(Vec::new());
+    };
+    let mut sequences = Vec::new();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut program_rows = program.rows();
+    while let Some((_, row)) = program_rows.next_row()? {
+        let address = row.address();
+        if row.end_sequence() {
+            if let Some(first) = rows.first()
+                && first.address < address
+            {
+                sequences.push(Sequence {
+                    begin: first.address,
+                    end: address,
+                    rows: std::mem::take(&mut rows).into_boxed_slice(),
+                });
+            }
+            rows.clear();
+            continue;
+        }
+        let line = row
+            .line()
+            .map_or(0, |line| u32::try_from(line.get()).unwrap_or(u32::MAX));
+        let next = Row {
+            address,
+            file: row.file_index(),
+            line,
+        };
+        match rows.last_mut() {
+            // Rows at one address: the last one describes the code there.
+            Some(last) if last.address == address => *last = next,
+            // Rows out of order break the sequence's search: dropped.
+            Some(last) if last.address > address => {}
+            _ => rows.push(next),
+        }
+    }
+    sequences.sort_unstable_by_key(|sequence| sequence.begin);
+    sequences.shrink_to_fit();
+    Ok(sequences)
+}
+
+fn row_at(sequences: &[Sequence], vaddr: u64) -> Option<Row> {
+    let after = sequences.partition_point(|sequence| sequence.begin <= vaddr);
+    let sequence = sequences.get(after.checked_sub(1)?)?;
+    if vaddr >= sequence.end {
+        return None;
+    }
+    let row = sequence.rows.partition_point(|row| row.address <= vaddr);
+    sequence.rows.get(row.checked_sub(1)?).copied()
+}
+
+/// The `DW_TAG_inlined_subroutine` entries holding `vaddr` in the function
+/// at `function`, outermost first.
+fn inlined_calls(
+    unit: UnitRef<'_>,
+    function: UnitOffset<usize>,
+    vaddr: u64,
+) -> Result<Vec<InlinedCall>, gimli::Error> {
+    let mut calls = Vec::new();
+    let mut tree = unit.entries_tree(Some(function))?;
+    let root = tree.root()?;
+    collect_inlined(unit, root, vaddr, &mut calls, 0)?;
+    Ok(calls)
+}
+
+fn collect_inlined(
+    unit: UnitRef<'_>,
+    node: gimli::EntriesTreeNode<'_, '_, Reader>,
+    vaddr: u64,
+    calls: &mut Vec<InlinedCall>,
+    nesting: usize,
+) -> Result<bool, gimli::Error> {
+    if nesting == MAX_NESTING {
+        return Ok(false);
+    }
+    let mut children = node.children();
+    while let Some(child) = children.next()? {
+        let entry = child.entry();
+        let tag = entry.tag();
+        // A nested function is a function of its own.
+        if tag == gimli::DW_TAG_subprogram {
+            continue;
+        }
+        if tag == gimli::DW_TAG_inlined_subroutine {
+            if !holds(unit, entry, vaddr)? {
+                continue;
+            }
+            if calls.len() == MAX_INLINE_DEPTH {
+                return Ok(true);
+            }
+            calls.push(InlinedCall {
+                entry: entry.offset(),
+                call_file: match entry.attr_value(gimli::DW_AT_call_file) {
+                    Some(AttributeValue::FileIndex(file) | AttributeValue::Udata(file)) => {
+                        Some(file)
+                    }
+                    _ => None,
+                },
+                call_line: entry
+                    .attr_value(gimli::DW_AT_call_line)
+                    .and_then(|line| line.udata_value())
+                    .and_then(|line| u32::try_from(line).ok())
+                    .filter(|&line| line != 0),
+            });
+            collect_inlined(unit, child, vaddr, calls, nesting + 1)?;
+            return Ok(true);
+        }
+        // Lexical blocks and the like: what they hold may be inlined code
+        // at the address.
+        if entry.has_children() && collect_inlined(unit, child, vaddr, calls, nesting + 1)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn holds(
+    unit: UnitRef<'_>,
+    entry: &gimli::DebuggingInformationEntry<Reader>,
+    vaddr: u64,
+) -> Result<bool, gimli::Error> {
+    let mut held = false;
+    for_each_range(unit, entry, |begin, end| {
+        held |= begin <= vaddr && vaddr < end
+    })?;
+    Ok(held)
+}
+
+/// The path of file `index` of the unit's line program: its directory and
+/// name under the unit's compilation directory, unless absolute.
+fn file_name(unit: UnitRef<'_>, index: u64) -> Option<String> {
+    let header = unit.line_program.as_ref()?.header();
+    let file = header.file(index)?;
+    let mut path = unit
+        .comp_dir
+        .as_ref()
+        .and_then(|dir| dir.to_string_lossy().ok())
+        .map(|dir| dir.into_owned())
+        .unwrap_or_default();
+    let text = |value| {
+        unit.attr_string(value)
+            .ok()
+            .and_then(|text| text.to_string_lossy().ok().map(|text| text.into_owned()))
+    };
+    // Directory 0 is the compilation directory itself.
+    if file.directory_index() != 0
+        && let Some(directory) = file.directory(header).and_then(text)
+    {
+        push_path(&mut path, &directory);
+    }
+    push_path(&mut path, &text(file.path_name())?);
+    Some(path)
+}
+
+fn push_path(path: &mut String, part: &str) {
+    if part.starts_with('/') {
+        *path = part.to_owned();
+        return;
+    }
+    if !path.is_empty() && !path.ends_with('/') {
+        path.push('/');
+    }
+    path.push_str(part);
+}
