@@ -11,7 +11,10 @@ use std::collections::{HashMap, hash_map::Entry};
 
 use gimli::{AttributeValue, DebugInfoOffset, Reader as _, UnitOffset};
 
-use crate::dwarf::{DwarfFrame, Reader};
+use crate::{
+    dwarf::{DwarfFrame, Reader},
+    dwarf_lines::{Sequence, file_name, line_rows, row_at},
+};
 
 type Unit = gimli::Unit<Reader>;
 type UnitRef<'a> = gimli::UnitRef<'a, Reader>;
@@ -165,19 +168,6 @@ struct FunctionRange {
     begin: u64,
     end: u64,
     entry: UnitOffset<usize>,
-}
-
-struct Sequence {
-    begin: u64,
-    end: u64,
-    rows: Box<[Row]>,
-}
-
-#[derive(Clone, Copy)]
-struct Row {
-    address: u64,
-    file: u64,
-    line: u32,
 }
 
 /// A `DW_TAG_inlined_subroutine` holding the address: the function inlined
@@ -472,61 +462,6 @@ fn for_each_range(
     Ok(())
 }
 
-/// The unit's line rows, one sequence of address-ordered rows per
-/// contiguous run of code, sequences sorted by start.
-fn line_rows(unit: &Unit) -> Result<Vec<Sequence>, gimli::Error> {
-    let Some(program) = unit.line_program.clone() else {
-        return Ok(Vec::new());
-    };
-    let mut sequences = Vec::new();
-    let mut rows: Vec<Row> = Vec::new();
-    let mut program_rows = program.rows();
-    while let Some((_, row)) = program_rows.next_row()? {
-        let address = row.address();
-        if row.end_sequence() {
-            if let Some(first) = rows.first()
-                && first.address < address
-            {
-                sequences.push(Sequence {
-                    begin: first.address,
-                    end: address,
-                    rows: std::mem::take(&mut rows).into_boxed_slice(),
-                });
-            }
-            rows.clear();
-            continue;
-        }
-        let line = row
-            .line()
-            .map_or(0, |line| u32::try_from(line.get()).unwrap_or(u32::MAX));
-        let next = Row {
-            address,
-            file: row.file_index(),
-            line,
-        };
-        match rows.last_mut() {
-            // Rows at one address: the last one describes the code there.
-            Some(last) if last.address == address => *last = next,
-            // Rows out of order break the sequence's search: dropped.
-            Some(last) if last.address > address => {}
-            _ => rows.push(next),
-        }
-    }
-    sequences.sort_unstable_by_key(|sequence| sequence.begin);
-    sequences.shrink_to_fit();
-    Ok(sequences)
-}
-
-fn row_at(sequences: &[Sequence], vaddr: u64) -> Option<Row> {
-    let after = sequences.partition_point(|sequence| sequence.begin <= vaddr);
-    let sequence = sequences.get(after.checked_sub(1)?)?;
-    if vaddr >= sequence.end {
-        return None;
-    }
-    let row = sequence.rows.partition_point(|row| row.address <= vaddr);
-    sequence.rows.get(row.checked_sub(1)?).copied()
-}
-
 /// The `DW_TAG_inlined_subroutine` entries holding `vaddr` in the function
 /// at `function`, outermost first.
 fn inlined_calls(
@@ -602,41 +537,4 @@ fn holds(
         held |= begin <= vaddr && vaddr < end
     })?;
     Ok(held)
-}
-
-/// The path of file `index` of the unit's line program: its directory and
-/// name under the unit's compilation directory, unless absolute.
-fn file_name(unit: UnitRef<'_>, index: u64) -> Option<String> {
-    let header = unit.line_program.as_ref()?.header();
-    let file = header.file(index)?;
-    let mut path = unit
-        .comp_dir
-        .as_ref()
-        .and_then(|dir| dir.to_string_lossy().ok())
-        .map(|dir| dir.into_owned())
-        .unwrap_or_default();
-    let text = |value| {
-        unit.attr_string(value)
-            .ok()
-            .and_then(|text| text.to_string_lossy().ok().map(|text| text.into_owned()))
-    };
-    // Directory 0 is the compilation directory itself.
-    if file.directory_index() != 0
-        && let Some(directory) = file.directory(header).and_then(text)
-    {
-        push_path(&mut path, &directory);
-    }
-    push_path(&mut path, &text(file.path_name())?);
-    Some(path)
-}
-
-fn push_path(path: &mut String, part: &str) {
-    if part.starts_with('/') {
-        *path = part.to_owned();
-        return;
-    }
-    if !path.is_empty() && !path.ends_with('/') {
-        path.push('/');
-    }
-    path.push_str(part);
 }

@@ -12,6 +12,7 @@
 
 mod demangle;
 mod dwarf;
+mod dwarf_lines;
 mod dwarf_units;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
