@@ -318,20 +318,17 @@ impl ParsedUnits {
         let calls = inlined_calls(unit, function, vaddr)?;
         // Innermost first: the innermost inlined function at the line row,
         // each caller at the call site of the function inlined into it.
+        // Paths are rendered first: naming may parse other units, which
+        // needs the parsed units mutably.
         let mut located = Vec::with_capacity(calls.len() + 1);
-        let mut here = location.unwrap_or((None, None));
+        let (mut file, mut line) = location.unwrap_or((None, None));
         for call in calls.iter().rev() {
-            located.push((call.entry, here));
-            here = (call.call_file, call.call_line);
+            located.push((call.entry, file.and_then(|f| file_name(unit, f)), line));
+            (file, line) = (call.call_file, call.call_line);
         }
-        located.push((function, here));
-        let files: Vec<_> = located
-            .iter()
-            .map(|(_, (file, line))| (file.and_then(|file| file_name(unit, file)), *line))
-            .collect();
-        let entries: Vec<_> = located.iter().map(|(entry, _)| *entry).collect();
-        let mut frames = Vec::with_capacity(entries.len());
-        for (entry, (file, line)) in entries.into_iter().zip(files) {
+        located.push((function, file.and_then(|f| file_name(unit, f)), line));
+        let mut frames = Vec::with_capacity(located.len());
+        for (entry, file, line) in located {
             let (name, name_read) = self.name(dwarf, index, number, entry, round)?;
             read = read.saturating_add(name_read);
             frames.push(DwarfFrame { name, file, line });

@@ -221,7 +221,8 @@ pub struct SymbolArgs {
     pub symbol_cache_size: usize,
 
     /// Memory for parsed DWARF line tables and inline trees. An object whose
-    /// DWARF needs more than this on its own is named from its symbol table.
+    /// DWARF, all parsed, would need more than this is named from its symbol
+    /// table.
     #[arg(long, value_name = "BYTES", default_value = "16MiB", value_parser = parse_cache_bytes)]
     pub debuginfo_cache_size: usize,
 
