@@ -19,7 +19,7 @@ use object::{CompressionFormat, Object, ObjectSection};
 
 use agent_elf::Bytes;
 
-use crate::dwarf_units::{ParsedUnits, UnitIndex};
+use crate::dwarf_units::{ParsedUnits, UnitCounts, UnitIndex};
 
 pub(crate) type Reader = gimli::EndianReader<gimli::RunTimeEndian, Bytes>;
 
@@ -368,6 +368,11 @@ impl DwarfInfo {
     /// this round or the one before.
     pub fn stale_bytes(&self) -> usize {
         self.units.stale_bytes(self.round)
+    }
+
+    /// Units parsed and let go since the last call.
+    pub fn take_unit_counts(&mut self) -> UnitCounts {
+        self.units.take_counts()
     }
 
     /// A round (a profile's lookups) is over: units idle for a few rounds

@@ -15,12 +15,31 @@ pub(crate) struct Sequence {
     rows: Box<[Row]>,
 }
 
-#[derive(Clone, Copy)]
+/// Where the code from an address on (up to the next row) comes from. A
+/// parsed unit's memory is mostly these, so they are kept small: the
+/// address as an offset into its sequence, and only where the file or
+/// line changes (column and statement rows in between do not change what
+/// a lookup answers).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Row {
-    address: u64,
-    pub(crate) file: u64,
+    offset: u32,
+    file: u32,
     /// 0: no line.
-    pub(crate) line: u32,
+    line: u32,
+}
+
+impl Row {
+    pub(crate) fn file(self) -> u64 {
+        u64::from(self.file)
+    }
+
+    pub(crate) fn line(self) -> Option<u32> {
+        (self.line != 0).then_some(self.line)
+    }
+
+    fn same_place(self, other: Row) -> bool {
+        (self.file, self.line) == (other.file, other.line)
+    }
 }
 
 /// The unit's line rows, one sequence of address-ordered rows per
@@ -30,42 +49,73 @@ pub(crate) fn line_rows(unit: &Unit) -> Result<Vec<Sequence>, gimli::Error> {
         return Ok(Vec::new());
     };
     let mut sequences = Vec::new();
-    let mut rows: Vec<Row> = Vec::new();
+    let mut run = Run::default();
     let mut program_rows = program.rows();
     while let Some((_, row)) = program_rows.next_row()? {
         let address = row.address();
         if row.end_sequence() {
-            if let Some(first) = rows.first()
-                && first.address < address
-            {
-                sequences.push(Sequence {
-                    begin: first.address,
-                    end: address,
-                    rows: std::mem::take(&mut rows).into_boxed_slice(),
-                });
-            }
-            rows.clear();
+            run.finish(address, &mut sequences);
             continue;
         }
         let line = row
             .line()
             .map_or(0, |line| u32::try_from(line.get()).unwrap_or(u32::MAX));
-        let next = Row {
-            address,
-            file: row.file_index(),
-            line,
-        };
-        match rows.last_mut() {
-            // Rows at one address: the last one describes the code there.
-            Some(last) if last.address == address => *last = next,
-            // Rows out of order break the sequence's search: dropped.
-            Some(last) if last.address > address => {}
-            _ => rows.push(next),
-        }
+        // A file index past u32 names no file of any real table.
+        let file = u32::try_from(row.file_index()).unwrap_or(u32::MAX);
+        run.push(address, file, line, &mut sequences);
     }
     sequences.sort_unstable_by_key(|sequence| sequence.begin);
     sequences.shrink_to_fit();
     Ok(sequences)
+}
+
+/// The sequence being read.
+#[derive(Default)]
+struct Run {
+    begin: u64,
+    /// Address of the last row pushed.
+    last: u64,
+    rows: Vec<Row>,
+}
+
+impl Run {
+    fn push(&mut self, address: u64, file: u32, line: u32, sequences: &mut Vec<Sequence>) {
+        if self.rows.is_empty() {
+            self.begin = address;
+        } else if address < self.last {
+            // Rows out of order break the sequence's search: dropped.
+            return;
+        }
+        let offset = match u32::try_from(address - self.begin) {
+            Ok(offset) => offset,
+            Err(_) => {
+                // A run of 4 GiB of code: split where the offsets end.
+                self.finish(address, sequences);
+                self.begin = address;
+                0
+            }
+        };
+        let next = Row { offset, file, line };
+        self.last = address;
+        match self.rows.last_mut() {
+            // Rows at one address: the last one describes the code there.
+            Some(last) if last.offset == offset => *last = next,
+            Some(last) if last.same_place(next) => {}
+            _ => self.rows.push(next),
+        }
+    }
+
+    /// Ends the sequence at `end`, keeping it unless it is empty.
+    fn finish(&mut self, end: u64, sequences: &mut Vec<Sequence>) {
+        if !self.rows.is_empty() && self.begin < end {
+            sequences.push(Sequence {
+                begin: self.begin,
+                end,
+                rows: std::mem::take(&mut self.rows).into_boxed_slice(),
+            });
+        }
+        self.rows.clear();
+    }
 }
 
 /// The row describing the code at `vaddr`.
@@ -75,7 +125,10 @@ pub(crate) fn row_at(sequences: &[Sequence], vaddr: u64) -> Option<Row> {
     if vaddr >= sequence.end {
         return None;
     }
-    let row = sequence.rows.partition_point(|row| row.address <= vaddr);
+    // Below `end`, so within u32 of `begin` unless a split made the
+    // sequence end where a longer one would have.
+    let offset = u32::try_from(vaddr - sequence.begin).ok()?;
+    let row = sequence.rows.partition_point(|row| row.offset <= offset);
     sequence.rows.get(row.checked_sub(1)?).copied()
 }
 

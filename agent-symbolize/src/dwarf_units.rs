@@ -33,9 +33,13 @@ const MAX_NESTING: usize = 256;
 /// address, for the one holding it: ranges of one object overlap only
 /// where a function nests in another (or the DWARF is broken).
 const OVERLAP_LOOKBACK: usize = 64;
-/// A parsed unit is let go when this many rounds have ended without a
-/// lookup in it.
-const IDLE_ROUNDS: u64 = 2;
+/// A parsed unit is let go when this many rounds (a minute of profiles at
+/// the default interval) have ended without a lookup in it. Units used
+/// now and then (a short-lived interpreter's start-up, reached by a
+/// sample every few profiles) would otherwise be parsed again each time;
+/// units idle for two rounds are counted stale all the same, for the cache
+/// to shed when a profile needs the room.
+pub(crate) const IDLE_ROUNDS: u64 = 6;
 
 /// The address ranges of every compilation unit, and where each unit
 /// starts (for references from one unit into another).
@@ -108,7 +112,7 @@ impl UnitIndex {
             let mut entries = unit.entries();
             if let Ok(Some(root)) = entries.next_dfs() {
                 // Ranges read before one that does not read still count.
-                let _ = for_each_range(unit, root, &mut push);
+                let _ = for_each_range(unit, root.attrs(), &mut push);
             }
         }
         index.ranges.sort_unstable_by_key(|range| range.begin);
@@ -183,6 +187,15 @@ struct InlinedCall {
 pub(crate) struct ParsedUnits {
     units: HashMap<u32, ParsedUnit>,
     heap_bytes: usize,
+    counts: UnitCounts,
+}
+
+/// Units parsed and let go since the counts were last taken: a unit parsed
+/// again and again (let go between sporadic lookups) shows as both rising.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnitCounts {
+    pub parsed: u64,
+    pub dropped: u64,
 }
 
 // What a parsed unit costs, estimated from its size: the abbreviations and
@@ -198,6 +211,10 @@ impl ParsedUnits {
         self.heap_bytes
     }
 
+    pub(crate) fn take_counts(&mut self) -> UnitCounts {
+        std::mem::take(&mut self.counts)
+    }
+
     /// Bytes of units no lookup used in this round or the one before.
     pub(crate) fn stale_bytes(&self, round: u64) -> usize {
         self.units
@@ -209,14 +226,16 @@ impl ParsedUnits {
 
     /// Lets go of units idle for [`IDLE_ROUNDS`] rounds before `round`.
     pub(crate) fn shed_idle(&mut self, round: u64) {
-        let mut freed = 0;
+        let (mut freed, mut dropped) = (0, 0);
         self.units.retain(|_, unit| {
             let keep = unit.round.saturating_add(IDLE_ROUNDS) >= round;
             if !keep {
                 freed += unit.cost;
+                dropped += 1;
             }
             keep
         });
+        self.counts.dropped += dropped;
         self.heap_bytes = self.heap_bytes.saturating_sub(freed);
     }
 
@@ -253,6 +272,7 @@ impl ParsedUnits {
                     .saturating_add(info / INFO_BYTES_PER_COST)
                     .saturating_add(lines.saturating_mul(COST_PER_LINE_BYTE));
                 self.heap_bytes = self.heap_bytes.saturating_add(cost);
+                self.counts.parsed += 1;
                 vacant.insert(ParsedUnit {
                     unit,
                     functions: None,
@@ -299,7 +319,7 @@ impl ParsedUnits {
             .lines
             .as_deref()
             .and_then(|lines| row_at(lines, vaddr))
-            .map(|row| (Some(row.file), (row.line != 0).then_some(row.line)));
+            .map(|row| (Some(row.file()), row.line()));
         let Some(function) = function else {
             // Code with lines but no function entry: a frame without a name.
             return Ok((
@@ -397,15 +417,25 @@ impl ParsedUnits {
 }
 
 /// The ranges of every `DW_TAG_subprogram` in the unit, sorted by start.
+/// Every entry is walked (a function may be defined inside another's
+/// block, or inside a local class), but only a subprogram's attributes are
+/// decoded: the rest are skipped by their forms' sizes, which is most of
+/// what parsing a unit costs.
 fn function_ranges(unit: UnitRef<'_>) -> Result<Vec<FunctionRange>, gimli::Error> {
     let mut functions = Vec::new();
-    let mut entries = unit.entries();
-    while let Some(entry) = entries.next_dfs()? {
-        if entry.tag() != gimli::DW_TAG_subprogram {
+    let mut attrs = Vec::new();
+    let mut entries = unit.entries_raw(None)?;
+    while !entries.is_empty() {
+        let offset = entries.next_offset();
+        let Some(abbreviation) = entries.read_abbreviation()? else {
+            continue;
+        };
+        if abbreviation.tag() != gimli::DW_TAG_subprogram {
+            entries.skip_attributes(abbreviation.attributes())?;
             continue;
         }
-        let offset = entry.offset();
-        for_each_range(unit, entry, |begin, end| {
+        entries.read_attributes(abbreviation.attributes(), &mut attrs)?;
+        for_each_range(unit, &attrs, |begin, end| {
             functions.push(FunctionRange {
                 begin,
                 end,
@@ -423,11 +453,11 @@ fn function_ranges(unit: UnitRef<'_>) -> Result<Vec<FunctionRange>, gimli::Error
 /// out. gimli's own `die_ranges` adds a size to the start unchecked.
 fn for_each_range(
     unit: UnitRef<'_>,
-    entry: &gimli::DebuggingInformationEntry<Reader>,
+    attrs: &[gimli::Attribute<Reader>],
     mut each: impl FnMut(u64, u64),
 ) -> Result<(), gimli::Error> {
     let (mut low, mut high, mut size) = (None, None, None);
-    for attr in entry.attrs() {
+    for attr in attrs {
         match attr.name() {
             gimli::DW_AT_low_pc => low = unit.attr_address(attr.value())?,
             gimli::DW_AT_high_pc => match attr.value() {
@@ -530,7 +560,7 @@ fn holds(
     vaddr: u64,
 ) -> Result<bool, gimli::Error> {
     let mut held = false;
-    for_each_range(unit, entry, |begin, end| {
+    for_each_range(unit, entry.attrs(), |begin, end| {
         held |= begin <= vaddr && vaddr < end
     })?;
     Ok(held)

@@ -27,6 +27,7 @@ use std::{io, sync::Arc};
 pub use agent_elf::{BuildId, Bytes, ElfLayout, ObjectKey, debug_files::DebugFileKind};
 pub use demangle::{DemangleMode, demangle};
 pub use dwarf::{DwarfError, DwarfFrame, DwarfInfo, DwarfShape};
+pub use dwarf_units::UnitCounts;
 pub use jitdump::{JitTable, JitdumpTable};
 pub use kallsyms::{Kallsyms, KallsymsBuilder, KallsymsError, KernelSymbol, parse_build_id_note};
 pub use perfmap::{
@@ -180,6 +181,8 @@ pub struct SymbolizerCounts {
     pub dwarf_errors: u64,
     /// Objects whose DWARF would take more than the whole DWARF cache.
     pub debuginfo_too_large: u64,
+    /// Compilation units parsed for lookups, and let go when idle.
+    pub dwarf_units: UnitCounts,
     /// Separate debug files that matched their object.
     pub debug_files_found: u64,
     /// Debug file candidates that did not match their object or did not

@@ -276,6 +276,7 @@ impl Symbolizer {
             return Vec::new();
         };
         let result = info.frames(vaddr);
+        self.counts.dwarf_units.parsed += info.take_unit_counts().parsed;
         let bytes = info.heap_bytes();
         let evicted = self.dwarf.set_bytes(&key, bytes);
         self.counts.debuginfo.evictions += evicted as u64;
@@ -392,6 +393,7 @@ impl FrameSymbolizer for Symbolizer {
         self.counts.debuginfo.evictions += evicted as u64;
         for info in self.dwarf.values_mut() {
             info.end_round();
+            self.counts.dwarf_units.dropped += info.take_unit_counts().dropped;
         }
         let evicted = self.symbols.end_round();
         self.counts.symbols.evictions += evicted as u64;

@@ -14,6 +14,8 @@ const INLINE_CHAIN_STRIPPED: &[u8] = agent_fixtures::INLINE_CHAIN_STRIPPED;
 const INLINE_CHAIN_DEBUG: &[u8] = agent_fixtures::INLINE_CHAIN_DEBUG;
 const INLINE_CHAIN_COMPRESSED: &[u8] = agent_fixtures::INLINE_CHAIN_COMPRESSED;
 const TEMPLATES: &[u8] = agent_fixtures::TEMPLATES;
+const LOCAL_CLASS: &[u8] = agent_fixtures::LOCAL_CLASS;
+const NESTED: &[u8] = agent_fixtures::NESTED;
 const SOURCE: &str = include_str!("../../tests/workloads/inline_chain.c");
 
 /// The 1-based line of `inline_chain.c` holding `marker`.
@@ -334,6 +336,46 @@ fn corrupt_elf_and_dwarf_are_counted_never_a_panic() {
     }
 }
 
+/// Functions whose entries lie inside other entries (a class local to a
+/// function, a lambda, a GNU C nested function in a block) are found when
+/// the unit's functions are gathered, though most of what lies under a
+/// function is skipped there.
+#[test]
+fn functions_defined_inside_other_entries_are_named_from_dwarf() {
+    for (elf, symbol, name, source) in [
+        (
+            LOCAL_CLASS,
+            "_ZZ5scaleiENK5Local5applyEi",
+            "apply",
+            "local_class.cpp",
+        ),
+        (
+            LOCAL_CLASS,
+            "_ZZ5scaleiENKUliE_clEi",
+            "operator()",
+            "local_class.cpp",
+        ),
+        (NESTED, "inner.0", "inner", "nested.c"),
+    ] {
+        let (start, _) = function_range(elf, symbol);
+        let mut dwarf = DwarfInfo::parse(Bytes::new(Arc::new(elf.to_vec())), 1 << 20)
+            .expect("the fixture's DWARF");
+        let frames = dwarf.frames(start + 4).expect("a lookup");
+        let outer = frames
+            .last()
+            .unwrap_or_else(|| panic!("{symbol}: no frames"));
+        assert_eq!(outer.name.as_deref(), Some(name), "{symbol}");
+        assert!(
+            outer
+                .file
+                .as_deref()
+                .is_some_and(|file| file.ends_with(source)),
+            "{symbol}: {:?}",
+            outer.file
+        );
+    }
+}
+
 #[test]
 fn cpp_names_follow_the_demangle_mode() {
     let mangled = "_ZN4firn11AccumulatorImE3addEmi";
@@ -495,34 +537,43 @@ fn a_large_dwarf_lets_its_pages_go_after_each_unit_parsed() {
         info >= 4 << 20,
         "the test binary has {info} bytes of .debug_info: build the tests with debug info"
     );
-    // Two functions of different crates: different units.
-    let address_of = |part: &str| {
+    // Functions of two crates (not generic: those are instantiated in the
+    // caller's units): at least two units, each parsed by its lookup.
+    let addresses_of = |prefix: &str| {
         file.symbols()
-            .find(|symbol| {
+            .filter(|symbol| {
                 symbol.kind() == object::SymbolKind::Text
                     && symbol.address() != 0
-                    && symbol.name().is_ok_and(|name| name.contains(part))
+                    && symbol.name().is_ok_and(|name| name.starts_with(prefix))
             })
             .map(|symbol| symbol.address())
-            .unwrap_or_else(|| panic!("a function of {part}"))
+            .take(20)
+            .collect::<Vec<_>>()
     };
-    let addresses = [address_of("gimli"), address_of("agent_symbolize")];
+    let addresses = [
+        addresses_of("_ZN5gimli"),
+        addresses_of("_ZN15agent_symbolize"),
+    ]
+    .concat();
     let counted = Arc::new(CountedBytes {
         bytes: exe.clone(),
         releases: Default::default(),
     });
     let mut dwarf = DwarfInfo::parse(Bytes::new(counted.clone()), 1 << 30).expect("indexed");
+    let mut units_parsed = 0;
     for address in addresses {
         let before = counted.releases.load(Ordering::Relaxed);
         let frames = dwarf.frames(address).expect("a lookup");
         assert!(!frames.is_empty(), "{address:#x} is in a unit");
-        assert!(
-            counted.releases.load(Ordering::Relaxed) > before,
-            "the pages were let go after the unit of {address:#x} was parsed"
+        let parsed = dwarf.take_unit_counts().parsed;
+        units_parsed += parsed;
+        let released = counted.releases.load(Ordering::Relaxed) > before;
+        // A unit parsed lets its pages go; one parsed before has nothing to.
+        assert_eq!(
+            released,
+            parsed > 0,
+            "pages let go after a lookup at {address:#x} that parsed {parsed} units"
         );
-        // The same unit again parses nothing: nothing to let go.
-        let before = counted.releases.load(Ordering::Relaxed);
-        dwarf.frames(address).expect("a lookup");
-        assert_eq!(counted.releases.load(Ordering::Relaxed), before);
     }
+    assert!(units_parsed >= 2, "the lookups parsed {units_parsed} units");
 }

@@ -125,6 +125,8 @@ fn publish(stats: &Stats, counts: &SymbolizerCounts) {
         (&stats.debuginfo_cache_evictions, counts.debuginfo.evictions),
         (&stats.dwarf_errors, counts.dwarf_errors),
         (&stats.debuginfo_too_large, counts.debuginfo_too_large),
+        (&stats.dwarf_units_parsed, counts.dwarf_units.parsed),
+        (&stats.dwarf_units_dropped, counts.dwarf_units.dropped),
         (&stats.debug_files_found, counts.debug_files_found),
         (&stats.debug_files_rejected, counts.debug_files_rejected),
         (&stats.perf_map_cache_hits, counts.perf_maps.hits),

@@ -109,6 +109,8 @@ fn frames_match_addr2line_on_the_fixtures() {
         ("inline_chain.debug", INLINE_CHAIN_DEBUG),
         ("inline_chain.compressed", INLINE_CHAIN_COMPRESSED),
         ("templates", TEMPLATES),
+        ("local_class", LOCAL_CLASS),
+        ("nested", NESTED),
     ] {
         let (looked_up, named, differ) = differences(debug, u64::MAX);
         assert!(looked_up > 20, "{name}: {looked_up} addresses");

@@ -354,6 +354,16 @@ declare_metrics! {
             frame_cache_evictions { cache = "frames" },
         ],
     }
+    dwarf_units: Counter,
+        "Compilation units of DWARF parsed for lookups (parsed), and let go after profiles \
+        that did not use them (dropped); both rising steadily means units are parsed again \
+        and again."
+    {
+        stats: [
+            dwarf_units_parsed { event = "parsed" },
+            dwarf_units_dropped { event = "dropped" },
+        ],
+    }
     symbolizer_errors: Counter,
         "Debug information that could not be used, by kind: symbol_table (malformed ELF \
         symbol tables), dwarf (malformed or truncated DWARF), perf_map (perf map lines \
