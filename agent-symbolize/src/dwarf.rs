@@ -19,7 +19,7 @@ use object::{CompressionFormat, Object, ObjectSection};
 
 use agent_elf::Bytes;
 
-use crate::dwarf_units::{ParsedUnits, UnitCounts, UnitIndex};
+use crate::dwarf_units::{ParsedUnits, UnitCounts, UnitIndex, abbrev_table_sizes};
 
 pub(crate) type Reader = gimli::EndianReader<gimli::RunTimeEndian, Bytes>;
 
@@ -111,6 +111,9 @@ pub struct DwarfShape {
     pub units: usize,
     pub info_bytes: usize,
     pub abbrev_bytes: usize,
+    /// Abbreviation bytes the units parse all told: a table shared by
+    /// units counts once for each.
+    pub abbrev_parsed_bytes: usize,
     pub line_bytes: usize,
     /// Compressed sections inflated into memory.
     pub decompressed_bytes: usize,
@@ -142,6 +145,10 @@ impl DwarfShape {
             )
             .saturating_add(self.info_bytes / crate::dwarf_units::INFO_BYTES_PER_COST)
             .saturating_add(
+                self.abbrev_parsed_bytes
+                    .saturating_mul(crate::dwarf_units::COST_PER_ABBREV_BYTE),
+            )
+            .saturating_add(
                 self.line_bytes
                     .saturating_mul(crate::dwarf_units::COST_PER_LINE_BYTE),
             )
@@ -163,7 +170,9 @@ impl fmt::Debug for DwarfInfo {
 /// `.debug_aranges` lists (every unit with code has its set there; that
 /// section is small).
 pub(crate) fn full_cost_lower_bound(file: &object::File<'_>, endian: gimli::RunTimeEndian) -> u64 {
-    use crate::dwarf_units::{COST_PER_LINE_BYTE, INFO_BYTES_PER_COST, UNIT_BASE_COST};
+    use crate::dwarf_units::{
+        COST_PER_ABBREV_BYTE, COST_PER_LINE_BYTE, INFO_BYTES_PER_COST, UNIT_BASE_COST,
+    };
     let mut bound = 0u64;
     for id in NEEDED {
         let Some(section) = file.section_by_name(id.name()) else {
@@ -179,6 +188,8 @@ pub(crate) fn full_cost_lower_bound(file: &object::File<'_>, endian: gimli::RunT
         bound = bound.saturating_add(match id {
             gimli::SectionId::DebugInfo => size / INFO_BYTES_PER_COST as u64,
             gimli::SectionId::DebugLine => size.saturating_mul(COST_PER_LINE_BYTE as u64),
+            // Each table is parsed at least once.
+            gimli::SectionId::DebugAbbrev => size.saturating_mul(COST_PER_ABBREV_BYTE as u64),
             _ => 0,
         });
     }
@@ -304,6 +315,7 @@ impl DwarfInfo {
             units: 0,
             info_bytes: dwarf.debug_info.reader().len(),
             abbrev_bytes: dwarf.debug_abbrev.reader().len(),
+            abbrev_parsed_bytes: 0,
             line_bytes: dwarf.debug_line.reader().len(),
             decompressed_bytes: decompressed,
         };
@@ -313,9 +325,13 @@ impl DwarfInfo {
         let large = shape.is_large();
         let index = || {
             let mut headers = dwarf.units();
-            while let Ok(Some(_)) = headers.next() {
+            let mut abbrev_starts = Vec::new();
+            while let Ok(Some(header)) = headers.next() {
                 shape.units += 1;
+                abbrev_starts.push(header.debug_abbrev_offset().0);
             }
+            let abbrev_sizes = abbrev_table_sizes(&abbrev_starts, shape.abbrev_bytes);
+            shape.abbrev_parsed_bytes = abbrev_sizes.iter().map(|&size| size as usize).sum();
             let full = shape.full_cost();
             if full > max_bytes {
                 return Err(DwarfError::TooLarge {
@@ -324,8 +340,8 @@ impl DwarfInfo {
                 });
             }
             let heap_bytes = shape.index_cost();
-            let index =
-                UnitIndex::build(&dwarf).map_err(|source| DwarfError::Malformed { source })?;
+            let index = UnitIndex::build(&dwarf, abbrev_sizes)
+                .map_err(|source| DwarfError::Malformed { source })?;
             let index_bytes = heap_bytes.saturating_add(index.heap_bytes());
             Ok((dwarf, index, index_bytes))
         };

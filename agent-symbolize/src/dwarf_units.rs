@@ -49,6 +49,26 @@ pub(crate) struct UnitIndex {
     ranges: Vec<UnitRange>,
     /// Each unit's header offset in `.debug_info`, ascending.
     offsets: Vec<usize>,
+    /// The bytes of each unit's abbreviation table (by unit, as
+    /// `offsets`): gimli parses a unit's table whole, for each unit.
+    abbrev_sizes: Vec<u32>,
+}
+
+/// The size of each unit's abbreviation table, given where each starts
+/// (one per unit, in unit order): up to the next table, or the end of the
+/// section. Units sharing a table each count it whole: each parses it.
+pub(crate) fn abbrev_table_sizes(starts: &[usize], section_len: usize) -> Vec<u32> {
+    let mut distinct = starts.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    starts
+        .iter()
+        .map(|&start| {
+            let next = distinct.partition_point(|&other| other <= start);
+            let end = distinct.get(next).copied().unwrap_or(section_len);
+            u32::try_from(end.saturating_sub(start)).unwrap_or(u32::MAX)
+        })
+        .collect()
 }
 
 #[derive(Clone, Copy)]
@@ -61,7 +81,7 @@ struct UnitRange {
 impl UnitIndex {
     /// The ranges of each unit: from `.debug_aranges` where it lists the
     /// unit (no need to parse it), else from the unit's root entry.
-    pub(crate) fn build(dwarf: &Dwarf) -> Result<Self, gimli::Error> {
+    pub(crate) fn build(dwarf: &Dwarf, abbrev_sizes: Vec<u32>) -> Result<Self, gimli::Error> {
         let mut listed: HashMap<usize, Vec<(u64, u64)>> = HashMap::new();
         let mut headers = dwarf.debug_aranges.headers();
         while let Some(header) = headers.next()? {
@@ -74,7 +94,10 @@ impl UnitIndex {
                 }
             }
         }
-        let mut index = Self::default();
+        let mut index = Self {
+            abbrev_sizes,
+            ..Self::default()
+        };
         let mut units = dwarf.units();
         while let Some(header) = units.next()? {
             let offset = DebugInfoOffset(header.offset().0);
@@ -128,6 +151,7 @@ impl UnitIndex {
     pub(crate) fn heap_bytes(&self) -> usize {
         self.ranges.capacity() * size_of::<UnitRange>()
             + self.offsets.capacity() * size_of::<usize>()
+            + self.abbrev_sizes.capacity() * size_of::<u32>()
     }
 
     /// The unit whose ranges hold `vaddr`.
@@ -198,13 +222,19 @@ pub struct UnitCounts {
     pub dropped: u64,
 }
 
-// What a parsed unit costs, estimated from its size: the abbreviations and
-// line program header gimli parses for it, then function ranges (one per
-// subprogram, a few per 100 bytes of entries) and line rows (one 24-byte
-// row per one to three opcode bytes).
+// What a parsed unit costs, estimated from its size: its line program
+// header and gimli's unit, its abbreviation table parsed (an entry with
+// its attribute list for every dozen bytes or so), function ranges (one per
+// subprogram, a few per 100 bytes of entries) and line rows (12 bytes where
+// the file or line changes, with the header's file table). Set against
+// the heap parsing took on libpython, glibc's and ld.so's debug files and
+// Rust builds (`cargo bench -p firn --bench symbolize -- PATH`), above it
+// on all of them.
 pub(crate) const UNIT_BASE_COST: usize = 4 << 10;
 pub(crate) const INFO_BYTES_PER_COST: usize = 4;
-pub(crate) const COST_PER_LINE_BYTE: usize = 4;
+pub(crate) const COST_PER_LINE_BYTE: usize = 2;
+/// A parsed abbreviation (with its attribute list) against its bytes.
+pub(crate) const COST_PER_ABBREV_BYTE: usize = 16;
 
 impl ParsedUnits {
     pub(crate) fn heap_bytes(&self) -> usize {
@@ -268,7 +298,11 @@ impl ParsedUnits {
                     .line_program
                     .as_ref()
                     .map_or(0, |program| program.header().raw_program_buf().len());
+                let abbrevs = index.abbrev_sizes.get(number as usize).map_or(0, |&size| {
+                    (size as usize).saturating_mul(COST_PER_ABBREV_BYTE)
+                });
                 let cost = UNIT_BASE_COST
+                    .saturating_add(abbrevs)
                     .saturating_add(info / INFO_BYTES_PER_COST)
                     .saturating_add(lines.saturating_mul(COST_PER_LINE_BYTE));
                 self.heap_bytes = self.heap_bytes.saturating_add(cost);

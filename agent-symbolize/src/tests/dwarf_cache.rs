@@ -25,10 +25,13 @@ fn the_dwarf_cache_is_bounded_and_counts_evictions() {
     let (leaf, _) = function_range(INLINE_CHAIN, "burn_leaf");
     let (run, _) = function_range(TEMPLATES, "_ZN4firn3runEi");
     let profiles = 4;
+    // The larger first: a smaller one holding the room would be evicted
+    // for it (rebuilding it costs less).
+    assert!(parsed(TEMPLATES, "_ZN4firn3runEi") >= parsed(INLINE_CHAIN, "burn_leaf"));
     for _ in 0..profiles {
         for _ in 0..3 {
-            assert!(!symbolizer.user(&chain, leaf).is_empty());
             assert!(!symbolizer.user(&templates, run).is_empty());
+            assert!(!symbolizer.user(&chain, leaf).is_empty());
         }
         symbolizer.end_of_profile();
         assert!(symbolizer.cache_bytes().debuginfo <= limits.debuginfo_cache_bytes);
@@ -135,19 +138,23 @@ fn units_no_lookup_used_for_two_rounds_are_stale() {
 
 #[test]
 fn dwarf_refused_once_stays_refused_while_contexts_come_and_go() {
-    let templates_full = DwarfInfo::parse(Bytes::new(Arc::new(TEMPLATES.to_vec())), usize::MAX)
-        .expect("indexes")
-        .shape()
-        .full_cost();
+    let full_cost = |elf: &[u8]| {
+        DwarfInfo::parse(Bytes::new(Arc::new(elf.to_vec())), usize::MAX)
+            .expect("indexes")
+            .shape()
+            .full_cost()
+    };
+    // The same DWARF, plain and compressed: only the plain one fits.
     let limits = SymbolConfig {
-        debuginfo_cache_bytes: templates_full + 64,
+        debuginfo_cache_bytes: full_cost(INLINE_CHAIN) + 64,
         ..SymbolConfig::default()
     };
+    assert!(full_cost(INLINE_CHAIN_COMPRESSED) > limits.debuginfo_cache_bytes);
     let mut symbolizer = symbolizer_with(&limits);
     let compressed = object(1, INLINE_CHAIN_COMPRESSED);
-    let templates = object(2, TEMPLATES);
+    let plain = object(2, INLINE_CHAIN);
     let (leaf, _) = function_range(INLINE_CHAIN_COMPRESSED, "burn_leaf");
-    let (run, _) = function_range(TEMPLATES, "_ZN4firn3runEi");
+    let (plain_leaf, _) = function_range(INLINE_CHAIN, "burn_leaf");
     let named_by_symbols = [("burn_leaf".to_owned(), None)];
     assert_eq!(
         frames(&symbolizer.user(&compressed, leaf + 0x20)),
@@ -159,7 +166,7 @@ fn dwarf_refused_once_stays_refused_while_contexts_come_and_go() {
         "the inflated sections do not fit beside nothing"
     );
     // Another object's context comes and stays.
-    assert!(!symbolizer.user(&templates, run).is_empty());
+    assert!(!symbolizer.user(&plain, plain_leaf).is_empty());
     assert!(symbolizer.cache_bytes().debuginfo <= limits.debuginfo_cache_bytes);
     symbolizer.end_of_profile();
     assert_eq!(
@@ -171,5 +178,41 @@ fn dwarf_refused_once_stays_refused_while_contexts_come_and_go() {
         (counts.debuginfo_too_large, counts.debuginfo.hits),
         (0, 1),
         "not read and refused again"
+    );
+}
+
+/// A unit's abbreviation table runs to the next table or the section's
+/// end; units sharing one (dwz, some linkers) each count it, since each
+/// parses it.
+#[test]
+fn each_unit_counts_its_whole_abbreviation_table() {
+    use crate::dwarf_units::abbrev_table_sizes;
+    assert_eq!(
+        abbrev_table_sizes(&[0, 100, 0, 250], 300),
+        [100, 150, 100, 50]
+    );
+    assert_eq!(abbrev_table_sizes(&[], 300), Vec::<u32>::new());
+    // A start past the section's end (corrupt) counts nothing.
+    assert_eq!(abbrev_table_sizes(&[400], 300), [0]);
+}
+
+/// The estimate a parsed unit is charged with covers its abbreviations:
+/// glibc's debug file (many small units, each with its own table) parsed
+/// more than twice what line rows and entries alone predicted.
+#[test]
+fn the_full_cost_counts_abbreviations_each_unit_parses() {
+    let shape = DwarfShape {
+        units: 10,
+        abbrev_bytes: 1000,
+        abbrev_parsed_bytes: 4000,
+        ..DwarfShape::default()
+    };
+    let without = DwarfShape {
+        abbrev_parsed_bytes: 0,
+        ..shape
+    };
+    assert_eq!(
+        shape.full_cost() - without.full_cost(),
+        4000 * crate::dwarf_units::COST_PER_ABBREV_BYTE
     );
 }
