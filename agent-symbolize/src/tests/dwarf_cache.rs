@@ -134,6 +134,14 @@ fn units_no_lookup_used_for_two_rounds_are_stale() {
     assert_eq!(info.heap_bytes(), indexed, "idle longer: let go");
     assert_eq!(info.frames(leaf + size / 2).expect("looks up").len(), 2);
     assert_eq!(info.heap_bytes() - indexed, parsed, "parsed again");
+    // What `firn_dwarf_units_total` shows: parsed twice, dropped once.
+    assert_eq!(
+        info.take_unit_counts(),
+        crate::UnitCounts {
+            parsed: 2,
+            dropped: 1
+        }
+    );
 }
 
 #[test]
