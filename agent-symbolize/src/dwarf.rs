@@ -19,7 +19,10 @@ use object::{CompressionFormat, Object, ObjectSection};
 
 use agent_elf::Bytes;
 
-use crate::dwarf_units::{ParsedUnits, UnitCounts, UnitIndex, abbrev_table_sizes};
+use crate::{
+    dwarf_unit_index::{UnitIndex, abbrev_table_sizes},
+    dwarf_units::{ParsedUnits, UnitCounts},
+};
 
 pub(crate) type Reader = gimli::EndianReader<gimli::RunTimeEndian, Bytes>;
 

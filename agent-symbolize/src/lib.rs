@@ -13,6 +13,7 @@
 mod demangle;
 mod dwarf;
 mod dwarf_lines;
+mod dwarf_unit_index;
 mod dwarf_units;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

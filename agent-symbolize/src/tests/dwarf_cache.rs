@@ -194,7 +194,7 @@ fn dwarf_refused_once_stays_refused_while_contexts_come_and_go() {
 /// parses it.
 #[test]
 fn each_unit_counts_its_whole_abbreviation_table() {
-    use crate::dwarf_units::abbrev_table_sizes;
+    use crate::dwarf_unit_index::abbrev_table_sizes;
     assert_eq!(
         abbrev_table_sizes(&[0, 100, 0, 250], 300),
         [100, 150, 100, 50]
