@@ -8,7 +8,7 @@ mod common;
 
 use agent_pprof::{Reader, proto::Profile};
 use common::*;
-use std::process::Command;
+use std::{process::Command, time::Duration};
 
 /// The chain of chain_inline's benchmark threads.
 const WORKER_CHAIN: [&str; 5] = [
@@ -343,4 +343,71 @@ fn bash_runs_are_complete(name: &str, what: &str, script: impl FnOnce(&str) -> S
         describe(&incomplete)
     );
     profile
+}
+
+/// A program 40 directories deep (43 path components, beyond the 12 the
+/// exit walk once stopped at): each run's mappings are captured with their
+/// whole path, none left to be found by device and inode alone, and the
+/// runs' samples are placed whole.
+#[test]
+fn deep_paths_are_captured_whole() {
+    require_root();
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let deep = (0..40).fold(dir.path().to_path_buf(), |path, level| {
+        path.join(format!("d{level:02}"))
+    });
+    std::fs::create_dir_all(&deep).expect("the deep directories");
+    let binary = build_no_fp_chain(&deep);
+    // The runs wait for firn: profiled by pid (the shell and what it
+    // starts), so no other process's paths count.
+    let go = dir.path().join("go");
+    let script = format!(
+        "while [ ! -e {go} ]; do sleep 0.05; done; \
+         for i in $(seq 8); do {binary} 100000 0.1 1 >/dev/null; done",
+        go = go.display(),
+        binary = binary.display()
+    );
+    let mut runs = TestProcess::spawn(Command::new("sh").args(["-c", &script]));
+    let store = dir.path().join("store");
+    let agent = Agent::start(
+        &dir.path().join("firn.log"),
+        &[
+            "--pid",
+            &runs.pid().to_string(),
+            "--local-store-directory",
+            store.to_str().expect("utf-8"),
+        ],
+        &[],
+    );
+    let address = agent.http_address();
+    agent.wait_until("/ready", Duration::from_secs(120), || {
+        get(address, "/ready").is_ok_and(|(status, _)| status == 200)
+    });
+    let captured = |outcome: &str| {
+        metric(
+            address,
+            &format!("firn_process_mappings_captured_total{{outcome=\"{outcome}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    let walked_before = captured("written");
+    std::fs::write(&go, b"").expect("the go file");
+    let status = runs.wait_for_exit(Duration::from_secs(120));
+    assert!(status.success(), "the runs failed: {status}");
+    // Each run maps at least the program, libc and the loader; the
+    // counters are mirrored once a second.
+    agent.wait_until(
+        "the runs' mappings captured",
+        Duration::from_secs(30),
+        || captured("written") >= walked_before + 8.0 * 3.0,
+    );
+    let written = captured("written") - walked_before;
+    let without_path = captured("no_path");
+    let Stopped { log, .. } = agent.stop();
+    eprintln!("deep paths: {written} mappings captured, {without_path} without their whole path");
+    assert_eq!(
+        without_path, 0.0,
+        "{without_path} of {written} mappings captured without their whole path:\n{log}"
+    );
 }

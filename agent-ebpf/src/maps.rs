@@ -11,10 +11,19 @@
 //!
 //! The iterator functions are kfuncs, which neither aya nor bpf-linker
 //! know how to call: the calls are written as raw instructions whose
-//! immediate is a marker (0x0f1a0001-3, in `iter_new`, `iter_next` and
-//! `iter_destroy`), and the daemon replaces each
-//! marker with the function's BTF id in the running kernel before loading
-//! the object. A kernel without them keeps the program unloaded.
+//! immediate is a marker (0x0f1a0001-3 for the VMA iterator in
+//! `iter_new`, `iter_next` and `iter_destroy`, 0x0f1a0004-6 for the number
+//! iterator in `num_new`, `num_next` and `num_destroy`), and the daemon
+//! replaces each marker with the function's BTF id in the running kernel
+//! before loading the object. A kernel without them keeps the program
+//! unloaded.
+//!
+//! Both loops are open-coded iterators whose loop-carried values the
+//! verifier cannot tell apart from one step to the next (what they count
+//! lives in `MAPS_WALKED`): it checks each loop's body about twice, not
+//! once per step, so a path of many components costs no more to verify
+//! than one of a few (a bounded `for` over 12 components, each step
+//! checked on its own, took 70 ms at every start).
 
 use core::{
     ffi::c_void,
@@ -75,11 +84,15 @@ static MAPS_CONFIG: MapsConfig = MapsConfig {
 #[map]
 static MAPS_WANTED: LruHashMap<u32, u32> = LruHashMap::with_max_entries(MAX_MAPS_WANTED, 0);
 
-/// Areas visited by the current walk, per CPU: kept in a map so that the
-/// verifier, which tracks no map contents, sees every step of the walk
-/// alike and checks it once.
+/// Areas visited by the current walk (slot [`WALKED_AREAS`]) and the bytes
+/// of the current path written (slot [`WALKED_PATH`]), per CPU: kept in a
+/// map so that the verifier, which tracks no map contents, sees every
+/// step of a walk alike and checks it once.
 #[map]
-static MAPS_WALKED: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+static MAPS_WALKED: PerCpuArray<u32> = PerCpuArray::with_max_entries(2, 0);
+
+const WALKED_AREAS: u32 = 0;
+const WALKED_PATH: u32 = 1;
 
 #[map]
 static MAPS_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(MapsCounter::COUNT, 0);
@@ -181,7 +194,7 @@ pub fn process_exit_maps(_ctx: RawTracePointContext) -> u32 {
     // SAFETY: `iter` is this frame's stack slot of the iterator's size;
     // every path below ends it with `iter_destroy`.
     unsafe { iter_new(iter.as_mut_ptr(), task, 0) };
-    let walked = MAPS_WALKED.get_ptr_mut(0);
+    let walked = MAPS_WALKED.get_ptr_mut(WALKED_AREAS);
     if let Some(walked) = walked {
         // SAFETY: this CPU's slot; programs on a tracepoint do not nest.
         unsafe { *walked = 0 };
@@ -289,15 +302,25 @@ unsafe fn emit(maps: &MapsConfig, tgid: u32, vma: *const c_void) {
 /// `path` is valid for [`MAPPING_PATH_BYTES`] bytes of writes.
 #[inline(always)]
 unsafe fn walk_path(maps: &MapsConfig, file: u64, path: *mut u8) -> (u32, u32) {
+    let mut flags = 0;
+    let Some(written) = MAPS_WALKED.get_ptr_mut(WALKED_PATH) else {
+        return (0, flags);
+    };
     let mut dentry = read_u64(file, maps.file_dentry);
     let mut vfsmount = read_u64(file, maps.file_mnt);
     let mut mount = vfsmount.wrapping_sub(u64::from(maps.mount_mnt));
-    let mut flags = 0;
     if read_u64(dentry, maps.dentry_hash_pprev) == 0 {
         flags |= mapping_flags::DELETED;
     }
-    let mut written = 0usize;
-    for _ in 0..MAX_PATH_COMPONENTS {
+    // SAFETY: this CPU's slot, valid while the program runs; programs on
+    // a tracepoint do not nest.
+    unsafe { core::ptr::write_volatile(written, 0) };
+    let mut steps = MaybeUninit::<u64>::uninit();
+    // SAFETY: `steps` is this frame's stack slot of the iterator's size;
+    // it is ended below, on every path out of the loop.
+    unsafe { num_new(steps.as_mut_ptr(), 0, MAX_PATH_COMPONENTS as i32) };
+    // SAFETY: the iterator begun above.
+    while !unsafe { num_next(steps.as_mut_ptr()) }.is_null() {
         if dentry == 0 || vfsmount == 0 {
             break;
         }
@@ -320,14 +343,17 @@ unsafe fn walk_path(maps: &MapsConfig, file: u64, path: *mut u8) -> (u32, u32) {
             break;
         }
         let name = read_u64(dentry, maps.dentry_name);
-        if written >= MAPPING_PATH_BYTES / 2 {
+        // SAFETY: as above.
+        let done = unsafe { read_volatile(written) } as usize;
+        if done >= MAPPING_PATH_BYTES / 2 {
             break;
         }
-        // SAFETY: `written` is below half the buffer and a read writes at
-        // most the other half; the helper checks the kernel address.
+        // SAFETY: the offset is masked below half the buffer and a read
+        // writes at most the other half; the helper checks the kernel
+        // address.
         let read = unsafe {
             bpf_probe_read_kernel_str(
-                path.add(written & (MAPPING_PATH_BYTES / 2 - 1)).cast(),
+                path.add(done & (MAPPING_PATH_BYTES / 2 - 1)).cast(),
                 (MAPPING_PATH_BYTES / 2) as u32,
                 name as *const c_void,
             )
@@ -335,10 +361,15 @@ unsafe fn walk_path(maps: &MapsConfig, file: u64, path: *mut u8) -> (u32, u32) {
         if read <= 0 {
             break;
         }
-        written += read as usize & (MAPPING_PATH_BYTES / 2 - 1);
+        let done = done + (read as usize & (MAPPING_PATH_BYTES / 2 - 1));
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(written, done as u32) };
         dentry = parent;
     }
-    let mut len = written;
+    // SAFETY: the iterator begun above, ended once.
+    unsafe { num_destroy(steps.as_mut_ptr()) };
+    // SAFETY: as above.
+    let mut len = unsafe { read_volatile(written) } as usize;
     if len > MAPPING_PATH_BYTES {
         len = MAPPING_PATH_BYTES;
     }
@@ -404,6 +435,73 @@ unsafe fn iter_destroy(iter: *mut u64) {
     unsafe {
         core::arch::asm!(
             ".quad 0x0f1a000300002085",
+            inout("r1") iter => _,
+            lateout("r0") _,
+            lateout("r2") _,
+            lateout("r3") _,
+            lateout("r4") _,
+            lateout("r5") _,
+        )
+    };
+}
+
+/// `bpf_iter_num_new(it, start, end)`: an iterator over `start..end`.
+///
+/// # Safety
+///
+/// As [`iter_new`], without a task.
+#[inline(always)]
+unsafe fn num_new(iter: *mut u64, start: i32, end: i32) -> i64 {
+    let ret: i64;
+    // SAFETY: as `iter_new`.
+    unsafe {
+        core::arch::asm!(
+            ".quad 0x0f1a000400002085",
+            inout("r1") iter => _,
+            inout("r2") i64::from(start) => _,
+            inout("r3") i64::from(end) => _,
+            lateout("r0") ret,
+            lateout("r4") _,
+            lateout("r5") _,
+        )
+    };
+    ret
+}
+
+/// `bpf_iter_num_next(it)`: a pointer to the next number, or null.
+///
+/// # Safety
+///
+/// `iter` was begun with [`num_new`].
+#[inline(always)]
+unsafe fn num_next(iter: *mut u64) -> *const i32 {
+    let ret: *const i32;
+    // SAFETY: as `iter_new`.
+    unsafe {
+        core::arch::asm!(
+            ".quad 0x0f1a000500002085",
+            inout("r1") iter => _,
+            lateout("r0") ret,
+            lateout("r2") _,
+            lateout("r3") _,
+            lateout("r4") _,
+            lateout("r5") _,
+        )
+    };
+    ret
+}
+
+/// `bpf_iter_num_destroy(it)`.
+///
+/// # Safety
+///
+/// `iter` was begun with [`num_new`] and is not used after.
+#[inline(always)]
+unsafe fn num_destroy(iter: *mut u64) {
+    // SAFETY: as `iter_new`.
+    unsafe {
+        core::arch::asm!(
+            ".quad 0x0f1a000600002085",
             inout("r1") iter => _,
             lateout("r0") _,
             lateout("r2") _,

@@ -447,7 +447,7 @@ fn scratch_slots() -> u32 {
 /// loaded into the kernel yet, only the maps are created.
 fn load_object(
     bpf_config: &BpfConfig,
-    exit_walk: Option<(agent_common::MapsConfig, [u32; 3])>,
+    exit_walk: Option<(agent_common::MapsConfig, [u32; 6])>,
     ring_buffer_bytes: u32,
     log_level: u8,
 ) -> Result<Ebpf, BpfError> {

@@ -148,6 +148,14 @@ impl TestProcess {
     pub fn wait_until_running(&self) {
         wait_until_running(self.pid());
     }
+
+    /// Waits for it to exit, at most `timeout` (then panics; the drop
+    /// kills it).
+    pub fn wait_for_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        let status = wait_or_kill(&mut self.child, deadline);
+        status.unwrap_or_else(|| panic!("process {} still ran after {timeout:?}", self.pid()))
+    }
 }
 
 impl Drop for TestProcess {

@@ -123,20 +123,24 @@ fn pid_t_offset_in(
 }
 
 /// The kernel functions `process_exit_maps` calls, in the order of its
-/// markers.
-pub const VMA_ITERATOR: [&str; 3] = [
+/// markers: the VMA iterator (Linux 6.7) over the areas, the number
+/// iterator (6.4) over each path's components.
+pub const WALK_KFUNCS: [&str; 6] = [
     "bpf_iter_task_vma_new",
     "bpf_iter_task_vma_next",
     "bpf_iter_task_vma_destroy",
+    "bpf_iter_num_new",
+    "bpf_iter_num_next",
+    "bpf_iter_num_destroy",
 ];
 
 /// The offsets the exit walk reads (with `enabled` set) and the BTF ids of
-/// [`VMA_ITERATOR`]'s functions, or what the kernel lacks.
-pub fn exit_walk(vmlinux: &Path) -> Result<(agent_common::MapsConfig, [u32; 3]), BtfError> {
+/// [`WALK_KFUNCS`], or what the kernel lacks.
+pub fn exit_walk(vmlinux: &Path) -> Result<(agent_common::MapsConfig, [u32; 6]), BtfError> {
     exit_walk_in(&read(vmlinux)?)
 }
 
-fn exit_walk_in(data: &[u8]) -> Result<(agent_common::MapsConfig, [u32; 3]), BtfError> {
+fn exit_walk_in(data: &[u8]) -> Result<(agent_common::MapsConfig, [u32; 6]), BtfError> {
     let btf = Btf::parse(data)?;
     let structure = |name: &'static str| {
         btf.struct_named(name)
@@ -206,10 +210,14 @@ fn exit_walk_in(data: &[u8]) -> Result<(agent_common::MapsConfig, [u32; 3]), Btf
             what: "vm_area_struct fields within its first 256 bytes",
         });
     }
-    let mut ids = [0; 3];
-    for (id, name) in ids.iter_mut().zip(VMA_ITERATOR) {
+    let mut ids = [0; 6];
+    for (id, name) in ids.iter_mut().zip(WALK_KFUNCS) {
         *id = btf.func_named(name).ok_or(BtfError::Missing {
-            what: "the VMA iterator kfuncs (bpf_iter_task_vma_*, Linux 6.7)",
+            what: if name.starts_with("bpf_iter_num") {
+                "the number iterator kfuncs (bpf_iter_num_*, Linux 6.4)"
+            } else {
+                "the VMA iterator kfuncs (bpf_iter_task_vma_*, Linux 6.7)"
+            },
         })?;
     }
     Ok((config, ids))

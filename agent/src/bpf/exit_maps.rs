@@ -19,15 +19,22 @@ use tracing::{debug, info};
 
 use super::{BpfError, btf, load_logged, program_error, program_mut};
 
-/// The immediates of the marked kfunc calls, in [`btf::VMA_ITERATOR`]'s
+/// The immediates of the marked kfunc calls, in [`btf::WALK_KFUNCS`]'s
 /// order (as in the BPF program).
-const MARKERS: [u32; 3] = [0x0f1a_0001, 0x0f1a_0002, 0x0f1a_0003];
+const MARKERS: [u32; 6] = [
+    0x0f1a_0001,
+    0x0f1a_0002,
+    0x0f1a_0003,
+    0x0f1a_0004,
+    0x0f1a_0005,
+    0x0f1a_0006,
+];
 /// `BPF_JMP | BPF_CALL` with `src_reg` 2 (`BPF_PSEUDO_KFUNC_CALL`).
 const KFUNC_CALL: [u8; 2] = [0x85, 0x20];
 
 /// The walk's settings and kfunc ids, or `None` (said once) when this
 /// kernel cannot walk.
-pub(super) fn prepare() -> Option<(MapsConfig, [u32; 3])> {
+pub(super) fn prepare() -> Option<(MapsConfig, [u32; 6])> {
     match btf::exit_walk(Path::new(btf::VMLINUX_BTF)) {
         Ok(found) => Some(found),
         Err(error) => {
@@ -42,7 +49,7 @@ pub(super) fn prepare() -> Option<(MapsConfig, [u32; 3])> {
 }
 
 /// `object` with each marked kfunc call pointing at the function's BTF id.
-pub(super) fn patch(object: &[u8], ids: [u32; 3]) -> Cow<'_, [u8]> {
+pub(super) fn patch(object: &[u8], ids: [u32; 6]) -> Cow<'_, [u8]> {
     let mut patched = object.to_vec();
     let mut found = 0;
     for insn in patched.chunks_exact_mut(8) {
@@ -161,10 +168,12 @@ mod tests {
         // A helper call with the marker's immediate is left alone.
         object.extend(insn([0x85, 0x00], MARKERS[0]));
         object.extend(insn(KFUNC_CALL, MARKERS[2]));
-        let patched = patch(&object, [11, 22, 33]);
+        object.extend(insn(KFUNC_CALL, MARKERS[4]));
+        let patched = patch(&object, [11, 22, 33, 44, 55, 66]);
         assert_eq!(&patched[..8], &insn(KFUNC_CALL, 22)[..]);
         assert_eq!(&patched[8..16], &insn([0x85, 0x00], MARKERS[0])[..]);
-        assert_eq!(&patched[16..], &insn(KFUNC_CALL, 33)[..]);
+        assert_eq!(&patched[16..24], &insn(KFUNC_CALL, 33)[..]);
+        assert_eq!(&patched[24..], &insn(KFUNC_CALL, 55)[..]);
     }
 
     #[test]
