@@ -64,11 +64,11 @@ pub const MAX_INTERPRETER_FRAMES: usize = 128;
 pub const MAX_INTERPRETER_PROCESSES: u32 = 4096;
 
 /// Most executables whose new processes the BPF program registers with
-/// the walker at their exec (`PYTHON_EXECUTABLES`, an LRU map).
-pub const MAX_PYTHON_EXECUTABLES: u32 = 256;
+/// the walker at their exec (`INTERPRETER_EXECUTABLES`, an LRU map).
+pub const MAX_INTERPRETER_EXECUTABLES: u32 = 256;
 
 /// An executable file as the kernel knows it: the key of
-/// `PYTHON_EXECUTABLES`.
+/// `INTERPRETER_EXECUTABLES`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ExecutableKey {
@@ -110,8 +110,8 @@ pub mod names {
     pub const THREAD_STACKS: &str = "THREAD_STACKS";
     pub const EXEC_PRESETS: &str = "EXEC_PRESETS";
     pub const EXCLUDED: &str = "EXCLUDED";
-    pub const PYTHON_PROCESSES: &str = "PYTHON_PROCESSES";
-    pub const PYTHON_EXECUTABLES: &str = "PYTHON_EXECUTABLES";
+    pub const INTERPRETER_PROCESSES: &str = "INTERPRETER_PROCESSES";
+    pub const INTERPRETER_EXECUTABLES: &str = "INTERPRETER_EXECUTABLES";
     pub const MAPS_WANTED: &str = "MAPS_WANTED";
     pub const MAPS_COUNTERS: &str = "MAPS_COUNTERS";
     pub const MAPS_CONFIG: &str = "MAPS_CONFIG";
@@ -121,7 +121,9 @@ pub mod names {
     pub const PROG_EXEC: &str = "process_exec";
     pub const PROG_EXIT: &str = "process_exit";
     pub const PROG_FORK: &str = "follow_fork";
-    pub const PROG_PYTHON_WALK: &str = "python_walk";
+    /// The walker programs, by [`super::InterpreterKind`].
+    pub const PROG_WALKERS: [&str; super::InterpreterKind::COUNT as usize] =
+        ["python_walk", "ruby_walk"];
     pub const TAIL_CALLS: &str = "TAIL_CALLS";
     pub const OFFCPU_THREADS: &str = "OFFCPU_THREADS";
     pub const OFFCPU_SCRATCH: &str = "OFFCPU_SCRATCH";
@@ -130,15 +132,15 @@ pub mod names {
     pub const PROG_OFFCPU_SWITCH: &str = "offcpu_switch";
     pub const PROG_OFFCPU_WAKEUP: &str = "offcpu_wakeup";
     pub const PROG_OFFCPU_SYSCALL_EXIT: &str = "offcpu_syscall_exit";
-    pub const PROG_OFFCPU_PYTHON_WALK: &str = "offcpu_python_walk";
+    pub const PROG_OFFCPU_WALKERS: [&str; super::InterpreterKind::COUNT as usize] =
+        ["offcpu_python_walk", "offcpu_ruby_walk"];
 }
 
-/// Indexes of the `TAIL_CALLS` program array.
+/// The `TAIL_CALLS` program arrays: each interpreter's walker (at its
+/// [`InterpreterKind`]) walks the interpreter stack of a sample, then
+/// writes the sample.
 pub mod tail_calls {
-    /// `python_walk`: walks the interpreter stack of a sample, then writes
-    /// the sample (`sample_cpu` hands over to it for CPython processes).
-    pub const PYTHON_WALK: u32 = 0;
-    pub const COUNT: u32 = 1;
+    pub const COUNT: u32 = super::InterpreterKind::COUNT;
 }
 
 /// First field of every ring buffer record.
@@ -275,7 +277,7 @@ pub const STACKS_BYTES: usize = 2 * MAX_STACK_DEPTH * core::mem::size_of::<u64>(
 pub struct InterpreterFrame {
     /// The code object's address.
     pub code: u64,
-    /// Eight bytes of the code object (at [`PythonProcess::code_stamp`]) as
+    /// Eight bytes of the code object (at [`PythonLayout::code_stamp`]) as
     /// they were when sampled: the daemon trusts what it reads at `code`
     /// (or remembers of it) only while they still match, so a freed code
     /// object whose address was reused is not named after the old one.
@@ -285,7 +287,10 @@ pub struct InterpreterFrame {
     pub instruction: u64,
     /// [`interpreter_frame_flags`].
     pub flags: u32,
-    pub reserved: u32,
+    /// What else the runtime's walker keeps of the frame: zero for
+    /// CPython; for CRuby the low half of the frame's environment flags
+    /// (its frame type and `VM_FRAME_FLAG_*` bits).
+    pub data: u32,
 }
 
 /// What a frame's instruction field holds, per interpreter version.
@@ -306,11 +311,11 @@ pub enum PythonInstruction {
 pub enum PythonEntry {
     /// Every frame is its own call of the loop (CPython 3.8-3.10).
     EveryFrame = 0,
-    /// A byte at [`PythonProcess::frame_entry`] is non-zero on the entry
+    /// A byte at [`PythonLayout::frame_entry`] is non-zero on the entry
     /// frame (`is_entry`, 3.11).
     Flag = 1,
     /// The loop pushes a shim frame whose owner byte at
-    /// [`PythonProcess::frame_entry`] is `FRAME_OWNED_BY_CSTACK` (3): the
+    /// [`PythonLayout::frame_entry`] is `FRAME_OWNED_BY_CSTACK` (3): the
     /// frame before it is the entry, the shim itself is skipped (3.12+).
     Shim = 2,
 }
@@ -318,14 +323,14 @@ pub enum PythonEntry {
 /// Value of the owner byte of a CPython shim frame (`FRAME_OWNED_BY_CSTACK`).
 pub const PYTHON_OWNER_CSTACK: u8 = 3;
 
-/// Offset "not present" in [`PythonProcess`].
-pub const PYTHON_NO_OFFSET: u16 = u16::MAX;
+/// Offset "not present" in an interpreter layout.
+pub const NO_OFFSET: u16 = u16::MAX;
 
-/// What the BPF walker needs to read one CPython process's frames, written
-/// by the daemon per tgid into `PYTHON_PROCESSES`. Offsets are in bytes.
+/// What the BPF walker needs to read one CPython process's frames: the
+/// Python part of its [`InterpreterProcess`]. Offsets are in bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PythonProcess {
+pub struct PythonLayout {
     /// Address of the interpreter's `Py_tss_t autoTSSkey` in the process
     /// (`{ int _is_initialized; pthread_key_t _key; }`).
     pub tss_key_address: u64,
@@ -333,9 +338,6 @@ pub struct PythonProcess {
     /// has another type is not a frame (the chain was read while the
     /// interpreter was changing it), and the walk stops there.
     pub code_type: u64,
-    /// Offset of the user thread pointer (`thread.fsbase` on x86-64) in
-    /// the kernel's `task_struct`, from the kernel's BTF.
-    pub task_thread_pointer: u32,
     /// Offset from the thread pointer of glibc's first-level thread
     /// specific data array (`struct pthread::specific_1stblock`); entry
     /// `key` holds its value at `+ key * 16 + 8`.
@@ -346,7 +348,7 @@ pub struct PythonProcess {
     /// or the `cframe` pointer (3.11, 3.12).
     pub thread_frame: u16,
     /// `_PyCFrame::current_frame` when `thread_frame` points to a cframe,
-    /// else [`PYTHON_NO_OFFSET`].
+    /// else [`NO_OFFSET`].
     pub cframe_current_frame: u16,
     /// The frame's code object (`f_code`, 3.13 `f_executable`).
     pub frame_code: u16,
@@ -364,12 +366,167 @@ pub struct PythonProcess {
     /// [`PythonEntry`] as u8.
     pub entry: u8,
     pub reserved: [u8; 2],
+}
+
+/// What the BPF walker needs to read one CRuby process's control frames:
+/// the Ruby part of its [`InterpreterProcess`]. Offsets are in bytes.
+///
+/// The walker takes the execution context of the thread holding the VM
+/// lock (`ruby_single_main_ractor->threads.running_ec`, or the global
+/// `ruby_current_execution_context_ptr` of Ruby 2.x) and walks it only
+/// when that context's thread is the sampled one (its native thread id,
+/// glibc's `pthread_t`, is the sampled thread's thread pointer): a sample
+/// never carries another thread's frames.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RubyLayout {
+    /// Address of the global pointer the running execution context is
+    /// found through.
+    pub context_global: u64,
+    /// `RUBY_API_VERSION_MAJOR << 8 | MINOR`, for the logs.
+    pub version: u16,
+    /// Offset of the running context's pointer in what `context_global`
+    /// points to (`rb_ractor_t.threads.running_ec`), or [`NO_OFFSET`]
+    /// when it points to the context itself.
+    pub running_context: u16,
+    /// `rb_execution_context_t`: `vm_stack`, `vm_stack_size` (in words),
+    /// `cfp`, `thread_ptr`.
+    pub context_stack: u16,
+    pub context_stack_size: u16,
+    pub context_frame: u16,
+    pub context_thread: u16,
+    /// Offset of the native thread (`struct rb_native_thread *nt`, Ruby
+    /// 3.3+) in `rb_thread_t`, or [`NO_OFFSET`] when its id is in the
+    /// thread itself.
+    pub thread_native: u16,
+    /// Offset of the native thread id (`pthread_t`) in `rb_thread_t`, or
+    /// in the native thread when [`Self::thread_native`] is set.
+    pub native_thread_id: u16,
+    /// `rb_control_frame_t`: its size and its `pc`, `iseq` and `ep`.
+    pub frame_size: u16,
+    pub frame_pc: u16,
+    pub frame_iseq: u16,
+    pub frame_ep: u16,
+}
+
+/// Values of [`InterpreterProcess::kind`], and the indexes of the walker
+/// programs in the `TAIL_CALLS` program arrays.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InterpreterKind {
+    Python = 0,
+    Ruby = 1,
+}
+
+impl InterpreterKind {
+    pub const COUNT: u32 = 2;
+}
+
+/// One interpreter's layout, by [`InterpreterProcess::kind`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union InterpreterLayout {
+    pub python: PythonLayout,
+    pub ruby: RubyLayout,
+}
+
+/// What the BPF walkers need of one interpreter process, written by the
+/// daemon per tgid into `INTERPRETER_PROCESSES`: which interpreter, and
+/// its layout. The sampler hands the sample over to that kind's walker.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct InterpreterProcess {
+    /// [`InterpreterKind`] as u32.
+    pub kind: u32,
+    /// Offset of the user thread pointer (`thread.fsbase` on x86-64) in
+    /// the kernel's `task_struct`, from the kernel's BTF.
+    pub task_thread_pointer: u32,
     /// Until when (the low 32 bits of `bpf_ktime_get_ns` in milliseconds,
     /// compared with wrapping) a sample carrying this process's frames
     /// wakes the reader at once: a process that just started may be gone
     /// by the next timed drain, and its frames can only be named from its
     /// memory. 0: never.
     pub wake_until_ms: u32,
+    pub reserved: u32,
+    pub layout: InterpreterLayout,
+}
+
+impl InterpreterProcess {
+    pub fn python(task_thread_pointer: u32, wake_until_ms: u32, python: PythonLayout) -> Self {
+        // Zeroed first: the union's bytes past the Python layout are
+        // written to the map as they are.
+        let mut process = Self::zeroed(InterpreterKind::Python, task_thread_pointer, wake_until_ms);
+        process.layout.python = python;
+        process
+    }
+
+    pub fn ruby(task_thread_pointer: u32, wake_until_ms: u32, ruby: RubyLayout) -> Self {
+        let mut process = Self::zeroed(InterpreterKind::Ruby, task_thread_pointer, wake_until_ms);
+        process.layout.ruby = ruby;
+        process
+    }
+
+    fn zeroed(kind: InterpreterKind, task_thread_pointer: u32, wake_until_ms: u32) -> Self {
+        Self {
+            kind: kind as u32,
+            task_thread_pointer,
+            wake_until_ms,
+            reserved: 0,
+            layout: InterpreterLayout {
+                python: PythonLayout {
+                    tss_key_address: 0,
+                    code_type: 0,
+                    tsd_first_block: 0,
+                    version: 0,
+                    thread_frame: 0,
+                    cframe_current_frame: 0,
+                    frame_code: 0,
+                    frame_previous: 0,
+                    frame_instruction: 0,
+                    frame_entry: 0,
+                    code_stamp: 0,
+                    instruction: 0,
+                    entry: 0,
+                    reserved: [0; 2],
+                },
+            },
+        }
+    }
+
+    /// The Python layout, if this is a Python process.
+    pub fn as_python(&self) -> Option<PythonLayout> {
+        // SAFETY: the union holds the Python layout when the kind says so;
+        // both layouts are plain integers, valid for any bytes.
+        match self.kind == InterpreterKind::Python as u32 {
+            true => Some(unsafe { self.layout.python }),
+            false => None,
+        }
+    }
+
+    /// The Ruby layout, if this is a Ruby process.
+    pub fn as_ruby(&self) -> Option<RubyLayout> {
+        // SAFETY: as `as_python`.
+        match self.kind == InterpreterKind::Ruby as u32 {
+            true => Some(unsafe { self.layout.ruby }),
+            false => None,
+        }
+    }
+}
+
+impl core::fmt::Debug for InterpreterProcess {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        let mut out = f.debug_struct("InterpreterProcess");
+        out.field("kind", &self.kind)
+            .field("task_thread_pointer", &self.task_thread_pointer)
+            .field("wake_until_ms", &self.wake_until_ms);
+        if let Some(python) = self.as_python() {
+            out.field("python", &python);
+        }
+        if let Some(ruby) = self.as_ruby() {
+            out.field("ruby", &ruby);
+        }
+        out.finish()
+    }
 }
 
 /// A process event (exec or exit of a whole process).
@@ -433,9 +590,12 @@ pub struct StackCopy {
 #[derive(Clone, Copy, Debug)]
 pub struct InterpreterWalk {
     /// The process's layout, copied from the map once per walk.
-    pub layout: PythonProcess,
+    pub layout: InterpreterProcess,
     /// The next frame to look at; zero at the end of the chain.
     pub frame: u64,
+    /// Where the frames end (CRuby: the end of the VM stack, where its
+    /// control frames start from); zero when a null link ends them.
+    pub end: u64,
     /// Frames recorded so far.
     pub recorded: u32,
     /// `sample_flags` to add to the record.
@@ -445,6 +605,10 @@ pub struct InterpreterWalk {
     pub base: u32,
     /// Steps taken so far, shims included.
     pub steps: u32,
+    /// Non-zero once the walker program found the first frame (its first
+    /// run does, not the sampler).
+    pub started: u32,
+    pub reserved: u32,
 }
 
 /// Room for the interpreter frames of one sample.
@@ -525,10 +689,41 @@ pub enum Counter {
     /// New images whose executable was in `EXEC_PRESETS`: given their
     /// stack copy at exec, without waking the daemon.
     ExecPresetsApplied = 28,
+    /// The `Interpreter*` counters above are CPython's; these are CRuby's
+    /// ([`Counter::of_kind`]).
+    RubyWalks = 29,
+    RubyFrames = 30,
+    RubyTruncated = 31,
+    RubyReadFailed = 32,
+    RubyNoThreadState = 33,
+    RubyWalkerUnavailable = 34,
+    /// Samples of a Ruby process whose thread was not running Ruby code:
+    /// another thread held the VM lock (the GVL), so the running execution
+    /// context was not this thread's.
+    RubyOtherThread = 35,
 }
 
 impl Counter {
-    pub const COUNT: u32 = 29;
+    pub const COUNT: u32 = 36;
+
+    /// The counter of an interpreter walk's event for interpreters of
+    /// `kind`: the `Interpreter*` counters are CPython's, each has a CRuby
+    /// twin. Other counters are their own.
+    #[inline(always)]
+    pub fn of_kind(self, kind: u32) -> Self {
+        if kind != InterpreterKind::Ruby as u32 {
+            return self;
+        }
+        match self {
+            Self::InterpreterWalks => Self::RubyWalks,
+            Self::InterpreterFrames => Self::RubyFrames,
+            Self::InterpreterTruncated => Self::RubyTruncated,
+            Self::InterpreterReadFailed => Self::RubyReadFailed,
+            Self::InterpreterNoThreadState => Self::RubyNoThreadState,
+            Self::InterpreterWalkerUnavailable => Self::RubyWalkerUnavailable,
+            other => other,
+        }
+    }
     pub const ALL: [Counter; Self::COUNT as usize] = [
         Self::SamplesSeen,
         Self::SamplesWritten,
@@ -559,6 +754,13 @@ impl Counter {
         Self::OffCpuStale,
         Self::Excluded,
         Self::ExecPresetsApplied,
+        Self::RubyWalks,
+        Self::RubyFrames,
+        Self::RubyTruncated,
+        Self::RubyReadFailed,
+        Self::RubyNoThreadState,
+        Self::RubyWalkerUnavailable,
+        Self::RubyOtherThread,
     ];
 }
 
@@ -626,7 +828,7 @@ mod user {
     // SAFETY: plain `#[repr(C)]` integers, no padding, valid for any bytes.
     unsafe impl aya::Pod for super::BpfConfig {}
     // SAFETY: plain `#[repr(C)]` integers, no padding, valid for any bytes.
-    unsafe impl aya::Pod for super::PythonProcess {}
+    unsafe impl aya::Pod for super::InterpreterProcess {}
     // SAFETY: plain `#[repr(C)]` integers, no padding, valid for any bytes.
     unsafe impl aya::Pod for super::ExecutableKey {}
 }
@@ -637,7 +839,9 @@ const _: () = assert!(core::mem::size_of::<UserRegs>() == 24);
 const _: () = assert!(core::mem::size_of::<OffCpuInfo>() == 24);
 const _: () = assert!(core::mem::size_of::<SampleRecord>() == 120);
 const _: () = assert!(core::mem::size_of::<InterpreterFrame>() == 32);
-const _: () = assert!(core::mem::size_of::<PythonProcess>() == 48);
+const _: () = assert!(core::mem::size_of::<PythonLayout>() == 40);
+const _: () = assert!(core::mem::size_of::<RubyLayout>() == 32);
+const _: () = assert!(core::mem::size_of::<InterpreterProcess>() == 56);
 const _: () = assert!(core::mem::size_of::<ProcessRecord>() == 48);
 const _: () = assert!(core::mem::size_of::<BpfConfig>() == 40);
 const _: () = assert!(MAX_STACK_COPY.is_multiple_of(STACK_COPY_CHUNK));

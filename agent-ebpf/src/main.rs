@@ -9,12 +9,14 @@
 //! the daemon) holds the size for processes unwound with DWARF; everyone
 //! else gets the small default the leaf repair needs.
 //!
-//! For CPython processes the daemon has registered in `PYTHON_PROCESSES`,
-//! it also records the sampled thread's interpreter frames (`python`).
+//! For interpreter processes the daemon has registered in
+//! `INTERPRETER_PROCESSES`, it also records the sampled thread's
+//! interpreter frames, in the walker program of the interpreter's kind
+//! (`interpreter`; `python`, `ruby`).
 //!
 //! `process_exec` / `process_exit` tell the daemon when a process image
 //! changes or goes away, in the same ring buffer and therefore in order with
-//! the samples. They also keep `UNWIND_COPY` and `PYTHON_PROCESSES` in step:
+//! the samples. They also keep `UNWIND_COPY` and `INTERPRETER_PROCESSES` in step:
 //! a fresh image gets the full copy until the daemon has decided and loses
 //! its interpreter layout, an exited process loses both entries.
 //!
@@ -38,10 +40,12 @@ macro_rules! failed {
     };
 }
 
+mod interpreter;
 mod maps;
 mod offcpu;
 mod process;
 mod python;
+mod ruby;
 mod sample;
 mod user;
 

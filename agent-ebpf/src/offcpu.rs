@@ -45,8 +45,8 @@ use core::{
 };
 
 use agent_common::{
-    Counter, MAX_OFFCPU_THREADS, MAX_STACK_DEPTH, OffCpuInfo, RecordKind, SampleScratch,
-    stacks_off, tail_calls,
+    Counter, InterpreterKind, MAX_OFFCPU_THREADS, MAX_STACK_DEPTH, OffCpuInfo, RecordKind,
+    SampleScratch, stacks_off, tail_calls,
 };
 use aya_ebpf::{
     EbpfContext,
@@ -65,7 +65,7 @@ use aya_ebpf::{
 
 use crate::{
     config, count,
-    sample::{KernelStack, record_sample, walk_python},
+    sample::{KernelStack, record_sample, walk_interpreter},
     wanted,
 };
 
@@ -120,7 +120,8 @@ static OFFCPU_NEW: PerCpuArray<Waiting> = PerCpuArray::with_max_entries(1, 0);
 static OFFCPU_SCRATCH: Array<SampleScratch> = Array::with_max_entries(1, 0);
 
 /// The interpreter walker of the raw tracepoint type
-/// (`offcpu_python_walk`): a program array holds programs of one type.
+/// (`offcpu_python_walk`, `offcpu_ruby_walk`): a program array holds
+/// programs of one type.
 #[map]
 static OFFCPU_TAIL_CALLS: ProgramArray = ProgramArray::with_max_entries(tail_calls::COUNT, 0);
 
@@ -374,7 +375,21 @@ pub fn offcpu_syscall_exit(ctx: RawTracePointContext) -> u32 {
 /// `python_walk` for off-CPU samples; tail-called only, never attached.
 #[raw_tracepoint(tracepoint = "sys_exit")]
 pub fn offcpu_python_walk(ctx: RawTracePointContext) -> u32 {
-    walk_python(&ctx, &OFFCPU_TAIL_CALLS, &OFFCPU_SCRATCH)
+    walk_interpreter::<{ InterpreterKind::Python as u32 }, _>(
+        &ctx,
+        &OFFCPU_TAIL_CALLS,
+        &OFFCPU_SCRATCH,
+    )
+}
+
+/// `ruby_walk` for off-CPU samples; tail-called only, never attached.
+#[raw_tracepoint(tracepoint = "sys_exit")]
+pub fn offcpu_ruby_walk(ctx: RawTracePointContext) -> u32 {
+    walk_interpreter::<{ InterpreterKind::Ruby as u32 }, _>(
+        &ctx,
+        &OFFCPU_TAIL_CALLS,
+        &OFFCPU_SCRATCH,
+    )
 }
 
 impl Waiting {

@@ -15,7 +15,7 @@ use aya_ebpf::{
 };
 
 use crate::{
-    EVENTS, EXCLUDED, EXEC_PRESETS, PID_FILTER, UNWIND_COPY, config, count, maps, python,
+    EVENTS, EXCLUDED, EXEC_PRESETS, PID_FILTER, UNWIND_COPY, config, count, interpreter, maps,
     wakeup_flag, wanted,
 };
 
@@ -54,9 +54,9 @@ pub fn process_exec(ctx: RawTracePointContext) -> u32 {
     }
     // The new image is not the interpreter the daemon registered, if any;
     // it may be one of an executable the daemon knows.
-    let _ = python::PYTHON_PROCESSES.remove(&tgid);
+    interpreter::forget(tgid);
     if let Some(executable) = &executable {
-        python::exec(tgid, executable);
+        interpreter::exec(tgid, executable);
     }
     if wanted(&config, tgid) {
         maps::started(tgid);
@@ -89,7 +89,7 @@ pub fn process_exit(ctx: RawTracePointContext) -> u32 {
         // Done here rather than by the daemon so that no entry outlives its
         // process even when the exit event is lost.
         let _ = UNWIND_COPY.remove(&tgid);
-        let _ = python::PYTHON_PROCESSES.remove(&tgid);
+        interpreter::forget(tgid);
         let _ = EXCLUDED.remove(&tgid);
         let lost = !process_event(RecordKind::Exit, NO_EXECUTABLE, Wake::WhenDue);
         // After the event, which the filter decides on; a later process

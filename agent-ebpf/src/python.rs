@@ -8,7 +8,7 @@
 //! thread-specific data, so every thread has its own stack and a thread
 //! that released the GIL (in a C extension, say) still has its Python
 //! frames. Everything version-specific comes from the daemon in a
-//! `PythonProcess`: this code knows no CPython version.
+//! `PythonLayout`: this code knows no CPython version.
 
 use core::{
     ffi::c_void,
@@ -17,68 +17,19 @@ use core::{
 };
 
 use agent_common::{
-    Counter, ExecutableKey, INTERPRETER_CODE_READ, INTERPRETER_FRAME_READ, InterpreterFrame,
-    MAX_INTERPRETER_FRAMES, MAX_INTERPRETER_PROCESSES, MAX_PYTHON_EXECUTABLES, MAX_STACK_COPY,
-    PYTHON_NO_OFFSET, PYTHON_OWNER_CSTACK, PythonEntry, PythonInstruction, PythonProcess,
-    STACKS_BYTES, SampleScratch, interpreter_frame_flags, sample_flags,
+    Counter, INTERPRETER_CODE_READ, INTERPRETER_FRAME_READ, InterpreterFrame,
+    MAX_INTERPRETER_FRAMES, NO_OFFSET, PYTHON_OWNER_CSTACK, PythonEntry, PythonInstruction,
+    PythonLayout, SampleScratch, interpreter_frame_flags, sample_flags,
 };
-use aya_ebpf::{
-    helpers::{
-        bpf_probe_read_kernel,
-        generated::{bpf_get_current_task, bpf_ktime_get_ns, bpf_probe_read_user},
-    },
-    macros::map,
-    maps::{HashMap, LruHashMap},
+use aya_ebpf::helpers::{
+    bpf_probe_read_kernel,
+    generated::{bpf_get_current_task, bpf_probe_read_user},
 };
 
-use crate::{count, count_by};
-
-/// The walker's layout per tgid, written by the daemon.
-#[map]
-pub static PYTHON_PROCESSES: HashMap<u32, PythonProcess> =
-    HashMap::with_max_entries(MAX_INTERPRETER_PROCESSES, 0);
-
-/// Layouts of interpreters in executables loaded at a fixed address, by
-/// executable, written by the daemon once it registered one of their
-/// processes: a new process of one is registered at its exec (`exec`).
-#[map]
-pub static PYTHON_EXECUTABLES: LruHashMap<ExecutableKey, PythonProcess> =
-    LruHashMap::with_max_entries(MAX_PYTHON_EXECUTABLES, 0);
-
-/// A new image of `tgid` from `executable`: when the daemon stored the
-/// layout of processes of this executable, the process is walked from its
-/// first samples, before the daemon has read its maps (which it then
-/// checks). The stored `wake_until_ms` is a duration from now.
-#[inline(always)]
-pub fn exec(tgid: u32, executable: &ExecutableKey) {
-    // SAFETY: copied out at once.
-    let Some(layout) = (unsafe { PYTHON_EXECUTABLES.get(executable) }).copied() else {
-        return;
-    };
-    // SAFETY: a helper without arguments or preconditions.
-    let now = (unsafe { bpf_ktime_get_ns() } / 1_000_000) as u32;
-    let layout = PythonProcess {
-        wake_until_ms: now.wrapping_add(layout.wake_until_ms).max(1),
-        ..layout
-    };
-    // A full map: the daemon's own registration tries again, and counts.
-    let _ = PYTHON_PROCESSES.insert(&tgid, &layout, 0);
-}
-
-/// Steps allowed per walk: shim frames (3.12+) take a step without being
-/// recorded, one per call of the interpreter loop.
-const MAX_STEPS: u32 = 2 * MAX_INTERPRETER_FRAMES as u32;
-
-/// Steps per run of the walker program, which calls itself for the next
-/// ones: the verifier checks these, not all MAX_STEPS (each step is ~700
-/// instructions to verify, 16 steps ~3 ms at every start), and the kernel's
-/// limit of 33 tail calls leaves room for the whole walk (16 runs).
-const STEPS_PER_RUN: u32 = 16;
-const _: () = assert!(MAX_STEPS.div_ceil(STEPS_PER_RUN) < 33);
-
-/// Where the frames may start in the tail at the latest: after both
-/// stacks and the largest stack copy.
-const MAX_BASE: usize = STACKS_BYTES + MAX_STACK_COPY;
+use crate::{
+    count,
+    interpreter::{MAX_BASE, field, read_user},
+};
 
 /// glibc keeps the first 32 keys' values in the thread descriptor itself.
 const TSD_FIRST_BLOCK_KEYS: u32 = 32;
@@ -90,89 +41,25 @@ const TSD_DATA_OFFSET: u64 = 8;
 /// allow the full read, so a failed full read is retried with this many.
 const FRAME_READ_SHORT: u32 = 72;
 
-/// Sets up the walk of the current thread's interpreter frames when `tgid`
-/// is a registered interpreter and the thread has a frame; the frames will
-/// be written from `base` in `scratch.tail` on. False when there is
-/// nothing to walk (counted).
+/// Starts the walk at the innermost frame of the current thread; false
+/// (counted) when the thread has no interpreter state or it could not be
+/// read.
 ///
 /// # Safety
 ///
-/// `scratch` is this CPU's scratch slot, owned by the sampling program
-/// until it returns.
+/// `scratch` is this CPU's scratch slot with a walk set up for a Python
+/// process, owned by the walker until it returns.
 #[inline(always)]
-pub unsafe fn start(scratch: *mut SampleScratch, tgid: u32, base: usize) -> bool {
-    // SAFETY: copied out at once; the daemon replacing the entry meanwhile
-    // only means this sample walks with the old layout.
-    let Some(layout) = (unsafe { PYTHON_PROCESSES.get(&tgid) }).copied() else {
+pub unsafe fn first_frame(scratch: *mut SampleScratch) -> bool {
+    // SAFETY: the caller's promise; plain data, copied.
+    let process = unsafe { (*scratch).walk.layout };
+    let layout = unsafe { process.layout.python };
+    let Some(frame) = (unsafe { thread_frame(&layout, process.task_thread_pointer) }) else {
         return false;
     };
-    count(Counter::InterpreterWalks);
-    let Some(first) = (unsafe { first_frame(&layout) }) else {
-        return false;
-    };
-    // SAFETY: the caller's promise; `walk` is plain data.
-    let walk = unsafe { &mut *addr_of_mut!((*scratch).walk) };
-    walk.layout = layout;
-    walk.frame = first;
-    walk.recorded = 0;
-    walk.flags = 0;
-    walk.base = base as u32;
-    walk.steps = 0;
-    true
-}
-
-/// Takes up to STEPS_PER_RUN steps of the walk; true when it is not over.
-///
-/// # Safety
-///
-/// As [`start`], for the walker program, with a walk set up by it.
-#[inline(always)]
-pub unsafe fn steps(scratch: *mut SampleScratch) -> bool {
-    for _ in 0..STEPS_PER_RUN {
-        // SAFETY: the caller's promise.
-        if !unsafe { step(scratch) } {
-            return false;
-        }
-    }
     // SAFETY: a field of the valid scratch slot.
-    let taken = unsafe { addr_of_mut!((*scratch).walk.steps) };
-    let steps = unsafe { read_volatile(taken) } + STEPS_PER_RUN;
-    unsafe { write_volatile(taken, steps) };
-    steps < MAX_STEPS
-}
-
-/// Ends the walk: its flags and frame count go into the record, and what
-/// went wrong is counted. Returns the tail bytes the sample carries: the
-/// stacks, the stack copy and the frames.
-///
-/// # Safety
-///
-/// As [`steps`].
-#[inline(always)]
-pub unsafe fn finish(scratch: *mut SampleScratch) -> usize {
-    // SAFETY: the caller's promise; both are plain data.
-    let walk = unsafe { &mut *addr_of_mut!((*scratch).walk) };
-    let record = unsafe { &mut *addr_of_mut!((*scratch).record) };
-    let failed = walk.flags & sample_flags::INTERPRETER_READ_FAILED != 0;
-    if walk.frame != 0 && !failed {
-        walk.flags |= sample_flags::INTERPRETER_TRUNCATED;
-        count(Counter::InterpreterTruncated);
-    }
-    if failed {
-        count(Counter::InterpreterReadFailed);
-    }
-    record.flags |= walk.flags;
-    let mut recorded = walk.recorded as usize;
-    if recorded > MAX_INTERPRETER_FRAMES {
-        recorded = MAX_INTERPRETER_FRAMES;
-    }
-    count_by(Counter::InterpreterFrames, recorded as u64);
-    record.interpreter_frames = recorded as u32;
-    let mut base = walk.base as usize;
-    if base > MAX_BASE {
-        base = MAX_BASE;
-    }
-    base + recorded * size_of::<InterpreterFrame>()
+    unsafe { write_volatile(addr_of_mut!((*scratch).walk.frame), frame) };
+    frame != 0
 }
 
 /// The innermost frame of the current thread, or `None` (counted) when the
@@ -182,7 +69,7 @@ pub unsafe fn finish(scratch: *mut SampleScratch) -> usize {
 ///
 /// None beyond the helpers' own: every address is checked by the kernel.
 #[inline(always)]
-unsafe fn first_frame(layout: &PythonProcess) -> Option<u64> {
+unsafe fn thread_frame(layout: &PythonLayout, task_thread_pointer: u32) -> Option<u64> {
     // `Py_tss_t`: `{ int _is_initialized; pthread_key_t _key; }`.
     let Ok(key) = (unsafe { read_user::<[u32; 2]>(layout.tss_key_address) }) else {
         count(Counter::InterpreterReadFailed);
@@ -196,9 +83,9 @@ unsafe fn first_frame(layout: &PythonProcess) -> Option<u64> {
     // address for the checked read below.
     let task = unsafe { bpf_get_current_task() };
     // SAFETY: the helper checks the address; a bad one is an error.
-    let Ok(thread_pointer) = (unsafe {
-        bpf_probe_read_kernel((task + layout.task_thread_pointer as u64) as *const u64)
-    }) else {
+    let Ok(thread_pointer) =
+        (unsafe { bpf_probe_read_kernel((task + task_thread_pointer as u64) as *const u64) })
+    else {
         count(Counter::InterpreterReadFailed);
         return None;
     };
@@ -222,7 +109,7 @@ unsafe fn first_frame(layout: &PythonProcess) -> Option<u64> {
         count(Counter::InterpreterReadFailed);
         return None;
     };
-    if layout.cframe_current_frame != PYTHON_NO_OFFSET && frame != 0 {
+    if layout.cframe_current_frame != NO_OFFSET && frame != 0 {
         let Ok(current) = (unsafe { read_user::<u64>(frame + layout.cframe_current_frame as u64) })
         else {
             count(Counter::InterpreterReadFailed);
@@ -240,7 +127,7 @@ unsafe fn first_frame(layout: &PythonProcess) -> Option<u64> {
 ///
 /// As [`walk`].
 #[inline(always)]
-unsafe fn step(scratch: *mut SampleScratch) -> bool {
+pub unsafe fn step(scratch: *mut SampleScratch) -> bool {
     // Everything a step needs is loaded from the map (volatile: not
     // carried over in registers from the previous step), where the
     // verifier sees unknown values, and its results go straight back
@@ -249,7 +136,7 @@ unsafe fn step(scratch: *mut SampleScratch) -> bool {
     // rather than once per combination of earlier outcomes.
     // SAFETY: the caller's promise; only field addresses are taken.
     let walk = unsafe { addr_of_mut!((*scratch).walk) };
-    let layout = unsafe { addr_of!((*walk).layout) };
+    let layout = unsafe { addr_of!((*walk).layout.layout.python) };
     // SAFETY (the volatile loads below): fields of the valid scratch slot.
     let frame = unsafe { read_volatile(addr_of!((*walk).frame)) };
     let recorded = unsafe { read_volatile(addr_of!((*walk).recorded)) };
@@ -335,7 +222,7 @@ unsafe fn step(scratch: *mut SampleScratch) -> bool {
             addr_of_mut!((*slot).flags),
             entry as u32 * interpreter_frame_flags::ENTRY,
         );
-        write_volatile(addr_of_mut!((*slot).reserved), 0);
+        write_volatile(addr_of_mut!((*slot).data), 0);
         write_volatile(addr_of_mut!((*slot).stamp), stamp);
         write_volatile(addr_of_mut!((*walk).recorded), recorded + 1);
     }
@@ -361,32 +248,6 @@ unsafe fn read_frame(buffer: *mut u8, frame: u64) -> Result<(), ()> {
     Err(())
 }
 
-/// The eight bytes of a read window (a frame's or a code object's) from
-/// `offset` on, as a little-endian u64; callers keep the part they need.
-/// Two aligned loads and shifts, no branch: a field may straddle two
-/// words (the code stamp does).
-///
-/// # Safety
-///
-/// `buffer` is one of the scratch slot's 8-aligned read windows, of
-/// `INTERPRETER_FRAME_READ` bytes.
-#[inline(always)]
-unsafe fn field(buffer: *const u64, offset: u16) -> u64 {
-    const WORDS: usize = INTERPRETER_FRAME_READ / 8;
-    let word = (offset as usize >> 3) & (WORDS - 1);
-    let next = (word + 1) & (WORDS - 1);
-    let shift = (offset as u64 & 7) * 8;
-    // SAFETY: both indexes are below WORDS, inside the buffer.
-    let (low, high) = unsafe {
-        (
-            read_volatile(buffer.add(word)),
-            read_volatile(buffer.add(next)),
-        )
-    };
-    // `high << (64 - shift)`, written so that a zero shift gives zero.
-    (low >> shift) | ((high << 1) << (63 - shift))
-}
-
 /// # Safety
 ///
 /// As [`step`], with `base` at most MAX_BASE.
@@ -405,32 +266,8 @@ unsafe fn mark_entry(scratch: *mut SampleScratch, base: usize, index: u32) {
     }
 }
 
-/// # Safety
-///
-/// None: the helper checks the address.
-#[inline(always)]
-unsafe fn read_user<T: Copy>(address: u64) -> Result<T, ()> {
-    let mut value = core::mem::MaybeUninit::<T>::uninit();
-    // SAFETY: the destination is a local of the right size; the helper
-    // checks the source address.
-    let ret = unsafe {
-        bpf_probe_read_user(
-            value.as_mut_ptr() as *mut c_void,
-            size_of::<T>() as u32,
-            address as *const c_void,
-        )
-    };
-    if ret == 0 {
-        // SAFETY: the helper filled every byte.
-        Ok(unsafe { value.assume_init() })
-    } else {
-        Err(())
-    }
-}
-
 // The branch-free step relies on these values.
 const _: () = assert!(INTERPRETER_CODE_READ == INTERPRETER_FRAME_READ);
 const _: () = assert!(PythonInstruction::Index as u8 == 0 && PythonInstruction::Pointer as u8 == 1);
-const _: () = assert!(MAX_INTERPRETER_FRAMES.is_power_of_two());
 // Keep the flags offset used by `mark_entry` in step with the type.
 const _: () = assert!(core::mem::offset_of!(InterpreterFrame, flags) == 24);

@@ -1,7 +1,7 @@
 //! The CPU sampler: `sample_cpu` records a sample (stacks, registers, a
-//! copy of the top of the user stack) and hands CPython processes over to
-//! the interpreter walker `python_walk`; `record_sample` and `walk_python`
-//! serve the off-CPU programs too.
+//! copy of the top of the user stack) and hands interpreter processes over
+//! to their kind's walker (`python_walk`, `ruby_walk`); `record_sample` and
+//! `walk_interpreter` serve the off-CPU programs too.
 
 use core::{
     mem::size_of,
@@ -9,9 +9,10 @@ use core::{
 };
 
 use agent_common::{
-    BpfConfig, COMM_LEN, Counter, LOG_TARGET, MAX_STACK_COPY, MAX_STACK_DEPTH, OffCpuInfo,
-    RecordKind, STACKS_BYTES, SampleRecord, SampleScratch, StackCopy, UNWIND_COPY_BY_THREAD,
-    UNWIND_COPY_BYTES, UNWIND_COPY_NO_WALK, UserRegs, sample_flags, stacks_off, tail_calls,
+    BpfConfig, COMM_LEN, Counter, InterpreterKind, LOG_TARGET, MAX_STACK_COPY, MAX_STACK_DEPTH,
+    OffCpuInfo, RecordKind, STACKS_BYTES, SampleRecord, SampleScratch, StackCopy,
+    UNWIND_COPY_BY_THREAD, UNWIND_COPY_BYTES, UNWIND_COPY_NO_WALK, UserRegs, sample_flags,
+    stacks_off,
 };
 use aya_ebpf::{
     EbpfContext,
@@ -28,8 +29,8 @@ use aya_ebpf::{
 };
 
 use crate::{
-    EVENTS, EXCLUDED, SCRATCH, TAIL_CALLS, THREAD_STACKS, UNWIND_COPY, config, count, maps, offcpu,
-    python,
+    EVENTS, EXCLUDED, SCRATCH, TAIL_CALLS, THREAD_STACKS, UNWIND_COPY, config, count, interpreter,
+    maps, offcpu,
     user::{copy_user_stack, user_regs},
     wakeup_flag, wanted,
 };
@@ -282,16 +283,16 @@ pub(crate) unsafe fn record_sample<C: EbpfContext>(
     record.stack_copy_len = copied as u32;
     let body = stacks + copied;
 
-    // A CPython process: the walker program records its interpreter frames
-    // after the copy and writes the sample. It is a program of its own so
-    // that the verifier checks a few of its steps, not all of them, in
-    // one program.
+    // An interpreter process: its kind's walker program records its
+    // interpreter frames after the copy and writes the sample. It is a
+    // program of its own so that the verifier checks a few of its steps,
+    // not all of them, in one program.
     // SAFETY: `scratch` is ours alone (the caller's promise).
-    if user_on && unsafe { python::start(scratch, tgid, body) } {
+    if user_on && let Some(kind) = unsafe { interpreter::start(scratch, tgid, body) } {
         // SAFETY: `ctx` is this run's context; a successful tail call does
         // not return.
-        unsafe { calls.tail_call(ctx, tail_calls::PYTHON_WALK) };
-        count(Counter::InterpreterWalkerUnavailable);
+        unsafe { calls.tail_call(ctx, kind) };
+        count(Counter::InterpreterWalkerUnavailable.of_kind(kind));
     }
     // SAFETY: as above.
     if let Err((len, error)) = unsafe { submit(config, scratch, body) } {
@@ -393,19 +394,26 @@ unsafe fn wakes_at_once(scratch: *const SampleScratch) -> bool {
     until != 0 && (until.wrapping_sub(now) as i32) > 0
 }
 
-/// Walks the interpreter stack of the sample `sample_cpu` handed over
-/// (`python::start`), a few steps per run, calling itself for the next
-/// steps until the walk is over, then writes the sample.
+/// Walks the CPython stack of the sample `sample_cpu` handed over
+/// (`interpreter::start`), a few steps per run, calling itself for the
+/// next steps until the walk is over, then writes the sample.
 #[perf_event]
 pub fn python_walk(ctx: PerfEventContext) -> u32 {
-    walk_python(&ctx, &TAIL_CALLS, &SCRATCH)
+    walk_interpreter::<{ InterpreterKind::Python as u32 }, _>(&ctx, &TAIL_CALLS, &SCRATCH)
 }
 
-/// The body of the walker programs (`python_walk`, `offcpu_python_walk`):
-/// `calls` is the program array of the walker's own program type,
-/// `scratches` the scratch slots of the sampling program that handed over.
+/// As [`python_walk`], for CRuby.
+#[perf_event]
+pub fn ruby_walk(ctx: PerfEventContext) -> u32 {
+    walk_interpreter::<{ InterpreterKind::Ruby as u32 }, _>(&ctx, &TAIL_CALLS, &SCRATCH)
+}
+
+/// The body of the walker programs of kind `KIND` (`python_walk`,
+/// `offcpu_python_walk`, ...): `calls` is the program array of the
+/// walker's own program type, `scratches` the scratch slots of the
+/// sampling program that handed over.
 #[inline(always)]
-pub(crate) fn walk_python<C: EbpfContext>(
+pub(crate) fn walk_interpreter<const KIND: u32, C: EbpfContext>(
     ctx: &C,
     calls: &ProgramArray,
     scratches: &Array<SampleScratch>,
@@ -420,12 +428,12 @@ pub(crate) fn walk_python<C: EbpfContext>(
     // handed over on this CPU without returning; nothing else uses it
     // until this program chain returns.
     unsafe {
-        if python::steps(scratch) {
-            calls.tail_call(ctx, tail_calls::PYTHON_WALK);
+        if interpreter::run::<KIND>(scratch) {
+            calls.tail_call(ctx, KIND);
             // Only past the kernel's tail call limit: the walk ends here,
             // flagged as cut short.
         }
-        let body = python::finish(scratch);
+        let body = interpreter::finish::<KIND>(scratch);
         if let Err((len, error)) = submit(&config(), scratch, body) {
             failed!(
                 ctx,

@@ -506,14 +506,14 @@ mod tests {
                 stamp: 11,
                 instruction: 0x7f00_0000_1040,
                 flags: 0,
-                reserved: 0,
+                data: 0,
             },
             InterpreterFrame {
                 code: 0x7f00_0000_2000,
                 stamp: 12,
                 instruction: 6,
                 flags: agent_common::interpreter_frame_flags::ENTRY,
-                reserved: 0,
+                data: 0,
             },
         ];
         let mut bytes = with_stacks(&record);

@@ -1,5 +1,5 @@
 //! Interpreter runtimes: how firn finds and names the frames of programs
-//! run by an interpreter or a JIT compiler (CPython, HotSpot), whose native
+//! run by an interpreter or a JIT compiler (CPython, CRuby, HotSpot), whose native
 //! stack shows only the interpreter's own loop or anonymous JIT code.
 //!
 //! HotSpot ([`hotspot`]) differs from the shape below: its frames are not
@@ -10,17 +10,20 @@
 //!
 //! - **detection**: from an object mapped by a process (its file name and
 //!   ELF bytes), whether it is that runtime's interpreter, which version,
-//!   and where its state is ([`python::inspect_object`]);
+//!   and where its state is ([`python::inspect_object`],
+//!   [`ruby::inspect_object`]);
 //! - **a per-process layout** for the BPF walker: where to start (for
 //!   CPython the thread state, through a pthread key, hence
 //!   [`libc::glibc_thread_specific_offset`]) and the offsets of the few
 //!   fields it follows from frame to frame ([`python::walker_layout`],
-//!   an [`agent_common::PythonProcess`]). At sample time the walker only
+//!   an [`agent_common::PythonLayout`]; for CRuby the running execution
+//!   context, [`ruby::walker_layout`]). At sample time the walker only
 //!   records what identifies each frame ([`agent_common::InterpreterFrame`]:
 //!   the code object's address, a stamp of it, the raw instruction field);
 //! - **a namer** in userspace that turns such a record into function, file
 //!   and line later, by reading the process's memory through [`Memory`]
-//!   and caching what it decoded per code object ([`python::PythonNamer`]).
+//!   and caching what it decoded per code object ([`python::PythonNamer`],
+//!   [`ruby::RubyNamer`]).
 //!
 //! The crate does no I/O of its own: it takes ELF bytes, and a [`Memory`]
 //! the agent implements over the process (`process_vm_readv`), so its tests
@@ -39,6 +42,7 @@ pub mod hotspot;
 pub mod libc;
 pub mod python;
 pub mod recent;
+pub mod ruby;
 pub mod v8;
 
 /// A failed read of another process's memory.

@@ -9,7 +9,7 @@ mod offcpu;
 mod probe;
 mod program_log;
 
-pub use self::maps::{BpfCopySizeMap, BpfExclusionMap, BpfPythonMap};
+pub use self::maps::{BpfCopySizeMap, BpfExclusionMap, BpfInterpreterMap};
 #[cfg(test)]
 use self::probe::parse_run_time;
 pub use self::probe::{BpfCounters, BpfProbe, ProgramRunTime};
@@ -21,7 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::{BpfConfig, MAX_PID_FILTER, names, tail_calls};
+use agent_common::{BpfConfig, MAX_PID_FILTER, names};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap as BpfHashMap, IterableMap, Map, MapData, PerCpuArray, ProgramArray, RingBuf},
@@ -282,13 +282,17 @@ impl BpfSampler {
     /// Loads the programs `sample_cpu` hands samples over to and puts them
     /// in its program array; without them it writes samples itself.
     fn load_tail_calls(&mut self) -> Result<(), BpfError> {
-        let name = names::PROG_PYTHON_WALK;
-        let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?;
-        load_logged(program, name, PerfEvent::load, PerfEvent::info)?;
-        let walker = program
-            .fd()
-            .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::IOError))
-            .map_err(|source| program_error(name, source))?;
+        let mut walkers = Vec::new();
+        for name in names::PROG_WALKERS {
+            let program: &mut PerfEvent = program_mut(&mut self.ebpf, name)?;
+            load_logged(program, name, PerfEvent::load, PerfEvent::info)?;
+            walkers.push(
+                program
+                    .fd()
+                    .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::IOError))
+                    .map_err(|source| program_error(name, source))?,
+            );
+        }
         let map_name = names::TAIL_CALLS;
         let mut calls =
             ProgramArray::try_from(self.ebpf.map_mut(map_name).ok_or(BpfError::Missing {
@@ -299,12 +303,14 @@ impl BpfSampler {
                 name: map_name,
                 source,
             })?;
-        calls
-            .set(tail_calls::PYTHON_WALK, &walker, 0)
-            .map_err(|source| BpfError::Map {
+        // The walkers are in `InterpreterKind` order: each one's index.
+        for (kind, walker) in (0u32..).zip(&walkers) {
+            calls.set(kind, walker, 0).map_err(|source| BpfError::Map {
                 name: map_name,
                 source,
-            })
+            })?;
+        }
+        Ok(())
     }
 
     fn attach_sampler(&mut self, frequency_hz: u64) -> Result<(), BpfError> {

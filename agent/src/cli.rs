@@ -141,6 +141,12 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub python: bool,
 
+    /// Walk and name the frames of CRuby 3.1 processes (methods, blocks,
+    /// C functions called from Ruby), spliced into their native stacks
+    /// (`--ruby=false`: native frames only).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub ruby: bool,
+
     /// Unwind and name the Java frames of HotSpot JVMs (JDK 17 and 25
     /// tested), interpreted and compiled, inlined methods as frames of
     /// their own
@@ -354,6 +360,10 @@ fn pipeline(sampling: &SamplingArgs, symbols: &SymbolArgs) -> PipelineConfig {
         aggregate: sampling.aggregate(),
         python: crate::runtimes::PythonConfig {
             enabled: sampling.python,
+            ..Default::default()
+        },
+        ruby: crate::runtimes::RubyConfig {
+            enabled: sampling.ruby,
             ..Default::default()
         },
         java: crate::runtimes::JavaConfig {

@@ -8,13 +8,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use agent_common::InterpreterKind;
 use tracing::warn;
 
 use crate::{
     aggregate::AggregatedProfile,
     bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
     process::ProcessTableStats,
-    runtimes::{PythonRuntime, PythonSupport, ThreadPointerLookup},
+    runtimes::{PythonRuntime, PythonSupport, RubyRuntime, ThreadPointerLookup},
     sampler::{RingReader, SamplingConfig, UnwindMode},
     stats::Stats,
     unwind::UnwindPolicy,
@@ -86,7 +87,8 @@ impl Session {
     ) -> Result<Self, SessionError> {
         raise_open_file_limit();
         // Beside the BPF verification, which takes about as long.
-        let thread_pointer = pipeline.python.enabled.then(ThreadPointerLookup::start);
+        let thread_pointer =
+            (pipeline.python.enabled || pipeline.ruby.enabled).then(ThreadPointerLookup::start);
         let mut bpf = BpfSampler::load(sampling)?;
         if bpf.children_not_followed() {
             stats.following_unavailable.fetch_add(1, Ordering::Relaxed);
@@ -114,15 +116,31 @@ impl Session {
         // samples before its registration would carry no Python frames. (A
         // command `record` starts is not: before its exec it is a copy of
         // firn, and its exec readies it.)
-        let python = match thread_pointer {
-            Some(thread_pointer) => Some(PythonRuntime::new(
-                &pipeline.python,
-                thread_pointer,
-                Box::new(bpf.take_python_map()?),
+        let interpreters = match thread_pointer {
+            Some(_) => Some(bpf.take_interpreter_map()?),
+            None => None,
+        };
+        let python = match (&thread_pointer, &interpreters) {
+            (Some(thread_pointer), Some(map)) if pipeline.python.enabled => {
+                Some(PythonRuntime::new(
+                    &pipeline.python,
+                    thread_pointer.clone(),
+                    Box::new(map.for_kind(InterpreterKind::Python)),
+                    pipeline.processes.max_processes,
+                    stats.clone(),
+                ))
+            }
+            _ => None,
+        };
+        let ruby = match (&thread_pointer, &interpreters) {
+            (Some(thread_pointer), Some(map)) if pipeline.ruby.enabled => Some(RubyRuntime::new(
+                &pipeline.ruby,
+                thread_pointer.clone(),
+                Box::new(map.for_kind(InterpreterKind::Ruby)),
                 pipeline.processes.max_processes,
                 stats.clone(),
             )),
-            None => None,
+            _ => None,
         };
         let captures = bpf.captures_exit_maps();
         if !captures && sampling.user_stacks {
@@ -137,6 +155,9 @@ impl Session {
         }
         if let Some(python) = python {
             pipeline = pipeline.with_runtime(Box::new(PythonSupport::new(python)));
+        }
+        if let Some(ruby) = ruby {
+            pipeline = pipeline.with_runtime(Box::new(ruby));
         }
         for &pid in ready {
             pipeline.prepare(pid);

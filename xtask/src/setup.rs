@@ -43,7 +43,8 @@ pub const PYROSCOPE_VERSION: &str = "v1.19.3";
 /// the container metadata test runs a real container with, on a socket of
 /// its own), debootstrap for the root file systems of the container image
 /// test's base images, JDK 17 for the Java tests (javac and a HotSpot JVM),
-/// unzip to take async-profiler's library out of its jar.
+/// unzip to take async-profiler's library out of its jar, Debian's CRuby
+/// 3.1 for the Ruby tests.
 const DEBIAN_PACKAGES: &[&str] = &[
     "gcc",
     "libc6-dev",
@@ -59,6 +60,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "debootstrap",
     "openjdk-17-jdk-headless",
     "unzip",
+    "ruby3.1",
 ];
 
 /// Python tools the tests and benchmarks use, pinned: the Prometheus

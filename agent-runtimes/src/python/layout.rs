@@ -4,7 +4,7 @@
 //! (`fixtures/python/X.Y/layout.txt`).
 
 use agent_common::{
-    INTERPRETER_FRAME_READ, PYTHON_NO_OFFSET, PythonEntry, PythonInstruction, PythonProcess,
+    INTERPRETER_FRAME_READ, NO_OFFSET, PythonEntry, PythonInstruction, PythonLayout,
 };
 
 use super::{PythonError, PythonVersion, lines::LineFormat};
@@ -270,36 +270,33 @@ const _: () = {
 /// whose `_PyRuntime` and `PyCode_Type` are at `runtime_address` and
 /// `code_type_address` (in the process) and whose glibc keeps pthread keys
 /// at `tsd_first_block` from the thread pointer
-/// ([`crate::libc::glibc_thread_specific_offset`]). The kernel's
-/// `task_thread_pointer` is the caller's to fill in.
+/// ([`crate::libc::glibc_thread_specific_offset`]).
 pub fn walker_layout(
     version: PythonVersion,
     runtime_address: u64,
     code_type_address: u64,
     tsd_first_block: u32,
-) -> Result<PythonProcess, PythonError> {
+) -> Result<PythonLayout, PythonError> {
     let layout = Layout::of(version)?;
     let instruction = match layout.instruction {
         InstructionField::ByteIndex | InstructionField::UnitIndex => PythonInstruction::Index,
         InstructionField::Pointer => PythonInstruction::Pointer,
     };
-    Ok(PythonProcess {
+    Ok(PythonLayout {
         tss_key_address: runtime_address.wrapping_add(layout.runtime_tss_key),
         code_type: code_type_address,
-        task_thread_pointer: 0,
         tsd_first_block,
         version: u16::from(version.major) << 8 | u16::from(version.minor),
         thread_frame: layout.thread_frame,
-        cframe_current_frame: layout.cframe_current_frame.unwrap_or(PYTHON_NO_OFFSET),
+        cframe_current_frame: layout.cframe_current_frame.unwrap_or(NO_OFFSET),
         frame_code: layout.frame_code,
         frame_previous: layout.frame_previous,
         frame_instruction: layout.frame_instruction,
-        frame_entry: layout.frame_entry.unwrap_or(PYTHON_NO_OFFSET),
+        frame_entry: layout.frame_entry.unwrap_or(NO_OFFSET),
         // The header is a few hundred bytes at most.
         code_stamp: layout.code.stamp as u16,
         instruction: instruction as u8,
         entry: layout.entry as u8,
         reserved: [0; 2],
-        wake_until_ms: 0,
     })
 }

@@ -1,13 +1,16 @@
 //! The BPF maps the daemon's stages own once the programs are loaded: the
-//! per-process stack copy sizes, the excluded processes and the Python
-//! walker's layouts, each taken out of the loaded object.
+//! per-process stack copy sizes, the excluded processes and the
+//! interpreter walkers' layouts, each taken out of the loaded object.
 
-use agent_common::names;
+use std::sync::{Arc, Mutex};
+
+use agent_common::{ExecutableKey, InterpreterKind, InterpreterProcess, names};
 use aya::maps::{HashMap as BpfHashMap, MapData};
 
 use super::{BpfError, BpfSampler};
 use crate::{
     labels::ExclusionMap,
+    runtimes::{InterpreterMap, InterpreterMapError},
     unwind::{CopyMapError, CopySizeMap, ExecPresetError, ThreadStackError},
 };
 
@@ -54,59 +57,88 @@ impl BpfSampler {
         Ok(BpfExclusionMap { map })
     }
 
-    /// Takes the map of interpreter processes out, for the Python runtime
-    /// to own.
-    pub fn take_python_map(&mut self) -> Result<BpfPythonMap, BpfError> {
-        let name = names::PYTHON_PROCESSES;
+    /// Takes the maps of interpreter processes out, for the runtimes whose
+    /// frames the BPF program walks to share.
+    pub fn take_interpreter_map(&mut self) -> Result<BpfInterpreterMap, BpfError> {
+        let name = names::INTERPRETER_PROCESSES;
         let map = self
             .ebpf
             .take_map(name)
             .ok_or(BpfError::Missing { kind: "map", name })?;
         let map = BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name, source })?;
-        let name = names::PYTHON_EXECUTABLES;
+        let name = names::INTERPRETER_EXECUTABLES;
         let executables = self
             .ebpf
             .take_map(name)
             .ok_or(BpfError::Missing { kind: "map", name })?;
         let executables =
             BpfHashMap::try_from(executables).map_err(|source| BpfError::Map { name, source })?;
-        Ok(BpfPythonMap { map, executables })
+        Ok(BpfInterpreterMap {
+            maps: Arc::new(Mutex::new(InterpreterMaps { map, executables })),
+            kind: InterpreterKind::Python,
+        })
     }
 }
 
-/// `PYTHON_PROCESSES`: the walker's layout of each CPython process; and
-/// `PYTHON_EXECUTABLES`, those of executables whose processes are
-/// registered at their exec.
-pub struct BpfPythonMap {
-    map: BpfHashMap<MapData, u32, agent_common::PythonProcess>,
-    executables: BpfHashMap<MapData, agent_common::ExecutableKey, agent_common::PythonProcess>,
+/// `INTERPRETER_PROCESSES`: the walkers' layout of each interpreter
+/// process; and `INTERPRETER_EXECUTABLES`, those of executables whose
+/// processes are registered at their exec. Each runtime walked in BPF
+/// holds a clone; the maps are one.
+pub struct BpfInterpreterMap {
+    maps: Arc<Mutex<InterpreterMaps>>,
+    /// The interpreters whose entries this handle removes: each runtime
+    /// removes only its own.
+    kind: InterpreterKind,
 }
 
-impl crate::runtimes::PythonProcessMap for BpfPythonMap {
-    fn set(
-        &mut self,
-        tgid: u32,
-        layout: agent_common::PythonProcess,
-    ) -> Result<(), crate::runtimes::PythonMapError> {
-        self.map
+struct InterpreterMaps {
+    map: BpfHashMap<MapData, u32, InterpreterProcess>,
+    executables: BpfHashMap<MapData, ExecutableKey, InterpreterProcess>,
+}
+
+impl BpfInterpreterMap {
+    /// The handle of the runtime whose interpreters are of `kind`.
+    pub fn for_kind(&self, kind: InterpreterKind) -> Self {
+        Self {
+            maps: self.maps.clone(),
+            kind,
+        }
+    }
+
+    fn maps(&self) -> std::sync::MutexGuard<'_, InterpreterMaps> {
+        // A panic while holding the lock left plain map handles behind:
+        // still usable.
+        self.maps
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl InterpreterMap for BpfInterpreterMap {
+    fn set(&mut self, tgid: u32, layout: InterpreterProcess) -> Result<(), InterpreterMapError> {
+        self.maps()
+            .map
             .insert(tgid, layout, 0)
-            .map_err(|source| crate::runtimes::PythonMapError {
+            .map_err(|source| InterpreterMapError {
                 tgid,
                 source: Box::new(source),
             })
     }
 
     fn remove(&mut self, tgid: u32) {
-        let _ = self.map.remove(&tgid);
+        let mut maps = self.maps();
+        if maps
+            .map
+            .get(&tgid, 0)
+            .is_ok_and(|entry| entry.kind == self.kind as u32)
+        {
+            let _ = maps.map.remove(&tgid);
+        }
     }
 
-    fn set_executable(
-        &mut self,
-        executable: agent_common::ExecutableKey,
-        layout: agent_common::PythonProcess,
-    ) {
+    fn set_executable(&mut self, executable: ExecutableKey, layout: InterpreterProcess) {
         // An LRU map: a full one makes room by itself.
-        if let Err(error) = self.executables.insert(executable, layout, 0) {
+        if let Err(error) = self.maps().executables.insert(executable, layout, 0) {
             tracing::debug!(%error, "executable not registered for its exec");
         }
     }

@@ -6,7 +6,7 @@
 
 use std::{path::Path, time::Duration};
 
-use agent_common::{BpfConfig, names, tail_calls};
+use agent_common::{BpfConfig, names};
 use aya::{Ebpf, maps::ProgramArray, programs::RawTracePoint};
 use tracing::debug;
 
@@ -36,13 +36,17 @@ pub(super) fn with_pid_offset(mut config: BpfConfig) -> Result<BpfConfig, BpfErr
 }
 
 pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), BpfError> {
-    let name = names::PROG_OFFCPU_PYTHON_WALK;
-    let walker: &mut RawTracePoint = program_mut(ebpf, name)?;
-    load_logged(walker, name, RawTracePoint::load, RawTracePoint::info)?;
-    let walker = walker
-        .fd()
-        .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::IOError))
-        .map_err(|source| program_error(name, source))?;
+    let mut walkers = Vec::new();
+    for name in names::PROG_OFFCPU_WALKERS {
+        let walker: &mut RawTracePoint = program_mut(ebpf, name)?;
+        load_logged(walker, name, RawTracePoint::load, RawTracePoint::info)?;
+        walkers.push(
+            walker
+                .fd()
+                .and_then(|fd| fd.try_clone().map_err(aya::programs::ProgramError::IOError))
+                .map_err(|source| program_error(name, source))?,
+        );
+    }
     let map_name = names::OFFCPU_TAIL_CALLS;
     let map_error = |source| BpfError::Map {
         name: map_name,
@@ -53,9 +57,10 @@ pub(super) fn attach(ebpf: &mut Ebpf) -> Result<(), BpfError> {
         name: map_name,
     })?)
     .map_err(map_error)?;
-    calls
-        .set(tail_calls::PYTHON_WALK, &walker, 0)
-        .map_err(map_error)?;
+    // The walkers are in `InterpreterKind` order: each one's index.
+    for (kind, walker) in (0u32..).zip(&walkers) {
+        calls.set(kind, walker, 0).map_err(map_error)?;
+    }
 
     for (name, tracepoint) in [
         (names::PROG_OFFCPU_SYSCALL_EXIT, "sys_exit"),

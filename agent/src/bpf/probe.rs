@@ -10,9 +10,17 @@ use tracing::{debug, warn};
 use crate::host::Host;
 
 /// Totals of the BPF-side counters over all CPUs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BpfCounters {
     pub values: [u64; Counter::COUNT as usize],
+}
+
+impl Default for BpfCounters {
+    fn default() -> Self {
+        Self {
+            values: [0; Counter::COUNT as usize],
+        }
+    }
 }
 
 impl BpfCounters {

@@ -11,21 +11,43 @@ mod java_threads;
 mod memory;
 mod node;
 mod python;
+mod ruby;
 mod splice;
 mod support;
 
 use std::{collections::HashMap, sync::Arc};
 
+use agent_common::{ExecutableKey, InterpreterProcess};
 use agent_elf::ContentKey;
 
 pub use java::{JavaConfig, JavaFrames, JavaRuntime, JvmUnwinder};
 pub use memory::ProcessMemory;
 pub use node::{NodeConfig, NodeRuntime};
-pub use python::{
-    PythonConfig, PythonMapError, PythonProcessMap, PythonRuntime, ThreadPointerLookup,
-};
-pub use splice::{NamedFrame, splice};
+pub use python::{PythonConfig, PythonRuntime, ThreadPointerLookup};
+pub use ruby::{RubyConfig, RubyRuntime};
+pub use splice::{NamedFrame, splice, splice_leaf_settling};
 pub use support::{ForeignUnwind, JavaSupport, PythonSupport, RuntimeSupport, Spliced};
+
+#[derive(Debug, thiserror::Error)]
+#[error("could not set the interpreter layout of tgid {tgid} in the BPF map")]
+pub struct InterpreterMapError {
+    pub tgid: u32,
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// The BPF map of interpreter processes, shared by the runtimes whose
+/// frames the BPF program walks (a trait so they run without BPF in
+/// tests).
+pub trait InterpreterMap: Send {
+    fn set(&mut self, tgid: u32, layout: InterpreterProcess) -> Result<(), InterpreterMapError>;
+    /// Removes `tgid`'s entry if it is one of this runtime's: the map is
+    /// shared, and another runtime's process is not this one's to drop.
+    fn remove(&mut self, tgid: u32);
+    /// The layout of every process of `executable`, set by the BPF program
+    /// at its exec (`wake_until_ms` a duration from then).
+    fn set_executable(&mut self, _executable: ExecutableKey, _layout: InterpreterProcess) {}
+}
 
 /// Which interpreter a frame belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -36,6 +58,7 @@ pub enum Runtime {
     /// A JavaScript function TurboFan or Maglev inlined into the frame
     /// below it.
     JavaScriptInlined,
+    Ruby,
 }
 
 /// How a Java frame ran, as async-profiler's `_[0]`, `_[1]`, `_[j]`,
@@ -70,7 +93,37 @@ impl Runtime {
             Self::Java(JavaKind::Native) => "[java:native]",
             Self::JavaScript => "[javascript]",
             Self::JavaScriptInlined => "[javascript:inlined]",
+            Self::Ruby => "[ruby]",
         }
+    }
+
+    /// The frame type OpenTelemetry's profiles give frames of this runtime
+    /// (`profile.frame.type`), in the words of its eBPF profiler.
+    pub fn frame_type(self) -> &'static str {
+        match self {
+            Self::Python => "cpython",
+            Self::Java(_) => "jvm",
+            Self::JavaScript | Self::JavaScriptInlined => "v8js",
+            Self::Ruby => "ruby",
+        }
+    }
+
+    /// Every runtime's frames, by the mapping that holds them.
+    pub fn of_mapping(name: &str) -> Option<Self> {
+        const ALL: [Runtime; 10] = [
+            Runtime::Python,
+            Runtime::Java(JavaKind::Generated),
+            Runtime::Java(JavaKind::Interpreted),
+            Runtime::Java(JavaKind::C1),
+            Runtime::Java(JavaKind::C2),
+            Runtime::Java(JavaKind::Inlined),
+            Runtime::Java(JavaKind::Native),
+            Runtime::JavaScript,
+            Runtime::JavaScriptInlined,
+            Runtime::Ruby,
+        ];
+        ALL.into_iter()
+            .find(|runtime| runtime.mapping_name() == name)
     }
 
     /// The pipeline's order: the first runtime to claim a sample's process
@@ -80,6 +133,7 @@ impl Runtime {
             Self::Java(_) => 0,
             Self::Python => 1,
             Self::JavaScript | Self::JavaScriptInlined => 2,
+            Self::Ruby => 3,
         }
     }
 }

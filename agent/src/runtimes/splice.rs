@@ -27,17 +27,55 @@ pub fn splice(
     interpreted: &[NamedFrame],
     eval_loops: &[Range<u64>],
 ) -> Vec<UserFrame> {
+    splice_after(native, interpreted, eval_loops, 0)
+}
+
+/// As [`splice`], for an interpreter whose loop frame outlives its
+/// frames for a moment: one whose outermost frame just returned (CRuby's
+/// `vm_exec_core` after popping its `FINISH` frame) still has its native
+/// loop frame at the leaf. Loop frames beyond the runs are left native at
+/// the leaf, not the root, so each run still meets its own loop frame.
+pub fn splice_leaf_settling(
+    native: &[u64],
+    interpreted: &[NamedFrame],
+    eval_loops: &[Range<u64>],
+) -> Vec<UserFrame> {
+    let loops = native
+        .iter()
+        .enumerate()
+        .filter(|&(depth, &address)| in_loop(depth, address, eval_loops))
+        .count();
+    let runs = interpreted.split_inclusive(|frame| frame.entry).count();
+    splice_after(native, interpreted, eval_loops, loops.saturating_sub(runs))
+}
+
+/// Whether the native frame at `depth` is in one of `eval_loops`.
+fn in_loop(depth: usize, address: u64, eval_loops: &[Range<u64>]) -> bool {
+    // A return address points after the call, possibly past the end of
+    // the function.
+    let lookup = if depth > 0 {
+        address.saturating_sub(1)
+    } else {
+        address
+    };
+    eval_loops.iter().any(|range| range.contains(&lookup))
+}
+
+/// The splice, the first `stale` loop frames from the leaf left native.
+fn splice_after(
+    native: &[u64],
+    interpreted: &[NamedFrame],
+    eval_loops: &[Range<u64>],
+    mut stale: usize,
+) -> Vec<UserFrame> {
     let mut runs = interpreted.split_inclusive(|frame| frame.entry);
     let mut out = Vec::with_capacity(native.len() + interpreted.len());
     for (depth, &address) in native.iter().enumerate() {
-        // A return address points after the call, possibly past the end of
-        // the function.
-        let lookup = if depth > 0 {
-            address.saturating_sub(1)
-        } else {
-            address
-        };
-        let in_loop = eval_loops.iter().any(|range| range.contains(&lookup));
+        let mut in_loop = in_loop(depth, address, eval_loops);
+        if in_loop && stale > 0 {
+            stale -= 1;
+            in_loop = false;
+        }
         match runs.next_if(in_loop) {
             Some(run) => out.extend(
                 run.iter()
@@ -128,5 +166,30 @@ mod tests {
         // No interpreter frames: the native stack as it was.
         let stack = splice(&[0x5100, 0x1000], &[], &[LOOP]);
         assert_eq!(names(&stack), ["0x5100", "0x1000"]);
+    }
+
+    #[test]
+    fn a_loop_frame_whose_frames_returned_stays_native_at_the_leaf() {
+        // The innermost loop call's frames are gone, its native frame not
+        // yet: the runs belong to the outer loop frames.
+        let native = [0x5100, 0x9000, 0x5200, 0x9100, 0x5300, 0x1000];
+        let interpreted = [
+            named("each", false),
+            named("handler", true),
+            named("<main>", true),
+        ];
+        let stack = splice_leaf_settling(&native, &interpreted, &[LOOP]);
+        assert_eq!(
+            names(&stack),
+            [
+                "0x5100", "0x9000", "each", "handler", "0x9100", "<main>", "0x1000"
+            ]
+        );
+        // As many loop frames as runs: the same as `splice`.
+        let stack = splice_leaf_settling(&native[2..], &interpreted, &[LOOP]);
+        assert_eq!(
+            names(&stack),
+            names(&splice(&native[2..], &interpreted, &[LOOP]))
+        );
     }
 }

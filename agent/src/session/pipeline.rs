@@ -22,7 +22,7 @@ use crate::{
     labels::{MetadataConfig, MetadataLimits, MetadataReader, ProcessFilter},
     process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig},
     runtimes::{
-        JavaConfig, JavaRuntime, JavaSupport, NodeConfig, NodeRuntime, PythonConfig,
+        JavaConfig, JavaRuntime, JavaSupport, NodeConfig, NodeRuntime, PythonConfig, RubyConfig,
         RuntimeSupport, Spliced, UserFrame,
     },
     sampler::{self, RawSample, Record, SamplingConfig},
@@ -50,6 +50,7 @@ pub struct PipelineConfig {
     pub unwinder: UnwinderConfig,
     pub aggregate: AggregateConfig,
     pub python: PythonConfig,
+    pub ruby: RubyConfig,
     pub java: JavaConfig,
     pub node: NodeConfig,
     /// Label every sample with its thread's id and name (`thread_id`,

@@ -968,6 +968,113 @@ declare_metrics! {
             python_code_cache_evictions { result = "eviction" },
         ],
     }
+    ruby_processes: Counter,
+        "CRuby processes whose Ruby frames the BPF program walks and firn names, by the \
+        interpreter's version."
+    {
+        stats: [
+            /// Ruby processes registered with the walker, Ruby 3.1.
+            ruby_processes_3_1 { version = "3.1" },
+            /// Ruby 3.3.
+            ruby_processes_3_3 { version = "3.3" },
+            /// Ruby 3.4.
+            ruby_processes_3_4 { version = "3.4" },
+            /// Another version firn has a layout for.
+            ruby_processes_other { version = "other" },
+        ],
+    }
+    ruby_processes_skipped: Counter,
+        "CRuby processes whose Ruby frames firn does not walk (their native frames are still \
+        profiled), by reason: unsupported_version (no layout for this Ruby: never guessed), \
+        missing_symbols (the interpreter lacks a symbol firn needs), no_thread_pointer (the \
+        kernel's BTF did not tell where the thread pointer is), map_full (the BPF map of \
+        interpreter processes was full), unreadable (the interpreter object could not be \
+        read)."
+    {
+        stats: [
+            /// Ruby processes skipped: no layout for their version.
+            ruby_skipped_version { reason = "unsupported_version" },
+            /// Ruby processes skipped: a symbol or code firn reads was not found.
+            ruby_skipped_symbols { reason = "missing_symbols" },
+            /// Ruby processes skipped: no thread pointer offset.
+            ruby_skipped_thread_pointer { reason = "no_thread_pointer" },
+            /// Ruby processes skipped: the BPF map was full.
+            ruby_skipped_map_full { reason = "map_full" },
+            /// Ruby processes skipped: the interpreter object was unreadable.
+            ruby_skipped_unreadable { reason = "unreadable" },
+        ],
+    }
+    ruby_walks: Counter,
+        "Samples of CRuby processes whose thread's control frames the BPF program walked."
+    {
+        bpf: [
+            RubyWalks {},
+        ],
+    }
+    ruby_walker_unavailable: Counter,
+        "Samples of CRuby processes whose frames were not walked because the BPF walker \
+        program could not be called (not expected; the samples are kept, without Ruby \
+        frames)."
+    {
+        bpf: [
+            RubyWalkerUnavailable {},
+        ],
+    }
+    ruby_threads_not_running: Counter,
+        "Samples of CRuby processes whose thread ran no Ruby code, by reason: no_context \
+        (no execution context yet, or several ractors), other_thread (another thread held \
+        the VM lock: this one was in native code that released it, or waiting for it; its \
+        native frames are kept)."
+    {
+        bpf: [
+            RubyNoThreadState { reason = "no_context" },
+            RubyOtherThread { reason = "other_thread" },
+        ],
+    }
+    ruby_frames: Counter,
+        "Ruby control frames recorded by the BPF program."
+    {
+        bpf: [
+            RubyFrames {},
+        ],
+    }
+    ruby_stacks_truncated: Counter,
+        "Ruby stacks deeper than the BPF walker's 128 frames (the innermost are kept)."
+    {
+        bpf: [
+            RubyTruncated {},
+        ],
+    }
+    ruby_read_failures: Counter,
+        "Ruby frames or stacks that could not be read, by stage: bpf (a read of the \
+        execution context or a control frame failed; the frames up to there are kept), name \
+        (an instruction sequence or method entry could not be read from the process), stale \
+        (what a sampled address held had changed by the time firn read it, so the frame is \
+        left unnamed rather than misnamed)."
+    {
+        stats: [
+            /// Ruby frames whose instruction sequence could not be read.
+            ruby_name_failures { stage = "name" },
+            /// Ruby frames whose objects changed after the sample.
+            ruby_name_stale { stage = "stale" },
+        ],
+        bpf: [
+            RubyReadFailed { stage = "bpf" },
+        ],
+    }
+    ruby_cache: Counter,
+        "Lookups in firn's cache of decoded Ruby instruction sequences and method names, by \
+        result: hit, miss, and eviction (entries dropped to stay within the cache's size)."
+    {
+        stats: [
+            /// Ruby cache hits.
+            ruby_cache_hits { result = "hit" },
+            /// Ruby cache misses (read from the process).
+            ruby_cache_misses { result = "miss" },
+            /// Ruby cache entries evicted by the byte bound.
+            ruby_cache_evictions { result = "eviction" },
+        ],
+    }
     java_processes: Counter,
         "HotSpot JVMs found whose Java frames firn unwinds and names, by the JVM's major \
         version (other: one outside 8, 11, 17, 21, 25, or unreadable)."

@@ -104,7 +104,7 @@ fn walked(memory: &mut Regions, version: PythonVersion, frame: &Value) -> Interp
         stamp: u64::from_le_bytes(stamp),
         instruction: hex(&frame["instruction"]),
         flags: 0,
-        reserved: 0,
+        data: 0,
     }
 }
 

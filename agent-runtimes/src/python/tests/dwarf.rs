@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use agent_common::{PYTHON_NO_OFFSET, PythonEntry, PythonInstruction};
+use agent_common::{NO_OFFSET, PythonEntry, PythonInstruction};
 
 use super::interpreters;
 use crate::python::{
@@ -259,8 +259,8 @@ fn walker_layouts() {
             version.minor >= 11
         );
         let no_cframe = !(11..=12).contains(&version.minor);
-        assert_eq!(process.cframe_current_frame == PYTHON_NO_OFFSET, no_cframe);
-        assert_eq!(process.frame_entry == PYTHON_NO_OFFSET, version.minor <= 10);
+        assert_eq!(process.cframe_current_frame == NO_OFFSET, no_cframe);
+        assert_eq!(process.frame_entry == NO_OFFSET, version.minor <= 10);
     }
     for minor in [7, 14] {
         let version = crate::python::PythonVersion {

@@ -422,19 +422,17 @@ fn fastrand_id() -> Vec<u8> {
 }
 
 /// What a frame is, by the mapping that holds it, in the words of
-/// OpenTelemetry's eBPF profiler: `kernel`, `cpython`, `jvm` (interpreted,
-/// compiled and inlined Java alike: `[java]`, `[java:c2]`, ...), `v8js`
-/// (`[javascript]`, `[javascript:inlined]`), `native`,
-/// and `jit` for code in anonymous memory (JIT compilers without a runtime
-/// of their own here).
+/// OpenTelemetry's eBPF profiler: `kernel`, a runtime's own type for the
+/// mappings of interpreted frames (`cpython`, `jvm`, `v8js`, `ruby`: see
+/// [`crate::runtimes::Runtime::frame_type`]), `native`, and `jit` for code
+/// in anonymous memory (JIT compilers without a runtime of their own here).
 pub fn frame_type(mapping: &str) -> &'static str {
+    if let Some(runtime) = crate::runtimes::Runtime::of_mapping(mapping) {
+        return runtime.frame_type();
+    }
     match mapping {
         "[kernel.kallsyms]" => "kernel",
         "[vdso]" | "[vsyscall]" => "native",
-        other if other.starts_with("[python") => "cpython",
-        // Before Java's: `[javascript` starts with `[java` too.
-        other if other.starts_with("[javascript") => "v8js",
-        other if other.starts_with("[java") => "jvm",
         other if other.starts_with('[') => "jit",
         _ => "native",
     }

@@ -241,6 +241,7 @@ fn frame_kinds_follow_the_mapping() {
     assert_eq!(frame_type("[java:interpreted]"), "jvm");
     assert_eq!(frame_type("[javascript]"), "v8js");
     assert_eq!(frame_type("[javascript:inlined]"), "v8js");
+    assert_eq!(frame_type("[ruby]"), "ruby");
     assert_eq!(frame_type("[anon]"), "jit");
     assert_eq!(frame_type("[vdso]"), "native");
     assert_eq!(frame_type("/usr/lib/libc.so.6"), "native");

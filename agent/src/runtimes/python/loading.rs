@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::{ExecutableKey, PythonProcess};
+use agent_common::{ExecutableKey, InterpreterProcess};
 use agent_runtimes::{libc::libc_kind, python::loads_libpython};
 
 use super::{MAX_REMEMBERED_OBJECTS, ProcessState, PythonRuntime, remember};
@@ -86,7 +86,7 @@ impl PythonRuntime {
         image: &ProcessImage,
         index: usize,
         bias: u64,
-        layout: PythonProcess,
+        layout: InterpreterProcess,
     ) {
         let mapping = &image.mappings[index];
         if bias != 0 || Some(mapping.spec.path.as_str()) != image.executable() {
@@ -110,7 +110,7 @@ impl PythonRuntime {
             let wake_ms = u32::try_from(WAKE_FOR.as_millis()).unwrap_or(u32::MAX);
             self.map.set_executable(
                 executable,
-                PythonProcess {
+                InterpreterProcess {
                     wake_until_ms: wake_ms,
                     ..layout
                 },
@@ -184,7 +184,7 @@ pub fn loader_pending(image: &ProcessImage) -> bool {
 }
 
 /// `CLOCK_MONOTONIC`, the BPF program's `bpf_ktime_get_ns`, in
-/// milliseconds `after` from now, as `PythonProcess::wake_until_ms` keeps
+/// milliseconds `after` from now, as `InterpreterProcess::wake_until_ms` keeps
 /// it (the low 32 bits; never 0, which means never).
 pub fn wake_until_ms(after: Duration) -> u32 {
     let mut now = libc::timespec {

@@ -13,7 +13,7 @@ use std::{
     sync::Arc,
 };
 
-use agent_common::{ExecutableKey, InterpreterFrame, PythonProcess, interpreter_frame_flags};
+use agent_common::{ExecutableKey, InterpreterFrame, InterpreterProcess, interpreter_frame_flags};
 use agent_elf::{ContentKey, SharedBytes};
 use agent_runtimes::{
     libc::{LibcKind, glibc_thread_specific_offset, libc_kind},
@@ -27,8 +27,8 @@ pub use thread_pointer::ThreadPointerLookup;
 use tracing::{debug, info};
 
 use super::{
-    InterpretedFrame, MAX_REMEMBERED_OBJECTS, NamedFrame, ProcessMemory, Runtime, file_name,
-    find_runtime_object, load_bias, remember,
+    InterpretedFrame, InterpreterMap, MAX_REMEMBERED_OBJECTS, NamedFrame, ProcessMemory, Runtime,
+    file_name, find_runtime_object, load_bias, remember,
 };
 use crate::{
     process::{MappingKind, ProcessImage, ProcessTable},
@@ -51,24 +51,6 @@ impl Default for PythonConfig {
             code_cache_bytes: 16 << 20,
         }
     }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("could not set the Python layout of tgid {tgid} in the BPF map")]
-pub struct PythonMapError {
-    pub tgid: u32,
-    #[source]
-    pub source: Box<dyn std::error::Error + Send + Sync>,
-}
-
-/// The BPF map of interpreter processes (a trait so the stage runs without
-/// BPF in tests).
-pub trait PythonProcessMap: Send {
-    fn set(&mut self, tgid: u32, layout: PythonProcess) -> Result<(), PythonMapError>;
-    fn remove(&mut self, tgid: u32);
-    /// The layout of every process of `executable`, set by the BPF program
-    /// at its exec (`wake_until_ms` a duration from then).
-    fn set_executable(&mut self, _executable: ExecutableKey, _layout: PythonProcess) {}
 }
 
 /// Why a Python process's frames are not walked.
@@ -115,7 +97,7 @@ struct Entry {
 }
 
 pub struct PythonRuntime {
-    map: Box<dyn PythonProcessMap>,
+    map: Box<dyn InterpreterMap>,
     /// `task_struct`'s thread pointer offset, read from the kernel's BTF
     /// on a thread of its own (parsing it takes a good part of a second of
     /// CPU, which neither start-up nor the drain should wait for); `None`
@@ -139,7 +121,7 @@ impl PythonRuntime {
     pub fn new(
         config: &PythonConfig,
         thread_pointer: ThreadPointerLookup,
-        map: Box<dyn PythonProcessMap>,
+        map: Box<dyn InterpreterMap>,
         max_processes: usize,
         stats: Arc<Stats>,
     ) -> Self {
@@ -252,11 +234,9 @@ impl PythonRuntime {
             object.code_type.wrapping_add(bias),
             tsd_first_block,
         ) {
-            Ok(layout) => PythonProcess {
-                task_thread_pointer: thread_pointer,
-                wake_until_ms: wake_until_ms(WAKE_FOR),
-                ..layout
-            },
+            Ok(layout) => {
+                InterpreterProcess::python(thread_pointer, wake_until_ms(WAKE_FOR), layout)
+            }
             Err(_) => {
                 return self.skip(image, SkipReason::UnsupportedVersion, Some(object.version));
             }
