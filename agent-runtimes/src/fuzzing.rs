@@ -104,9 +104,10 @@ pub const RUBY_FRAME_HEAD: usize = 40;
 
 /// A process's memory as a hostile process leaves it: a sampled control
 /// frame's instruction sequence, method entry, classes, strings, line
-/// table and symbol table, all at will (CRuby 3.1). The first
-/// [`RUBY_FRAME_HEAD`] bytes are the sampled fields; the rest is memory
-/// from `MEMORY_BASE` on. Named twice: the second time from the cache.
+/// table and symbol table, all at will (read as CRuby 3.1, 3.3 and 3.4
+/// lay them out). The first [`RUBY_FRAME_HEAD`] bytes are the sampled
+/// fields; the rest is memory from `MEMORY_BASE` on. Named twice: the
+/// second time from the cache.
 pub fn ruby_frame(data: &[u8]) {
     let Some((head, memory)) = data.split_first_chunk::<RUBY_FRAME_HEAD>() else {
         return;
@@ -125,21 +126,25 @@ pub fn ruby_frame(data: &[u8]) {
         data: half(32),
         flags: half(36),
     };
-    let process = RubyProcess {
-        key: 1,
-        version: RubyVersion {
-            major: 3,
-            minor: 1,
-            patch: 2,
-        },
-        symbols: at(word(24)),
-    };
-    let mut namer = RubyNamer::new(64 << 10);
-    for _ in 0..2 {
-        let _ = namer.name(&process, &mut Flat(memory), &frame);
+    // The same memory read as each release lays it out: 3.3's and 3.4's
+    // paths (class fields, strings longer than a header) get inputs too.
+    for minor in [1, 3, 4] {
+        let process = RubyProcess {
+            key: 1,
+            version: RubyVersion {
+                major: 3,
+                minor,
+                patch: 0,
+            },
+            symbols: at(word(24)),
+        };
+        let mut namer = RubyNamer::new(64 << 10);
+        for _ in 0..2 {
+            let _ = namer.name(&process, &mut Flat(memory), &frame);
+        }
+        namer.forget(process.key);
+        let _ = namer.take_counts();
     }
-    namer.forget(process.key);
-    let _ = namer.take_counts();
 }
 
 #[cfg(test)]

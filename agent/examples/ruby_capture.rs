@@ -7,8 +7,9 @@
 //! finds libruby (or a ruby with it linked in) in `/proc/PID/maps` and
 //! inspects it as the agent does, stops the process (SIGSTOP) for the
 //! moment it takes to walk its running thread's control frames exactly as
-//! the BPF walker does (`ruby_single_main_ractor->threads.running_ec`,
-//! `cfp` up to the end of the VM stack, each frame's environment and its
+//! the BPF walker does (`ruby_single_main_ractor->threads.running_ec`, or
+//! 2.7's `ruby_current_execution_context_ptr`, `cfp` up to the end of the
+//! VM stack, each frame's environment and its
 //! method's) and to name each frame, reading the process only through a
 //! recorder, then lets it go (SIGCONT). It prints what it named and writes
 //! OUTPUT: gzipped JSON of the version, the run-time addresses, the
@@ -18,7 +19,7 @@
 
 use std::{io::Write as _, time::Duration};
 
-use agent_common::{INTERPRETER_FRAME_READ, InterpreterFrame, MAX_INTERPRETER_FRAMES};
+use agent_common::{INTERPRETER_FRAME_READ, InterpreterFrame, MAX_INTERPRETER_FRAMES, NO_OFFSET};
 use agent_fixtures::memory::Regions;
 use agent_runtimes::{
     Memory, MemoryError,
@@ -201,7 +202,17 @@ fn find_interpreter(pid: u32) -> Result<Mapped> {
         if !path.starts_with('/') || offset != "00000000" || !seen.insert(path.to_owned()) {
             continue;
         }
-        let Ok(elf) = std::fs::read(format!("/proc/{pid}/root{path}")) else {
+        // The mapping itself (as the agent opens it), then the path in
+        // the process's root. A chrooted process's paths in `maps` are
+        // as seen from this process's root, not its own: the second
+        // would miss them.
+        let opened = [
+            format!("/proc/{pid}/map_files/{range}"),
+            format!("/proc/{pid}/root{path}"),
+        ]
+        .iter()
+        .find_map(|file| std::fs::read(file).ok());
+        let Some(elf) = opened else {
             continue;
         };
         let Some(object) = inspect_object(path, &elf)? else {
@@ -216,12 +227,24 @@ fn find_interpreter(pid: u32) -> Result<Mapped> {
             .min()
             .unwrap_or(0);
         return Ok(Mapped {
-            path: path.to_owned(),
+            path: inside_root(pid, path),
             bias: start - (first_load & !0xfff),
             object,
         });
     }
     bail!("process {pid} maps no CRuby interpreter")
+}
+
+/// `path` (from `maps`, as this process sees it) as the process sees it:
+/// without the directory it is chrooted to.
+fn inside_root(pid: u32, path: &str) -> String {
+    let root = std::fs::read_link(format!("/proc/{pid}/root")).unwrap_or_default();
+    match path.strip_prefix(&*root.to_string_lossy()) {
+        Some(inside) if root != std::path::Path::new("/") && inside.starts_with('/') => {
+            inside.to_owned()
+        }
+        _ => path.to_owned(),
+    }
 }
 
 /// Stops `pid` (SIGSTOP, waited for), runs `while_stopped`, lets it go.
@@ -267,7 +290,11 @@ fn walk(memory: &mut dyn Memory, mapped: &Mapped) -> Result<Vec<InterpreterFrame
         mapped.object.context_global + mapped.bias,
     )?;
     let global = read_u64(memory, layout.context_global)?;
-    let context = read_u64(memory, global + u64::from(layout.running_context))?;
+    // 2.x: the global is the running context itself.
+    let context = match layout.running_context {
+        NO_OFFSET => global,
+        offset => read_u64(memory, global + u64::from(offset))?,
+    };
     if context == 0 {
         bail!("no running execution context");
     }
@@ -277,7 +304,12 @@ fn walk(memory: &mut dyn Memory, mapped: &Mapped) -> Result<Vec<InterpreterFrame
     let words = field(&window, layout.context_stack_size);
     let mut frame = field(&window, layout.context_frame);
     let thread = field(&window, layout.context_thread);
-    let thread_id = read_u64(memory, thread + u64::from(layout.native_thread_id))?;
+    // 3.3+: the pthread_t is in the thread's native thread.
+    let native = match layout.thread_native {
+        NO_OFFSET => thread,
+        offset => read_u64(memory, thread + u64::from(offset))?,
+    };
+    let thread_id = read_u64(memory, native + u64::from(layout.native_thread_id))?;
     println!("context {context:#x}, thread {thread:#x} (pthread {thread_id:#x})");
     if words > MAX_STACK_WORDS || frame < stack {
         bail!("a VM stack of {words} words at {stack:#x}, frame {frame:#x}");

@@ -7,7 +7,8 @@
 //!   aggregation) again and again: samples per second on one core.
 //! - `share --profile FILE --comm NAME --chain a,b,c`: the share of a
 //!   profile's samples of NAME (in `--within`, if given) that hold the
-//!   chain; with `--python`, whose Python frames are the chain exactly.
+//!   chain; with `--interpreted MAPPING` (`[python]`, `[ruby]`), whose
+//!   frames of that runtime's mapping are the chain exactly.
 //! - `capture --pid PID --output PREFIX`: one sample's registers and stack
 //!   copy plus the process's maps, for unit test fixtures.
 
@@ -59,10 +60,10 @@ enum Command {
         /// Only samples holding this frame count.
         #[arg(long)]
         within: Option<String>,
-        /// Match the chain against the sample's Python frames (those of
-        /// the `[python]` mapping), all of them.
-        #[arg(long)]
-        python: bool,
+        /// Match the chain against the sample's frames of this runtime's
+        /// mapping (`[python]`, `[ruby]`), all of them.
+        #[arg(long, value_name = "MAPPING")]
+        interpreted: Option<String>,
         /// Prints up to this many of the samples that miss the chain, one
         /// frame a line (name, mapping, line), to see what they are.
         #[arg(long, default_value_t = 0)]
@@ -90,9 +91,16 @@ fn main() -> Result<()> {
             comm,
             chain,
             within,
-            python,
+            interpreted,
             misses,
-        } => share(&profile, &comm, &chain, within.as_deref(), python, misses),
+        } => share(
+            &profile,
+            &comm,
+            &chain,
+            within.as_deref(),
+            interpreted.as_deref(),
+            misses,
+        ),
         Command::Capture { pid, output } => capture(pid, &output),
     }
 }
@@ -155,7 +163,7 @@ fn share(
     comm: &str,
     chain: &[String],
     within: Option<&str>,
-    python: bool,
+    interpreted: Option<&str>,
     mut misses: usize,
 ) -> Result<()> {
     let bytes =
@@ -171,9 +179,9 @@ fn share(
             continue;
         }
         total += sample.count();
-        let holds = match python {
-            true => python_names(&sample) == chain,
-            false => names.windows(chain.len()).any(|window| window == chain),
+        let holds = match interpreted {
+            Some(mapping) => interpreted_names(&sample, mapping) == chain,
+            None => names.windows(chain.len()).any(|window| window == chain),
         };
         if holds {
             complete += sample.count();
@@ -200,12 +208,13 @@ fn print_miss(sample: &agent_pprof::SampleView<'_>) {
     }
 }
 
-/// The names of the sample's Python frames, innermost first.
-fn python_names(sample: &agent_pprof::SampleView<'_>) -> Vec<String> {
+/// The names of the sample's frames in `mapping` (a runtime's), innermost
+/// first.
+fn interpreted_names(sample: &agent_pprof::SampleView<'_>, mapping: &str) -> Vec<String> {
     sample
         .frames()
         .iter()
-        .filter(|frame| frame.mapping.is_some_and(|m| m.filename == "[python]"))
+        .filter(|frame| frame.mapping.is_some_and(|m| m.filename == mapping))
         .map(|frame| frame.display_name())
         .collect()
 }

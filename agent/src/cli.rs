@@ -141,9 +141,9 @@ pub struct SamplingArgs {
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub python: bool,
 
-    /// Walk and name the frames of CRuby 3.1 processes (methods, blocks,
-    /// C functions called from Ruby), spliced into their native stacks
-    /// (`--ruby=false`: native frames only).
+    /// Walk and name the frames of CRuby 2.7, 3.1, 3.3 and 3.4 processes
+    /// (methods, blocks, C functions called from Ruby), spliced into their
+    /// native stacks (`--ruby=false`: native frames only).
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub ruby: bool,
 
@@ -358,19 +358,21 @@ fn pipeline(sampling: &SamplingArgs, symbols: &SymbolArgs) -> PipelineConfig {
     PipelineConfig {
         debug_files: symbols.debug_files(),
         aggregate: sampling.aggregate(),
-        python: crate::runtimes::PythonConfig {
-            enabled: sampling.python,
-            ..Default::default()
-        },
-        ruby: crate::runtimes::RubyConfig {
-            enabled: sampling.ruby,
-            ..Default::default()
-        },
-        java: crate::runtimes::JavaConfig {
-            enabled: sampling.java,
-        },
-        node: crate::runtimes::NodeConfig {
-            enabled: sampling.nodejs,
+        runtimes: crate::runtimes::RuntimesConfig {
+            python: crate::runtimes::PythonConfig {
+                enabled: sampling.python,
+                ..Default::default()
+            },
+            ruby: crate::runtimes::RubyConfig {
+                enabled: sampling.ruby,
+                ..Default::default()
+            },
+            java: crate::runtimes::JavaConfig {
+                enabled: sampling.java,
+            },
+            node: crate::runtimes::NodeConfig {
+                enabled: sampling.nodejs,
+            },
         },
         ..PipelineConfig::default()
     }

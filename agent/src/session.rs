@@ -8,14 +8,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use agent_common::InterpreterKind;
 use tracing::warn;
 
 use crate::{
     aggregate::AggregatedProfile,
     bpf::{BpfCounters, BpfError, BpfProbe, BpfSampler, ProgramRunTime},
     process::ProcessTableStats,
-    runtimes::{PythonRuntime, PythonSupport, RubyRuntime, ThreadPointerLookup},
+    runtimes::{BpfWalkers, InterpreterMap, ThreadPointerLookup, registry},
     sampler::{RingReader, SamplingConfig, UnwindMode},
     stats::Stats,
     unwind::UnwindPolicy,
@@ -87,8 +86,10 @@ impl Session {
     ) -> Result<Self, SessionError> {
         raise_open_file_limit();
         // Beside the BPF verification, which takes about as long.
-        let thread_pointer =
-            (pipeline.python.enabled || pipeline.ruby.enabled).then(ThreadPointerLookup::start);
+        let thread_pointer = pipeline
+            .runtimes
+            .walks_in_bpf()
+            .then(ThreadPointerLookup::start);
         let mut bpf = BpfSampler::load(sampling)?;
         if bpf.children_not_followed() {
             stats.following_unavailable.fetch_add(1, Ordering::Relaxed);
@@ -120,28 +121,19 @@ impl Session {
             Some(_) => Some(bpf.take_interpreter_map()?),
             None => None,
         };
-        let python = match (&thread_pointer, &interpreters) {
-            (Some(thread_pointer), Some(map)) if pipeline.python.enabled => {
-                Some(PythonRuntime::new(
-                    &pipeline.python,
-                    thread_pointer.clone(),
-                    Box::new(map.for_kind(InterpreterKind::Python)),
-                    pipeline.processes.max_processes,
-                    stats.clone(),
-                ))
-            }
+        let walkers = match (thread_pointer, &interpreters) {
+            (Some(thread_pointer), Some(map)) => Some(BpfWalkers {
+                map: Box::new(|kind| Box::new(map.for_kind(kind)) as Box<dyn InterpreterMap>),
+                thread_pointer,
+            }),
             _ => None,
         };
-        let ruby = match (&thread_pointer, &interpreters) {
-            (Some(thread_pointer), Some(map)) if pipeline.ruby.enabled => Some(RubyRuntime::new(
-                &pipeline.ruby,
-                thread_pointer.clone(),
-                Box::new(map.for_kind(InterpreterKind::Ruby)),
-                pipeline.processes.max_processes,
-                stats.clone(),
-            )),
-            _ => None,
-        };
+        let runtimes = registry::build(
+            &pipeline.runtimes,
+            walkers,
+            pipeline.processes.max_processes,
+            &stats,
+        );
         let captures = bpf.captures_exit_maps();
         if !captures && sampling.user_stacks {
             Stats::set(&stats.exit_maps_unavailable, 1);
@@ -153,12 +145,7 @@ impl Session {
             let map = bpf.take_exclusion_map()?;
             pipeline.filter = pipeline.filter.map(|filter| filter.with_map(Box::new(map)));
         }
-        if let Some(python) = python {
-            pipeline = pipeline.with_runtime(Box::new(PythonSupport::new(python)));
-        }
-        if let Some(ruby) = ruby {
-            pipeline = pipeline.with_runtime(Box::new(ruby));
-        }
+        pipeline = pipeline.with_runtimes(runtimes);
         for &pid in ready {
             pipeline.prepare(pid);
         }

@@ -3,7 +3,8 @@
 //! `--unwind dwarf`: the workload is built without frame pointers and perf
 //! unwinds with `--call-graph dwarf`; the share of complete stacks of each
 //! and firn's unwinding rate are reported too (`bench_unwind`). `--python`:
-//! a Python workload, firn against py-spy (`bench_python`). `--java`: a
+//! a Python workload, firn against py-spy (`bench_python`). `--ruby`: a
+//! Ruby workload, firn against rbspy (`bench_ruby`). `--java`: a
 //! Java workload, firn against async-profiler (`bench_java`). `--node`: a
 //! Node.js workload, firn against V8's own profiler (`bench_node`).
 //! `--off-cpu`: off-CPU profiling's cost and error on a pipe ping-pong
@@ -20,7 +21,7 @@ use std::{
 use anyhow::{Context, Result, bail};
 
 use crate::{
-    bench_java, bench_node, bench_offcpu, bench_python, bench_unwind,
+    bench_java, bench_node, bench_offcpu, bench_python, bench_ruby, bench_unwind,
     util::{self, cargo, is_root},
 };
 
@@ -45,34 +46,39 @@ pub struct BenchArgs {
     /// walker) against py-spy.
     #[arg(long, conflicts_with = "unwind")]
     pub python: bool,
+    /// The Ruby case instead: a Ruby workload (a chain of methods, blocks
+    /// and C functions) under Debian's ruby3.1, firn (with and without its
+    /// Ruby walker) against rbspy.
+    #[arg(long, conflicts_with_all = ["unwind", "python"])]
+    pub ruby: bool,
     /// The Java case instead: a Java workload (the chain, C2 with
     /// inlining) under JDK 17 and Java 25, firn against async-profiler.
-    #[arg(long, conflicts_with_all = ["unwind", "python"])]
+    #[arg(long, conflicts_with_all = ["unwind", "python", "ruby"])]
     pub java: bool,
     /// The Node.js case instead: a JavaScript workload (the chain,
     /// TurboFan with inlining) under Node 22 and Debian's Node 20, firn
     /// against V8's own profiler (`--cpu-prof`) and `--perf-basic-prof`.
-    #[arg(long, conflicts_with_all = ["unwind", "python", "java"])]
+    #[arg(long, conflicts_with_all = ["unwind", "python", "ruby", "java"])]
     pub node: bool,
     /// The off-CPU case instead: a pipe ping-pong at 10k, 100k and 200k
     /// context switches a second under `firn record --off-cpu=1ms`: firn's
     /// CPU, BPF time per switch, samples a second and the estimate's error
     /// (`bench_offcpu`).
-    #[arg(long, conflicts_with_all = ["unwind", "python", "java", "node"])]
+    #[arg(long, conflicts_with_all = ["unwind", "python", "ruby", "java", "node"])]
     pub off_cpu: bool,
     /// firn as an agent pushing to a real Parca server, debug information
     /// upload on: CPU per sample by stage, ready time, RSS, losses and
     /// truncated stacks (`bench_agent`). Without `--workload`, every
     /// workload at 100 and 1000 Hz (or `--frequency`) for 90 s (or
     /// `--seconds`), then the deep-stack case.
-    #[arg(long, conflicts_with_all = ["python", "java", "node", "off_cpu", "unwind", "rounds"])]
+    #[arg(long, conflicts_with_all = ["python", "ruby", "java", "node", "off_cpu", "unwind", "rounds"])]
     pub agent: bool,
     /// With `--agent`: only this workload (repeatable).
     #[arg(long = "workload", value_enum, requires = "agent")]
     pub workloads: Vec<crate::bench_agent::AgentWorkload>,
     /// The deep-stack case: complete and truncated stacks of a recursive
     /// program without frame pointers at several depths (implies `--agent`).
-    #[arg(long, conflicts_with_all = ["python", "java", "node", "off_cpu", "unwind", "rounds"])]
+    #[arg(long, conflicts_with_all = ["python", "ruby", "java", "node", "off_cpu", "unwind", "rounds"])]
     pub deep: bool,
     /// With `--agent` or `--deep`: also bench this firn binary
     /// (repeatable), e.g. one built from an older commit, beside the one
@@ -120,6 +126,9 @@ pub fn run(root: &Path, args: &BenchArgs) -> Result<()> {
     fs::create_dir_all(&work)?;
     if args.python {
         return bench_python::run(root, &firn_path, &work, args);
+    }
+    if args.ruby {
+        return bench_ruby::run(root, &firn_path, &work, args);
     }
     if args.java {
         return bench_java::run(root, &firn_path, &work, args);

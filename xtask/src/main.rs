@@ -7,6 +7,7 @@ mod bench_java_cost;
 mod bench_node;
 mod bench_offcpu;
 mod bench_python;
+mod bench_ruby;
 mod bench_unwind;
 mod capture;
 mod ebpf;
@@ -95,6 +96,7 @@ fn main() -> Result<()> {
                 setup::python_tools()?;
                 setup::container_bases(&root)?;
                 setup::node_releases()?;
+                setup::ruby_chroots()?;
                 setup::jdk25_home()?;
             }
             Ok(())
@@ -109,6 +111,7 @@ fn main() -> Result<()> {
             setup::python_tools()?;
             setup::container_bases(&root)?;
             setup::node_releases()?;
+            setup::ruby_chroots()?;
             util::run_tests(&root, &args)
         }
         Command::Install(args) => install::run(&root, &args),

@@ -1,6 +1,7 @@
 //! `cargo xtask setup`: the pinned nightly, bpf-linker, cargo-fuzz, Debian
 //! packages, the Parca, Pyroscope and OpenTelemetry Collector servers the
-//! end-to-end tests push to and the Node.js releases the V8 tests run.
+//! end-to-end tests push to, the Node.js releases the V8 tests run and the
+//! chroots of the newer CRuby releases the Ruby tests run.
 //! Every step checks first
 //! and does nothing when already done.
 
@@ -19,11 +20,13 @@ mod images;
 mod java;
 mod node;
 mod otelcol;
+mod ruby;
 
 pub use images::{bases_dir as image_bases_dir, container_bases};
 pub use java::{ASYNC_PROFILER_VERSION, async_profiler, jdk25_home};
 pub use node::{NODE_RELEASES, node_path, node_releases};
 pub use otelcol::{otelcol, otelcol_path};
+pub use ruby::{ruby_chroots, ruby_chroots_dir};
 
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 /// The cargo-fuzz `cargo xtask fuzz` drives (builds in about 2 minutes).
@@ -44,7 +47,7 @@ pub const PYROSCOPE_VERSION: &str = "v1.19.3";
 /// its own), debootstrap for the root file systems of the container image
 /// test's base images, JDK 17 for the Java tests (javac and a HotSpot JVM),
 /// unzip to take async-profiler's library out of its jar, Debian's CRuby
-/// 3.1 for the Ruby tests.
+/// 3.1 for the Ruby tests, mmdebstrap for the chroots of the newer ones.
 const DEBIAN_PACKAGES: &[&str] = &[
     "gcc",
     "libc6-dev",
@@ -61,6 +64,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "openjdk-17-jdk-headless",
     "unzip",
     "ruby3.1",
+    "mmdebstrap",
 ];
 
 /// Python tools the tests and benchmarks use, pinned: the Prometheus

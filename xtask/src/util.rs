@@ -92,6 +92,7 @@ pub fn run_tests(root: &Path, args: &[String]) -> Result<()> {
         .env("FIRN_OTELCOL_BIN", crate::setup::otelcol_path())
         .env("FIRN_TOOLS_VENV", crate::setup::tools_venv())
         .env("FIRN_IMAGE_BASES", crate::setup::image_bases_dir())
+        .env("FIRN_RUBY_CHROOTS", crate::setup::ruby_chroots_dir())
         .args(["test", "--workspace", "--all-targets"])
         .args(args))
 }

@@ -1,15 +1,19 @@
-//! Where things are in each supported CRuby's structs (x86-64, the default
-//! build: no `USE_RVARGC`, no debug checks), one table row per release.
+//! Where things are in each supported CRuby's structs (x86-64, Debian's
+//! builds: no debug checks, no YJIT), one table row per release
+//! (`releases.rs`).
 //!
 //! A release is added as a row: a `Layout` built from the previous one
-//! with what moved (3.3 and 3.4 will move `RString`'s length to offset 16
-//! for every string and its embedded bytes to 24, the native thread id
-//! behind `rb_thread_t.nt`, and a class's path out of its instance
-//! variables), and a line in [`layout`].
+//! with what moved, and a line in [`layout`]. What a release has that
+//! another has not is an `Option` or an enum here, so the namer takes
+//! each release's way explicitly.
 
 use agent_common::{INTERPRETER_FRAME_READ, NO_OFFSET, RubyLayout};
 
-use super::{RubyError, RubyVersion, read::HEADER_BYTES};
+use super::{
+    RubyError, RubyVersion,
+    read::HEADER_BYTES,
+    releases::{RUBY27, RUBY31, RUBY33, RUBY34},
+};
 
 /// `RBasic::flags`: the type is in the low five bits.
 pub(crate) const TYPE_MASK: u64 = 0x1f;
@@ -18,18 +22,14 @@ pub(crate) const T_MODULE: u64 = 0x03;
 pub(crate) const T_STRING: u64 = 0x05;
 pub(crate) const T_ARRAY: u64 = 0x07;
 pub(crate) const T_IMEMO: u64 = 0x1a;
-/// `FL_SINGLETON` (`FL_USER0`): a class is an object's singleton class.
-pub(crate) const FL_SINGLETON: u64 = 0x1000;
 /// `imemo_type`: bits 12-15 of an imemo's flags.
 pub(crate) const IMEMO_SHIFT: u32 = 12;
 pub(crate) const IMEMO_MASK: u64 = 0xf;
 pub(crate) const IMEMO_MENT: u64 = 6;
 pub(crate) const IMEMO_ISEQ: u64 = 7;
-/// `Qnil`.
-pub(crate) const NIL: u64 = 0x08;
 
 /// `VM_FRAME_MAGIC_*`: a frame's type, in its environment flags under
-/// [`FRAME_MAGIC_MASK`].
+/// [`FRAME_MAGIC_MASK`] (the same values from 2.7 to 3.4).
 pub(crate) const FRAME_MAGIC_MASK: u32 = 0x7fff_0001;
 pub(crate) const FRAME_MAGIC_CFUNC: u32 = 0x5555_0001;
 pub(crate) const FRAME_MAGIC_IFUNC: u32 = 0x6666_0001;
@@ -60,6 +60,15 @@ pub(crate) struct WalkerLayout {
     pub frame_ep: u16,
 }
 
+/// How `body->location.first_lineno` holds the first line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FirstLine {
+    /// A VALUE, a Fixnum (`n << 1 | 1`): until 3.1.
+    Fixnum,
+    /// An `int`: 3.2+.
+    Int,
+}
+
 /// `rb_iseq_t` and its `rb_iseq_constant_body`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct IseqLayout {
@@ -69,12 +78,12 @@ pub(crate) struct IseqLayout {
     pub size: u64,
     pub encoded: u64,
     /// `body->location`: `pathobj` (a String, or an Array [path,
-    /// realpath]), `base_label`, `label` (Strings), `first_lineno` (a
-    /// Fixnum).
+    /// realpath]), `base_label`, `label` (Strings), `first_lineno`.
     pub path: u64,
     pub base_label: u64,
     pub label: u64,
     pub first_line: u64,
+    pub first_line_kind: FirstLine,
     /// `body->insns_info`: `body` (entries), `positions` (u32s, or null
     /// once the succinct index is built), `size` (u32),
     /// `succ_index_table`.
@@ -94,16 +103,18 @@ pub(crate) struct IseqLayout {
 pub(crate) struct StringLayout {
     /// `RSTRING_NOEMBED`: set, the bytes are on the heap.
     pub heap_flag: u64,
-    /// `as.heap.len`, `as.heap.ptr`.
+    /// `len` (`as.heap.len` in 3.1), `as.heap.ptr`.
     pub heap_length: u64,
     pub heap_pointer: u64,
     /// Where the bytes of an embedded string start.
     pub embedded: u64,
-    /// An embedded string's length: `RSTRING_EMBED_LEN_MASK` and its
-    /// shift in the flags.
-    pub embedded_length_mask: u64,
-    pub embedded_length_shift: u32,
-    /// Bytes of a String object: an embedded one's bytes end there.
+    /// An embedded string's length in its flags (`RSTRING_EMBED_LEN_MASK`
+    /// and its shift), until 3.1; `None`: it is in `len`, as a heap
+    /// string's (3.2+).
+    pub embedded_length_flags: Option<(u64, u32)>,
+    /// Bytes of a String object at most (its heap slot): an embedded
+    /// one's bytes end there. 40 until 3.1; with variable width
+    /// allocation (3.2+) the largest slot, 640.
     pub size: u64,
 }
 
@@ -118,11 +129,11 @@ pub(crate) struct ArrayLayout {
     /// `as.heap.len`, `as.heap.ptr`.
     pub heap_length: u64,
     pub heap_pointer: u64,
-    /// Bytes of an array object.
+    /// Bytes of an array object at most (as [`StringLayout::size`]).
     pub size: u64,
 }
 
-/// Method entries, classes and their instance variable tables.
+/// Method entries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct MethodLayout {
     /// `rb_method_entry_t`: `def`, `called_id`, `owner`; bytes read.
@@ -132,8 +143,31 @@ pub(crate) struct MethodLayout {
     pub entry_size: usize,
     /// `rb_method_definition_t.original_id`.
     pub definition_original_id: u64,
-    /// `struct RClass.ptr` (`rb_classext_t *`), and its `iv_tbl`
-    /// (`st_table *`).
+}
+
+/// Classes: which is a singleton class, and where a class keeps its path
+/// and a singleton class its object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClassLayout {
+    /// `FL_SINGLETON`: `FL_USER0` until 3.3, `FL_USER1` in 3.4.
+    pub singleton_flag: u64,
+    pub names: ClassNames,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ClassNames {
+    /// Instance variables: `__classpath__` (only once the path is
+    /// permanent) and `__attached__` (until 3.1).
+    Ivars(IvarLayout),
+    /// Fields of `rb_classext_t` (3.2+).
+    Fields(ClassFields),
+}
+
+/// A class's instance variables: its `rb_classext_t` and that one's
+/// `iv_tbl` (`st_table *`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IvarLayout {
+    /// `struct RClass.ptr` (`rb_classext_t *`), and its `iv_tbl`.
     pub class_ext: u64,
     pub ext_ivars: u64,
     /// `st_table`: `entries_start`, `entries_bound`, `entries`; bytes
@@ -146,6 +180,23 @@ pub(crate) struct MethodLayout {
     pub table_entry_size: u64,
     pub table_entry_key: u64,
     pub table_entry_record: u64,
+    /// `id__attached__`: a singleton class's ivar holding its object.
+    pub attached: u64,
+}
+
+/// `rb_classext_t`, in the class's own slot after `struct RClass`;
+/// offsets from the class's start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClassFields {
+    /// `classpath`: a String, or 0 for an anonymous class.
+    pub path: u64,
+    /// The byte and bit of `permanent_classpath`: a path that is not
+    /// permanent (a class under an anonymous one) is not shown, as Ruby's
+    /// backtraces do not.
+    pub permanent_byte: u64,
+    pub permanent_bit: u8,
+    /// `as.singleton_class.attached_object`.
+    pub attached: u64,
 }
 
 /// The symbol table (`ruby_global_symbols`) and IDs.
@@ -165,8 +216,6 @@ pub(crate) struct SymbolLayout {
     pub serial_shift: u32,
     /// `struct RSymbol.id`, for the ID of a dynamic symbol.
     pub symbol_id: u64,
-    /// `id__attached__`: a singleton class's ivar holding its object.
-    pub attached: u64,
 }
 
 /// One release's layout.
@@ -175,101 +224,25 @@ pub(crate) struct Layout {
     /// The symbol `context_global` is: `ruby_single_main_ractor` (3.0+)
     /// or `ruby_current_execution_context_ptr` (2.x).
     pub context_symbol: &'static str,
+    /// `Qnil`: 0x08 until 3.1, 0x04 since 3.2.
+    pub nil: u64,
     pub walker: WalkerLayout,
     pub iseq: IseqLayout,
     pub string: StringLayout,
     pub array: ArrayLayout,
     pub method: MethodLayout,
+    pub class: ClassLayout,
     pub symbols: SymbolLayout,
 }
-
-/// 3.1 (measured with `offsetof` on Debian's 3.1.2 sources, x86-64):
-/// `vm_core.h`, `iseq.h`, `method.h`, `internal/class.h`,
-/// `include/ruby/internal/core/rstring.h` and `rarray.h`, `st.h`,
-/// `symbol.h` (`rb_symbols_t`), `id.h` (`tLAST_OP_ID` 169,
-/// `id__attached__` 3089).
-const RUBY31: Layout = Layout {
-    context_symbol: "ruby_single_main_ractor",
-    walker: WalkerLayout {
-        running_context: Some(520),
-        context_stack: 0,
-        context_stack_size: 8,
-        context_frame: 16,
-        context_thread: 48,
-        thread_native: None,
-        native_thread_id: 80,
-        frame_size: 64,
-        frame_pc: 0,
-        frame_iseq: 16,
-        frame_ep: 32,
-    },
-    iseq: IseqLayout {
-        body: 16,
-        size: 4,
-        encoded: 8,
-        path: 64,
-        base_label: 72,
-        label: 80,
-        first_line: 88,
-        info_entries: 120,
-        info_positions: 128,
-        info_size: 136,
-        info_succinct: 144,
-        body_header: 152,
-        entry_size: 12,
-        entry_line: 0,
-    },
-    string: StringLayout {
-        heap_flag: 0x2000,
-        heap_length: 16,
-        heap_pointer: 24,
-        embedded: 16,
-        embedded_length_mask: 0x7c000,
-        embedded_length_shift: 14,
-        size: 40,
-    },
-    array: ArrayLayout {
-        embedded_flag: 0x2000,
-        embedded_length_mask: 0x18000,
-        embedded_length_shift: 15,
-        embedded: 16,
-        heap_length: 16,
-        heap_pointer: 32,
-        size: 40,
-    },
-    method: MethodLayout {
-        entry_definition: 16,
-        entry_called_id: 24,
-        entry_owner: 32,
-        entry_size: 40,
-        definition_original_id: 32,
-        class_ext: 24,
-        ext_ivars: 8,
-        table_start: 32,
-        table_bound: 40,
-        table_entries: 48,
-        table_header: 56,
-        table_entry_size: 24,
-        table_entry_key: 8,
-        table_entry_record: 16,
-    },
-    symbols: SymbolLayout {
-        last_id: 0,
-        ids: 16,
-        ids_per_chunk: 512,
-        values_per_id: 2,
-        last_operator: 169,
-        serial_shift: 4,
-        symbol_id: 32,
-        attached: 3089,
-    },
-};
 
 /// The layout of CRuby `version`: any patch release of a supported minor
 /// version (they keep their structs).
 pub(crate) fn layout(version: RubyVersion) -> Result<&'static Layout, RubyError> {
     match (version.major, version.minor) {
+        (2, 7) => Ok(&RUBY27),
         (3, 1) => Ok(&RUBY31),
+        (3, 3) => Ok(&RUBY33),
+        (3, 4) => Ok(&RUBY34),
         _ => Err(RubyError::UnsupportedVersion { version }),
     }
 }
@@ -277,7 +250,7 @@ pub(crate) fn layout(version: RubyVersion) -> Result<&'static Layout, RubyError>
 // What the walker reads of a context and of a frame lies within the bytes
 // it reads; what the namer reads of a body or a string within its header.
 const _: () = {
-    let layouts = [RUBY31];
+    let layouts = [RUBY27, RUBY31, RUBY33, RUBY34];
     let mut index = 0;
     while index < layouts.len() {
         let walker = layouts[index].walker;
@@ -302,14 +275,19 @@ const _: () = {
         assert!(iseq.body_header <= 256);
         let method = layouts[index].method;
         assert!(method.entry_owner as usize + 8 <= method.entry_size);
-        assert!(method.entry_size <= 64 && method.table_header <= 64);
-        assert!(method.table_entries as usize + 8 <= method.table_header);
+        assert!(method.entry_size <= 64);
+        if let ClassNames::Ivars(ivars) = layouts[index].class.names {
+            assert!(ivars.table_header <= 64);
+            assert!(ivars.table_entries as usize + 8 <= ivars.table_header);
+        }
+        // A String's or an Array's header read ahead holds its fields.
         let string = layouts[index].string;
-        assert!(string.heap_pointer + 8 <= string.size);
-        assert!(string.size as usize <= HEADER_BYTES);
+        assert!(string.heap_pointer as usize + 8 <= HEADER_BYTES);
+        assert!(string.embedded as usize <= HEADER_BYTES);
+        assert!(string.size as usize >= HEADER_BYTES);
         let array = layouts[index].array;
-        assert!(array.heap_pointer + 8 <= array.size);
-        assert!(array.size as usize <= HEADER_BYTES);
+        assert!(array.heap_pointer as usize + 8 <= HEADER_BYTES);
+        assert!(array.size as usize >= HEADER_BYTES);
         index += 1;
     }
 };
@@ -374,11 +352,63 @@ mod tests {
         );
         // Every 3.1 patch release, no other minor version.
         assert!(layout(version(3, 1, 7)).is_ok());
-        for other in [version(3, 0, 6), version(3, 2, 0), version(2, 7, 8)] {
+        for other in [
+            version(3, 0, 6),
+            version(3, 2, 0),
+            version(2, 6, 10),
+            version(3, 5, 0),
+            version(4, 0, 0),
+        ] {
             assert!(matches!(
                 walker_layout(other, 0),
                 Err(RubyError::UnsupportedVersion { version }) if version == other
             ));
         }
+    }
+
+    #[test]
+    fn ruby_3_3_and_3_4_walker_layouts() {
+        for (minor, patch) in [(3, 8), (4, 11)] {
+            let walker = walker_layout(version(3, minor, patch), 0x7f00_2000).expect("supported");
+            assert_eq!(
+                walker,
+                RubyLayout {
+                    context_global: 0x7f00_2000,
+                    version: 0x0300 | u16::from(minor),
+                    running_context: 384,
+                    context_stack: 0,
+                    context_stack_size: 8,
+                    context_frame: 16,
+                    context_thread: 48,
+                    thread_native: 40,
+                    native_thread_id: 16,
+                    frame_size: 56,
+                    frame_pc: 0,
+                    frame_iseq: 16,
+                    frame_ep: 32,
+                }
+            );
+        }
+        // What differs between the two: the singleton flag, tLAST_OP_ID.
+        let (ruby33, ruby34) = (
+            layout(version(3, 3, 0)).expect("3.3"),
+            layout(version(3, 4, 0)).expect("3.4"),
+        );
+        assert_eq!(
+            (ruby33.class.singleton_flag, ruby34.class.singleton_flag),
+            (0x1000, 0x2000)
+        );
+        assert_eq!(
+            (ruby33.symbols.last_operator, ruby34.symbols.last_operator),
+            (169, 170)
+        );
+        assert_eq!(
+            Layout {
+                class: ruby33.class,
+                symbols: ruby33.symbols,
+                ..*ruby34
+            },
+            *ruby33
+        );
     }
 }

@@ -1,13 +1,15 @@
-//! CRuby (MRI) 3.1 on x86-64.
+//! CRuby (MRI) 2.7, 3.1, 3.3 and 3.4 on x86-64.
 //!
 //! - [`inspect_object`]: is a mapped object the interpreter (`libruby`, or
 //!   an executable with it linked in), which version, and where its
 //!   running execution context, its symbol table and its interpreter loop
-//!   (`vm_exec_core`) are. The last two are static: found by decoding the
-//!   exported functions that use them.
+//!   (`vm_exec_core`) are. Those libruby does not export (the last two;
+//!   since 3.3 the first too) are found by decoding the exported
+//!   functions that use them (`code.rs`).
 //! - [`walker_layout`]: the offsets the BPF walker follows from
-//!   `ruby_single_main_ractor` to the running thread's control frames,
-//!   per release (`layout.rs`).
+//!   `ruby_single_main_ractor` (2.7: `ruby_current_execution_context_ptr`)
+//!   to the running thread's control frames, per release (`layout.rs`,
+//!   `releases.rs`).
 //! - [`RubyNamer`]: names the control frames the walker recorded
 //!   (`Class#method`, `Class.method`, `block in Class#method`,
 //!   `Integer#times`, `<main>`, file and line), from the process's memory,
@@ -25,17 +27,20 @@
 //! and reused them meanwhile, or that forged them: every object's type is
 //! checked where it is used, every length capped.
 //!
-//! Not supported: other releases than 3.1 (3.3 and 3.4 are rows to add to
-//! the table in `layout.rs`), builds with variable-width allocation
-//! (`USE_RVARGC`, which embeds strings and class data differently), and
-//! other architectures than x86-64.
+//! Not supported: other releases (3.0 and 3.2 would be rows of the table
+//! in `releases.rs`), builds whose layouts differ from Debian's (debug
+//! checks, 3.1 with `USE_RVARGC`), frames of JIT-compiled code (Debian
+//! builds 3.3 and 3.4 without YJIT; MJIT and RJIT are off unless asked
+//! for), and other architectures than x86-64.
 
+mod code;
 mod layout;
 mod lines;
 mod namer;
 mod names;
 mod object;
 mod read;
+mod releases;
 
 #[cfg(test)]
 mod tests;
@@ -87,7 +92,7 @@ pub enum RubyError {
     UnreadableSymbol { name: &'static str, address: u64 },
     #[error("the interpreter's ruby_version is not a version: {text:?}")]
     UnknownVersion { text: String },
-    #[error("CRuby {version} is not supported (3.1 is)")]
+    #[error("CRuby {version} is not supported (2.7, 3.1, 3.3 and 3.4 are)")]
     UnsupportedVersion { version: RubyVersion },
     #[error(
         "no ruby_global_symbols: {function} does not compare an ID with a 32-bit static \
@@ -104,6 +109,14 @@ pub enum RubyError {
     EvalLoopNotFound {
         function: &'static str,
         calls: usize,
+    },
+    #[error(
+        "no {symbol}: it is not exported, and {function} does not compare it with 0 in its \
+         first instructions"
+    )]
+    ContextNotFound {
+        symbol: &'static str,
+        function: &'static str,
     },
     #[error("could not read the interpreter's call frame information (.eh_frame)")]
     FrameInformation {

@@ -10,8 +10,8 @@ use agent_common::InterpreterFrame;
 use super::{
     RubyVersion,
     layout::{
-        FRAME_MAGIC_CFUNC, FRAME_MAGIC_DUMMY, FRAME_MAGIC_IFUNC, FRAME_MAGIC_MASK, IMEMO_ISEQ,
-        IMEMO_MASK, IMEMO_MENT, IMEMO_SHIFT, Layout, T_IMEMO, TYPE_MASK, layout,
+        FRAME_MAGIC_CFUNC, FRAME_MAGIC_DUMMY, FRAME_MAGIC_IFUNC, FRAME_MAGIC_MASK, FirstLine,
+        IMEMO_ISEQ, IMEMO_MASK, IMEMO_MENT, IMEMO_SHIFT, Layout, T_IMEMO, TYPE_MASK, layout,
     },
     lines::{EntryIndex, LineTable, succinct_table_bytes},
     names::{ClassPathId, MethodEntry},
@@ -409,11 +409,18 @@ fn read_iseq(layout: &Layout, memory: &mut dyn Memory, body: u64) -> Result<Iseq
         label,
         label_header.as_ref().map(|h| &h[..]),
     )?;
-    // A Fixnum: `(n << 1) | 1`.
-    let first_line = field_u64(header, fields.first_line);
-    let first_line = match first_line & 1 {
-        1 => u32::try_from(first_line >> 1).unwrap_or(0),
-        _ => 0,
+    let first_line = match fields.first_line_kind {
+        // A Fixnum: `(n << 1) | 1`.
+        FirstLine::Fixnum => {
+            let value = field_u64(header, fields.first_line);
+            match value & 1 {
+                1 => u32::try_from(value >> 1).unwrap_or(0),
+                _ => 0,
+            }
+        }
+        FirstLine::Int => {
+            u32::try_from(field_u32(header, fields.first_line).cast_signed()).unwrap_or(0)
+        }
     };
     let size = u64::from(field_u32(header, fields.size));
     Ok(IseqEntry {

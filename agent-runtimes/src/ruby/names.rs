@@ -1,15 +1,19 @@
 //! What names a method: its method entry's name (an ID, looked up in the
 //! symbol table) and owner (a class, whose path is its `__classpath__`
-//! instance variable; a singleton class's object is its `__attached__`).
+//! instance variable until 3.1, its `classpath` field since; a singleton
+//! class's object is its `__attached__`, or its `attached_object`).
 
 use std::sync::Arc;
 
 use super::{
-    layout::{FL_SINGLETON, IMEMO_MENT, Layout, NIL, T_CLASS, T_MODULE, T_STRING, TYPE_MASK},
+    layout::{
+        ClassFields, ClassNames, IMEMO_MENT, IvarLayout, Layout, T_CLASS, T_MODULE, T_STRING,
+        TYPE_MASK,
+    },
     namer::{Entry, Key, NameError, RubyNamer, RubyProcess, failed_read, is_imemo},
     read::{
-        HEADER_BYTES, field_u32, field_u64, plausible, pointer, read, read_array, read_string,
-        read_u64,
+        HEADER_BYTES, embedded_length, field_u32, field_u64, plausible, pointer, read, read_array,
+        read_string, read_u64,
     },
 };
 use crate::Memory;
@@ -112,7 +116,8 @@ impl RubyNamer {
         owner: u64,
     ) -> Result<Arc<str>, NameError> {
         let owner = pointer(owner, "method owner")?;
-        let flags = read_u64(memory, owner)? & (TYPE_MASK | FL_SINGLETON);
+        let singleton = layout.class.singleton_flag;
+        let flags = read_u64(memory, owner)? & (TYPE_MASK | singleton);
         let key = Key::Class {
             process: process.key,
             address: owner,
@@ -125,10 +130,15 @@ impl RubyNamer {
         {
             return Ok(prefix.clone());
         }
-        let prefix = match (flags & TYPE_MASK, flags & FL_SINGLETON != 0) {
+        let prefix = match (flags & TYPE_MASK, flags & singleton != 0) {
             (T_CLASS, true) => {
-                let attached = layout.symbols.attached;
-                match self.ivar(layout, memory, owner, attached)? {
+                let attached = match &layout.class.names {
+                    ClassNames::Ivars(ivars) => ivar(ivars, memory, owner, ivars.attached)?,
+                    ClassNames::Fields(fields) => {
+                        Some(read_u64(memory, owner.wrapping_add(fields.attached))?)
+                    }
+                };
+                match attached {
                     Some(object) if is_class(memory, object)? => self
                         .class_path(process, layout, memory, object)?
                         .map(|path| format!("{path}.")),
@@ -152,7 +162,7 @@ impl RubyNamer {
     }
 
     /// The path of the class or module `class` (`Foo::Bar`), `None` for an
-    /// anonymous one.
+    /// anonymous one, or one whose path is not permanent.
     fn class_path(
         &mut self,
         process: &RubyProcess,
@@ -160,55 +170,21 @@ impl RubyNamer {
         memory: &mut dyn Memory,
         class: u64,
     ) -> Result<Option<Arc<str>>, NameError> {
-        let ClassPathId::Found(id) = self.class_path_id(process, layout, memory)? else {
-            return Ok(None);
+        let path = match &layout.class.names {
+            ClassNames::Ivars(ivars) => {
+                let ClassPathId::Found(id) = self.class_path_id(process, layout, memory)? else {
+                    return Ok(None);
+                };
+                ivar(ivars, memory, class, id)?
+            }
+            ClassNames::Fields(fields) => class_path_field(fields, memory, class)?,
         };
-        match self.ivar(layout, memory, class, id)? {
-            Some(path) if path != NIL => read_string(memory, &layout.string, path, None).map(Some),
+        match path {
+            Some(path) if path != layout.nil && path != 0 => {
+                read_string(memory, &layout.string, path, None).map(Some)
+            }
             _ => Ok(None),
         }
-    }
-
-    /// The instance variable `id` of the class `class`, from its `iv_tbl`.
-    fn ivar(
-        &self,
-        layout: &Layout,
-        memory: &mut dyn Memory,
-        class: u64,
-        id: u64,
-    ) -> Result<Option<u64>, NameError> {
-        let fields = &layout.method;
-        let ext = read_u64(memory, class.wrapping_add(fields.class_ext))?;
-        let table = read_u64(
-            memory,
-            pointer(ext, "class ext")?.wrapping_add(fields.ext_ivars),
-        )?;
-        if table == 0 {
-            return Ok(None);
-        }
-        let mut header = [0; 64];
-        let header = &mut header[..fields.table_header];
-        read(memory, pointer(table, "ivar table")?, header)?;
-        let start = field_u64(header, fields.table_start);
-        let bound = field_u64(header, fields.table_bound);
-        let count = bound.saturating_sub(start).min(MAX_IVARS);
-        if count == 0 {
-            return Ok(None);
-        }
-        let entries = pointer(field_u64(header, fields.table_entries), "ivar entries")?;
-        let mut bytes = vec![0; (count * fields.table_entry_size) as usize];
-        read(
-            memory,
-            entries.wrapping_add(start.wrapping_mul(fields.table_entry_size)),
-            &mut bytes,
-        )?;
-        Ok(bytes
-            .chunks_exact(fields.table_entry_size as usize)
-            .find(|entry| {
-                field_u64(entry, 0) != DELETED_HASH
-                    && field_u64(entry, fields.table_entry_key) == id
-            })
-            .map(|entry| field_u64(entry, fields.table_entry_record)))
     }
 
     /// The name of the ID `id`, from the symbol table.
@@ -235,7 +211,7 @@ impl RubyNamer {
         let [string, symbol] = symbol_entry(layout, memory, process.symbols, serial)?
             .ok_or(NameError::UnknownId { id })?;
         // The entry names this ID (not one whose serial a forged ID shares).
-        if symbol_id(layout, memory, symbol)? != Some(id) || string == NIL {
+        if symbol_id(layout, memory, symbol)? != Some(id) || string == layout.nil {
             return Err(NameError::UnknownId { id });
         }
         let name = read_string(memory, &layout.string, string, None)?;
@@ -258,6 +234,64 @@ impl RubyNamer {
         self.class_path_ids.insert(process.key, found);
         Ok(found)
     }
+}
+
+/// The instance variable `id` of the class `class`, from its `iv_tbl`
+/// (until 3.1).
+fn ivar(
+    fields: &IvarLayout,
+    memory: &mut dyn Memory,
+    class: u64,
+    id: u64,
+) -> Result<Option<u64>, NameError> {
+    let ext = read_u64(memory, class.wrapping_add(fields.class_ext))?;
+    let table = read_u64(
+        memory,
+        pointer(ext, "class ext")?.wrapping_add(fields.ext_ivars),
+    )?;
+    if table == 0 {
+        return Ok(None);
+    }
+    let mut header = [0; 64];
+    let header = &mut header[..fields.table_header];
+    read(memory, pointer(table, "ivar table")?, header)?;
+    let start = field_u64(header, fields.table_start);
+    let bound = field_u64(header, fields.table_bound);
+    let count = bound.saturating_sub(start).min(MAX_IVARS);
+    if count == 0 {
+        return Ok(None);
+    }
+    let entries = pointer(field_u64(header, fields.table_entries), "ivar entries")?;
+    let mut bytes = vec![0; (count * fields.table_entry_size) as usize];
+    read(
+        memory,
+        entries.wrapping_add(start.wrapping_mul(fields.table_entry_size)),
+        &mut bytes,
+    )?;
+    Ok(bytes
+        .chunks_exact(fields.table_entry_size as usize)
+        .find(|entry| {
+            field_u64(entry, 0) != DELETED_HASH && field_u64(entry, fields.table_entry_key) == id
+        })
+        .map(|entry| field_u64(entry, fields.table_entry_record)))
+}
+
+/// The `classpath` of the class `class` if it is permanent (3.2+): both
+/// fields in one read.
+fn class_path_field(
+    fields: &ClassFields,
+    memory: &mut dyn Memory,
+    class: u64,
+) -> Result<Option<u64>, NameError> {
+    let start = fields.permanent_byte.min(fields.path);
+    let end = (fields.permanent_byte + 1).max(fields.path + 8);
+    let mut bytes = [0; 64];
+    let bytes = bytes
+        .get_mut(..(end - start) as usize)
+        .ok_or(failed_read(class, (end - start) as usize))?;
+    read(memory, class.wrapping_add(start), bytes)?;
+    let permanent = bytes[(fields.permanent_byte - start) as usize] & fields.permanent_bit != 0;
+    Ok(permanent.then(|| field_u64(bytes, fields.path - start)))
 }
 
 /// Whether `object` is a class or a module (not a singleton class's
@@ -422,8 +456,7 @@ fn find_in_batch(
 /// `__classpath__` (checked without allocating: most are not).
 fn is_class_path(layout: &Layout, header: &[u8]) -> bool {
     let string = &layout.string;
-    let flags = field_u64(header, 0);
-    let length = (flags & string.embedded_length_mask) >> string.embedded_length_shift;
+    let length = embedded_length(string, header);
     let start = string.embedded as usize;
     length == CLASS_PATH.len() as u64
         && header.get(start..start + CLASS_PATH.len()) == Some(CLASS_PATH)

@@ -1,15 +1,17 @@
 //! Is a mapped object the CRuby interpreter, which one, and where its
-//! statics are. Two of them are not exported (the symbol table, the
-//! interpreter loop) and are found in the code of exported functions
-//! that use them.
+//! statics are. Some of them are not exported (the symbol table, the
+//! interpreter loop; since 3.3 the main ractor) and are found in the code
+//! of exported functions that use them (`code.rs`).
 
 use std::ops::Range;
 
-use gimli::{BaseAddresses, CieOrFde, EhFrame, LittleEndian, UnwindSection};
-use iced_x86::{Decoder, DecoderOptions, Instruction, Mnemonic, OpKind, Register};
-use object::{Object, ObjectSection, ObjectSymbol, SectionKind};
+use object::{Object, ObjectSection, ObjectSymbol};
 
-use super::{RubyError, RubyVersion, layout::layout};
+use super::{
+    RubyError, RubyVersion,
+    code::{context_global, eval_loop, global_symbols},
+    layout::layout,
+};
 
 /// The interpreter in an object: `libruby.so`, or an executable with it
 /// linked in. Addresses are link-time ones (add the object's load bias).
@@ -30,26 +32,21 @@ pub struct RubyObject {
 }
 
 const VERSION: &str = "ruby_version";
-const ID_TO_STRING: &str = "rb_id2str";
+/// Exported by every libruby: an executable defining one has libruby
+/// linked in (`rb_vm_exec` until 3.1, hidden since).
 const EXEC: &str = "rb_vm_exec";
+const EVAL_MAIN: &str = "rb_iseq_eval_main";
 
 /// Bytes of a version string read at most.
 const MAX_VERSION_BYTES: u64 = 32;
-/// Instructions decoded at most looking for `global_symbols.last_id`, over
-/// `rb_id2str` and the one function it jumps to.
-const MAX_INSTRUCTIONS: usize = 64;
-/// Bytes decoded at once from a function's start.
-const CODE_WINDOW: u64 = 512;
-/// Bytes of `rb_vm_exec` decoded at most (it is about 3 KB).
-const MAX_EXEC_BYTES: u64 = 64 << 10;
 
 /// Whether the object named `file_name` (a path or a file name) with the
 /// bytes `elf` is a CRuby interpreter: `Ok(None)` if not, an error if it
 /// is one firn cannot walk.
 ///
-/// An interpreter is named `libruby*.so*`, or defines `rb_vm_exec` (an
-/// executable with libruby linked in exports it for extensions): the
-/// `ruby` that only loads `libruby.so` is not one.
+/// An interpreter is named `libruby*.so*`, or defines `rb_vm_exec` or
+/// `rb_iseq_eval_main` (an executable with libruby linked in exports them
+/// for extensions): the `ruby` that only loads `libruby.so` is not one.
 pub fn inspect_object(file_name: &str, elf: &[u8]) -> Result<Option<RubyObject>, RubyError> {
     let file_name = file_name.rsplit('/').next().unwrap_or(file_name);
     let named = file_name.starts_with("libruby") && file_name.contains(".so");
@@ -58,20 +55,19 @@ pub fn inspect_object(file_name: &str, elf: &[u8]) -> Result<Option<RubyObject>,
         Err(source) if named => return Err(RubyError::Parse { source }),
         Err(_) => return Ok(None),
     };
-    let defines_exec = || has_string(&file, EXEC) && find_symbol(&file, EXEC).is_some();
+    let defines_exec = || {
+        [EXEC, EVAL_MAIN]
+            .iter()
+            .any(|name| has_string(&file, name) && find_symbol(&file, name).is_some())
+    };
     if !named && !defines_exec() {
         return Ok(None);
     }
     let version = read_version(&file)?;
     let layout = layout(version)?;
-    let context_global = find_symbol(&file, layout.context_symbol)
-        .ok_or(RubyError::MissingSymbol {
-            name: layout.context_symbol,
-        })?
-        .address();
     Ok(Some(RubyObject {
         version,
-        context_global,
+        context_global: context_global(&file, layout.context_symbol)?,
         symbols: global_symbols(&file)?,
         eval_loop: eval_loop(&file)?,
     }))
@@ -112,7 +108,7 @@ fn has_string(file: &object::File<'_>, name: &str) -> bool {
     })
 }
 
-fn find_symbol<'data, 'file>(
+pub(super) fn find_symbol<'data, 'file>(
     file: &'file object::File<'data>,
     name: &str,
 ) -> Option<object::Symbol<'data, 'file>> {
@@ -122,7 +118,7 @@ fn find_symbol<'data, 'file>(
 }
 
 /// Up to `length` bytes of `section` from `address` (fewer at its end).
-fn bytes_at<'data>(
+pub(super) fn bytes_at<'data>(
     section: &object::Section<'data, '_>,
     address: u64,
     length: u64,
@@ -141,186 +137,13 @@ fn bytes_at<'data>(
 }
 
 /// The section holding `address`.
-fn section_at<'data, 'file>(
+pub(super) fn section_at<'data, 'file>(
     file: &'file object::File<'data>,
     address: u64,
 ) -> Option<object::Section<'data, 'file>> {
     file.sections().find(|section| {
         (section.address()..section.address().saturating_add(section.size())).contains(&address)
     })
-}
-
-/// `ruby_global_symbols`, from the code of `rb_id2str`: it turns the ID
-/// into a serial and jumps to `get_id_serial_entry`, whose first
-/// comparison with a 32-bit static is `serial <= global_symbols.last_id`,
-/// `last_id` being the struct's first field. The address must be in the
-/// object's writable data.
-fn global_symbols(file: &object::File<'_>) -> Result<u64, RubyError> {
-    let not_found = RubyError::SymbolTableNotFound {
-        function: ID_TO_STRING,
-        instructions: MAX_INSTRUCTIONS,
-    };
-    let start = find_symbol(file, ID_TO_STRING)
-        .ok_or(RubyError::MissingSymbol { name: ID_TO_STRING })?
-        .address();
-    let address = last_id_compare(file, start).ok_or(not_found)?;
-    let in_data = section_at(file, address).is_some_and(|section| {
-        matches!(
-            section.kind(),
-            SectionKind::Data | SectionKind::UninitializedData
-        )
-    });
-    if in_data {
-        Ok(address)
-    } else {
-        Err(RubyError::SymbolTableNotFound {
-            function: ID_TO_STRING,
-            instructions: MAX_INSTRUCTIONS,
-        })
-    }
-}
-
-/// The static a `cmp` of a 32-bit register with `[rip + disp]` reads, in
-/// the code from `start`, following at most one direct `jmp` or `call`.
-fn last_id_compare(file: &object::File<'_>, start: u64) -> Option<u64> {
-    let mut address = start;
-    let mut followed = false;
-    let mut decoded = 0;
-    loop {
-        let code = bytes_at(&section_at(file, address)?, address, CODE_WINDOW)?;
-        let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
-        let mut instruction = Instruction::default();
-        let mut target = None;
-        while decoder.can_decode() && decoded < MAX_INSTRUCTIONS {
-            decoder.decode_out(&mut instruction);
-            decoded += 1;
-            if instruction.is_invalid() {
-                return None;
-            }
-            if is_last_id_compare(&instruction) {
-                return Some(instruction.ip_rel_memory_address());
-            }
-            // Conditional branches are passed by: the comparison is on
-            // the straight path.
-            match instruction.mnemonic() {
-                Mnemonic::Jmp | Mnemonic::Call
-                    if instruction.op0_kind() == OpKind::NearBranch64 =>
-                {
-                    target = Some(instruction.near_branch_target());
-                    break;
-                }
-                Mnemonic::Jmp
-                | Mnemonic::Call
-                | Mnemonic::Ret
-                | Mnemonic::Retf
-                | Mnemonic::Int3
-                | Mnemonic::Ud2
-                | Mnemonic::Hlt => return None,
-                _ => {}
-            }
-        }
-        match target {
-            Some(target) if !followed => {
-                followed = true;
-                address = target;
-            }
-            _ => return None,
-        }
-    }
-}
-
-/// `cmp r32, dword [rip + disp]` or `cmp dword [rip + disp], r32`.
-fn is_last_id_compare(instruction: &Instruction) -> bool {
-    if instruction.mnemonic() != Mnemonic::Cmp || !instruction.is_ip_rel_memory_operand() {
-        return false;
-    }
-    let register = match (instruction.op0_kind(), instruction.op1_kind()) {
-        (OpKind::Memory, OpKind::Register) => instruction.op1_register(),
-        (OpKind::Register, OpKind::Memory) => instruction.op0_register(),
-        _ => return false,
-    };
-    (Register::EAX as u32..=Register::R15D as u32).contains(&(register as u32))
-}
-
-/// `vm_exec_core`: of the functions `rb_vm_exec` calls directly in its own
-/// section (not through the PLT), the largest by its call frame
-/// information. The interpreter loop is tens of KB; what else
-/// `rb_vm_exec` calls (hooks, error paths) is small.
-fn eval_loop(file: &object::File<'_>) -> Result<Range<u64>, RubyError> {
-    let exec = find_symbol(file, EXEC).ok_or(RubyError::MissingSymbol { name: EXEC })?;
-    let start = exec.address();
-    let section = section_at(file, start).ok_or(RubyError::UnreadableSymbol {
-        name: EXEC,
-        address: start,
-    })?;
-    let length = match exec.size() {
-        0 => MAX_EXEC_BYTES,
-        size => size.min(MAX_EXEC_BYTES),
-    };
-    let code = bytes_at(&section, start, length).ok_or(RubyError::UnreadableSymbol {
-        name: EXEC,
-        address: start,
-    })?;
-    let in_section = section.address()..section.address().saturating_add(section.size());
-    let mut calls: Vec<u64> = Decoder::with_ip(64, code, start, DecoderOptions::NONE)
-        .into_iter()
-        .filter(|instruction| {
-            instruction.mnemonic() == Mnemonic::Call
-                && instruction.op0_kind() == OpKind::NearBranch64
-        })
-        .map(|instruction| instruction.near_branch_target())
-        .filter(|target| in_section.contains(target))
-        .collect();
-    calls.sort_unstable();
-    calls.dedup();
-    let functions = function_ranges(file)?;
-    calls
-        .iter()
-        .filter_map(|&target| {
-            let after = functions.partition_point(|range| range.start <= target);
-            let range = functions.get(after.checked_sub(1)?)?;
-            range.contains(&target).then(|| range.clone())
-        })
-        .max_by_key(|range| range.end - range.start)
-        .ok_or(RubyError::EvalLoopNotFound {
-            function: EXEC,
-            calls: calls.len(),
-        })
-}
-
-/// The address ranges of the object's FDEs in `.eh_frame`, sorted by
-/// start; empty without one.
-fn function_ranges(file: &object::File<'_>) -> Result<Vec<Range<u64>>, RubyError> {
-    let Some(section) = file.section_by_name(".eh_frame") else {
-        return Ok(Vec::new());
-    };
-    let data = section.data().unwrap_or_default();
-    let mut eh_frame = EhFrame::new(data, LittleEndian);
-    eh_frame.set_address_size(8);
-    let mut bases = BaseAddresses::default().set_eh_frame(section.address());
-    if let Some(text) = file.section_by_name(".text") {
-        bases = bases.set_text(text.address());
-    }
-    let mut ranges = Vec::new();
-    let mut entries = eh_frame.entries(&bases);
-    loop {
-        let entry = match entries.next() {
-            Ok(Some(entry)) => entry,
-            Ok(None) => break,
-            Err(source) if ranges.is_empty() => return Err(RubyError::FrameInformation { source }),
-            // A malformed entry ends the walk; keep what was read.
-            Err(_) => break,
-        };
-        let CieOrFde::Fde(partial) = entry else {
-            continue;
-        };
-        if let Ok(fde) = partial.parse(EhFrame::cie_from_offset) {
-            let start = fde.initial_address();
-            ranges.push(start..start.saturating_add(fde.len()));
-        }
-    }
-    ranges.sort_unstable_by_key(|range| range.start);
-    Ok(ranges)
 }
 
 #[cfg(test)]
@@ -363,6 +186,36 @@ mod tests {
         assert_eq!(renamed, found);
     }
 
+    /// 3.3 and 3.4 hide `ruby_single_main_ractor` and `rb_vm_exec`; in
+    /// 3.4.11 the comparison with `last_id` is behind a branch.
+    #[test]
+    fn hidden_statics_are_found_in_the_code() {
+        let found = inspect_object(
+            "/usr/lib/libruby-3.4.so.3.4.11",
+            &stand_in("libruby-3.4.so.3.4.11"),
+        )
+        .expect("an interpreter")
+        .expect("walkable");
+        assert_eq!(
+            found,
+            RubyObject {
+                version: RubyVersion {
+                    major: 3,
+                    minor: 4,
+                    patch: 11,
+                },
+                context_global: 0x5040,
+                symbols: 0x5020,
+                eval_loop: 0x105e..0x2014,
+            }
+        );
+        // rb_iseq_eval_main, exported, makes an interpreter too.
+        let renamed = inspect_object("ruby-static", &stand_in("libruby-3.4.so.3.4.11"))
+            .expect("an interpreter")
+            .expect("walkable");
+        assert_eq!(renamed, found);
+    }
+
     #[test]
     fn the_eval_loop_is_never_a_plt_entry() {
         // vm_exec_core of 18 bytes, the PLT's FDE 32: still the loop.
@@ -375,8 +228,15 @@ mod tests {
     #[test]
     fn interpreters_firn_cannot_walk() {
         assert!(matches!(
+            inspect_object("libruby-3.2.so.3.2", &stand_in("libruby-3.2.so.3.2.3")),
+            Err(RubyError::UnsupportedVersion { version }) if version.to_string() == "3.2.3"
+        ));
+        // 2.7 is found by its own global, which a 3.x has not.
+        assert!(matches!(
             inspect_object("libruby-2.7.so.2.7", &stand_in("libruby-2.7.so.2.7.8")),
-            Err(RubyError::UnsupportedVersion { version }) if version.to_string() == "2.7.8"
+            Err(RubyError::MissingSymbol {
+                name: "ruby_current_execution_context_ptr"
+            })
         ));
         assert!(matches!(
             inspect_object("libruby-3.1.so", &stand_in("libruby-3.1-no-last-id.so")),
@@ -451,5 +311,98 @@ mod tests {
                 eval_loop: 0x24_ebd0..0x25_3047,
             }
         );
+    }
+
+    /// The libruby of a chroot `cargo xtask setup` makes (under
+    /// `FIRN_RUBY_CHROOTS`, by default `~/.cache/firn/ruby-chroots`), if it
+    /// is the build whose values were checked by hand with objdump
+    /// (`fixtures/README.md`); `None` if not there.
+    fn chroot_libruby(suite: &str, file: &str, build_id: &str) -> Option<Vec<u8>> {
+        let chroots = std::env::var_os("FIRN_RUBY_CHROOTS").map_or_else(
+            || {
+                let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+                std::path::PathBuf::from(home).join(".cache/firn/ruby-chroots")
+            },
+            std::path::PathBuf::from,
+        );
+        let path = chroots
+            .join(suite)
+            .join("usr/lib/x86_64-linux-gnu")
+            .join(file);
+        let elf = std::fs::read(&path).ok()?;
+        let id = object::File::parse(&*elf)
+            .ok()
+            .and_then(|file| file.build_id().ok().flatten())
+            .map(|id| {
+                id.iter()
+                    .map(|byte| format!("{byte:02x}"))
+                    .collect::<String>()
+            });
+        if id.as_deref() != Some(build_id) {
+            eprintln!("{} is not the build checked: not checked", path.display());
+            return None;
+        }
+        Some(elf)
+    }
+
+    /// Debian 11's libruby 2.7 (`libruby2.7` 2.7.4-1+deb11u1), Debian 13's
+    /// 3.3 (`libruby3.3` 3.3.8-2) and experimental's 3.4 (`libruby3.4`
+    /// 3.4.11-1~exp1), which export neither `ruby_single_main_ractor` nor
+    /// `rb_vm_exec`.
+    #[test]
+    fn debian_libruby_2_7_3_3_and_3_4_where_installed() {
+        let checked = [
+            (
+                "bullseye",
+                "libruby-2.7.so.2.7.4",
+                "82fea422538a51208c1a9ac87cfd303eece65582",
+                (2, 7, 4),
+                0x35_a8b0,
+                0x34_31e0,
+                0x22_1680..0x22_70ee,
+            ),
+            (
+                "trixie",
+                "libruby-3.3.so.3.3.8",
+                "f15efb61d1a23f302e244b44c3861b3540113d23",
+                (3, 3, 8),
+                0x46_bbe0,
+                0x45_b160,
+                0x27_8fd0..0x27_df8f,
+            ),
+            (
+                "sid",
+                "libruby-3.4.so.3.4.11",
+                "d9c7dd4541f5e827045c454658198e903e1c5028",
+                (3, 4, 11),
+                0x4e_caa8,
+                0x4d_c180,
+                0x2b_3520..0x2b_8f7f,
+            ),
+        ];
+        for (suite, file, build_id, (major, minor, patch), context_global, symbols, eval_loop) in
+            checked
+        {
+            let Some(elf) = chroot_libruby(suite, file, build_id) else {
+                continue;
+            };
+            let found = inspect_object(file, &elf)
+                .expect("an interpreter")
+                .expect("walkable");
+            assert_eq!(
+                found,
+                RubyObject {
+                    version: RubyVersion {
+                        major,
+                        minor,
+                        patch,
+                    },
+                    context_global,
+                    symbols,
+                    eval_loop,
+                },
+                "{file}"
+            );
+        }
     }
 }

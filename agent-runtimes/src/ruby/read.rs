@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use super::{
-    layout::{ArrayLayout, Layout, NIL, StringLayout, T_ARRAY, T_STRING, TYPE_MASK},
+    layout::{ArrayLayout, Layout, StringLayout, T_ARRAY, T_STRING, TYPE_MASK},
     namer::NameError,
 };
 use crate::Memory;
@@ -93,19 +93,47 @@ pub(crate) fn read_string(
             return Err(NameError::NotString { address, flags });
         }
         let mut bytes = vec![0; length.min(MAX_STRING_BYTES) as usize];
-        let data = pointer(field_u64(header, layout.heap_pointer), "string bytes")?;
+        // Bytes need no alignment: a literal's are in the object's
+        // `.rodata` (3.3's `"<main>"`), a shared string's at any offset
+        // into those of the string it shares.
+        let data = field_u64(header, layout.heap_pointer);
+        if !(MIN_POINTER..MAX_POINTER).contains(&data) {
+            return Err(NameError::BadPointer {
+                what: "string bytes",
+                address: data,
+            });
+        }
         read(memory, data, &mut bytes)?;
         bytes
     } else {
-        let length = (flags & layout.embedded_length_mask) >> layout.embedded_length_shift;
+        let length = embedded_length(layout, header);
+        // An embedded string's bytes end in its slot.
+        let end = layout.embedded.saturating_add(length);
+        if end > layout.size {
+            return Err(NameError::NotString { address, flags });
+        }
         let start = layout.embedded as usize;
-        let end = start.saturating_add(length as usize);
-        header
-            .get(start..end)
-            .ok_or(NameError::NotString { address, flags })?
-            .to_vec()
+        match header.get(start..end as usize) {
+            Some(bytes) => bytes.to_vec(),
+            // Longer than the header (3.2+ embeds up to a slot of 640
+            // bytes): read where it is.
+            None => {
+                let mut bytes = vec![0; length.min(MAX_STRING_BYTES) as usize];
+                read(memory, address + layout.embedded, &mut bytes)?;
+                bytes
+            }
+        }
     };
     Ok(Arc::from(String::from_utf8_lossy(&bytes)))
+}
+
+/// The length of the embedded String whose header is `header`: in its
+/// flags until 3.1, in `len` since.
+pub(crate) fn embedded_length(layout: &StringLayout, header: &[u8]) -> u64 {
+    match layout.embedded_length_flags {
+        Some((mask, shift)) => (field_u64(header, 0) & mask) >> shift,
+        None => field_u64(header, layout.heap_length),
+    }
 }
 
 /// Bytes of an object header read ahead: a String's or an Array's.
@@ -203,10 +231,10 @@ pub(crate) fn read_path(
     match flags & TYPE_MASK {
         T_STRING => read_string(memory, &layout.string, address, header),
         T_ARRAY => match array_element(memory, &layout.array, address, 0)? {
-            Some(path) if path != NIL => read_string(memory, &layout.string, path, None),
+            Some(path) if path != layout.nil => read_string(memory, &layout.string, path, None),
             _ => Err(NameError::NotString {
                 address,
-                flags: NIL,
+                flags: layout.nil,
             }),
         },
         _ => Err(NameError::NotString { address, flags }),

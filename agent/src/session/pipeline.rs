@@ -21,10 +21,7 @@ use crate::{
     host::Host,
     labels::{MetadataConfig, MetadataLimits, MetadataReader, ProcessFilter},
     process::{DebugFileConfig, ProcessImage, ProcessTable, ProcessTableConfig},
-    runtimes::{
-        JavaConfig, JavaRuntime, JavaSupport, NodeConfig, NodeRuntime, PythonConfig, RubyConfig,
-        RuntimeSupport, Spliced, UserFrame,
-    },
+    runtimes::{RuntimeSupport, RuntimesConfig, Spliced, UserFrame, registry},
     sampler::{self, RawSample, Record, SamplingConfig},
     stats::Stats,
     unwind::{ProcessUnwinding, UnwindPolicy, Unwinder, UnwinderConfig, UserFrames},
@@ -49,10 +46,8 @@ pub struct PipelineConfig {
     pub debug_files: DebugFileConfig,
     pub unwinder: UnwinderConfig,
     pub aggregate: AggregateConfig,
-    pub python: PythonConfig,
-    pub ruby: RubyConfig,
-    pub java: JavaConfig,
-    pub node: NodeConfig,
+    /// Which runtimes' frames are named, and how.
+    pub runtimes: RuntimesConfig,
     /// Label every sample with its thread's id and name (`thread_id`,
     /// `thread_name`), not only other threads' ids.
     pub thread_labels: bool,
@@ -124,19 +119,9 @@ impl Pipeline {
             ),
             aggregator: Aggregator::new(&config.aggregate, stats.clone()),
             off_cpu: Aggregator::new(&config.aggregate, stats.clone()),
-            runtimes: [
-                config.java.enabled.then(|| {
-                    Box::new(JavaSupport::new(JavaRuntime::new(stats.clone())))
-                        as Box<dyn RuntimeSupport>
-                }),
-                config
-                    .node
-                    .enabled
-                    .then(|| Box::new(NodeRuntime::new(stats.clone())) as Box<dyn RuntimeSupport>),
-            ]
-            .into_iter()
-            .flatten()
-            .collect(),
+            // Those walked in BPF come with the session's map
+            // (`with_runtimes`).
+            runtimes: registry::build(&config.runtimes, None, max_processes, &stats),
             filter: config.exclusion.as_ref().map(|metadata| {
                 ProcessFilter::new(metadata, &config.host, max_processes, stats.clone())
             }),
@@ -191,6 +176,13 @@ impl Pipeline {
         self.runtimes.push(runtime);
         self.runtimes
             .sort_by_key(|runtime| runtime.runtime().order());
+        self
+    }
+
+    /// Names the frames of these runtimes, in place of those built
+    /// without BPF ([`registry::build`]).
+    pub fn with_runtimes(mut self, runtimes: Vec<Box<dyn RuntimeSupport>>) -> Self {
+        self.runtimes = runtimes;
         self
     }
 

@@ -973,7 +973,9 @@ declare_metrics! {
         interpreter's version."
     {
         stats: [
-            /// Ruby processes registered with the walker, Ruby 3.1.
+            /// Ruby processes registered with the walker, Ruby 2.7.
+            ruby_processes_2_7 { version = "2.7" },
+            /// Ruby 3.1.
             ruby_processes_3_1 { version = "3.1" },
             /// Ruby 3.3.
             ruby_processes_3_3 { version = "3.3" },

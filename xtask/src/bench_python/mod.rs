@@ -432,7 +432,14 @@ fn complete_share(
             crate::bench_unwind::firn_share(
                 &tools.root,
                 &firn_output(tools),
-                &["--python", "--comm", comm, "--chain", &CHAIN.join(",")],
+                &[
+                    "--interpreted",
+                    "[python]",
+                    "--comm",
+                    comm,
+                    "--chain",
+                    &CHAIN.join(","),
+                ],
             )
         }
     }

@@ -199,6 +199,7 @@ impl RubyRuntime {
     fn count_version(&self, version: RubyVersion) {
         let stats = &self.stats;
         Stats::inc(match (version.major, version.minor) {
+            (2, 7) => &stats.ruby_processes_2_7,
             (3, 1) => &stats.ruby_processes_3_1,
             (3, 3) => &stats.ruby_processes_3_3,
             (3, 4) => &stats.ruby_processes_3_4,
@@ -360,6 +361,7 @@ fn skip_reason(error: &RubyError) -> SkipReason {
         RubyError::MissingSymbol { .. }
         | RubyError::UnreadableSymbol { .. }
         | RubyError::SymbolTableNotFound { .. }
+        | RubyError::ContextNotFound { .. }
         | RubyError::EvalLoopNotFound { .. } => SkipReason::MissingSymbols,
         _ => SkipReason::Unreadable,
     }
