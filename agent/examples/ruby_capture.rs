@@ -26,6 +26,7 @@ use agent_runtimes::{
     ruby::{RubyNamer, RubyObject, RubyProcess, inspect_object, walker_layout},
 };
 use anyhow::{Context, Result, bail};
+use firn::runtimes::ProcessMemory;
 use object::{Object, ObjectSegment};
 use serde_json::{Value, json};
 
@@ -35,37 +36,6 @@ const ENV_LOCAL: u64 = 0x2;
 const FRAME_FINISH: u64 = 0x20;
 const MAX_ENV_HOPS: usize = 3;
 const MAX_STACK_WORDS: u64 = 1 << 24;
-
-/// A process's memory, read with `process_vm_readv` (the agent's own
-/// reader, without the agent: this tool needs none of it).
-struct ProcessMemory {
-    pid: libc::pid_t,
-}
-
-impl Memory for ProcessMemory {
-    fn read(&mut self, address: u64, buf: &mut [u8]) -> Result<(), MemoryError> {
-        let local = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        let remote = libc::iovec {
-            iov_base: address as *mut libc::c_void,
-            iov_len: buf.len(),
-        };
-        // SAFETY: `local` covers exactly `buf`, which we own mutably; the
-        // kernel checks the remote range and fails instead of faulting.
-        let read = unsafe { libc::process_vm_readv(self.pid, &local, 1, &remote, 1, 0) };
-        if read == buf.len() as isize {
-            Ok(())
-        } else {
-            Err(MemoryError {
-                address,
-                length: buf.len(),
-                source: (read < 0).then(std::io::Error::last_os_error),
-            })
-        }
-    }
-}
 
 /// Reads through to the process, keeping a copy of all it read.
 struct Recorder {
@@ -111,9 +81,7 @@ fn main() -> Result<()> {
         symbols: object.symbols + mapped.bias,
     };
     let mut recorder = Recorder {
-        process: ProcessMemory {
-            pid: pid as libc::pid_t,
-        },
+        process: ProcessMemory::new(pid),
         regions: Regions::default(),
     };
     let frames = stopped(pid, || {
