@@ -411,25 +411,7 @@ const RBSPY_CHAIN: [&str; 8] = [
 /// stack, `outermost - file:line;…;innermost - file:line COUNT`, complete
 /// when it is [`RBSPY_CHAIN`].
 fn rbspy_complete(text: &str) -> (u64, u64) {
-    let (mut complete, mut total) = (0, 0);
-    for line in text.lines() {
-        let Some((stack, count)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let Ok(count) = count.parse::<u64>() else {
-            continue;
-        };
-        total += count;
-        let names: Vec<&str> = stack
-            .split(';')
-            .rev()
-            .map(|frame| frame.split(" - ").next().unwrap_or(frame))
-            .collect();
-        if names == RBSPY_CHAIN {
-            complete += count;
-        }
-    }
-    (complete, total)
+    crate::bench_python::collapsed_complete(text, " - ", &RBSPY_CHAIN)
 }
 
 #[cfg(test)]

@@ -448,6 +448,14 @@ fn complete_share(
 /// (complete, total) samples of py-spy's raw output: one line per stack,
 /// `outermost (file:line);…;innermost (file:line) COUNT`.
 fn py_spy_complete(text: &str) -> (u64, u64) {
+    collapsed_complete(text, " (", &CHAIN)
+}
+
+/// (complete, total) samples of a profiler's collapsed stacks, one line
+/// per stack, `outermost;…;innermost COUNT`, each frame's name ending
+/// where `name_end` starts: complete when the names, innermost first, are
+/// `chain`.
+pub(crate) fn collapsed_complete(text: &str, name_end: &str, chain: &[&str]) -> (u64, u64) {
     let (mut complete, mut total) = (0, 0);
     for line in text.lines() {
         let Some((stack, count)) = line.rsplit_once(' ') else {
@@ -460,9 +468,9 @@ fn py_spy_complete(text: &str) -> (u64, u64) {
         let names: Vec<&str> = stack
             .split(';')
             .rev()
-            .map(|frame| frame.split(" (").next().unwrap_or(frame))
+            .map(|frame| frame.split(name_end).next().unwrap_or(frame))
             .collect();
-        if names == CHAIN {
+        if names == chain {
             complete += count;
         }
     }
